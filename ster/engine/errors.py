@@ -1,0 +1,52 @@
+"""One small error hierarchy, and the exit code each kind of failure maps to.
+
+A :class:`Refusal` is the engine saying no to its input: a bad flag value, a missing
+file, the wrong model. Its message is one plain sentence meant for the person who
+typed the command, and a refused job writes nothing.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Process exit statuses of the ``ster`` command."""
+
+    OK = 0
+    REFUSED = 1
+    USAGE = 2
+    INTERNAL = 3
+    CANCELLED = 130
+
+
+class SterError(Exception):
+    """Base class of every error the engine raises on purpose."""
+
+    exit_code: ExitCode = ExitCode.INTERNAL
+    kind: str = "internal"
+
+
+class Refusal(SterError):
+    """The input cannot be used; the message is one sentence naming why."""
+
+    exit_code = ExitCode.REFUSED
+    kind = "refused"
+
+
+class Cancelled(SterError):
+    """The job's cancel flag was set; raised between units of work."""
+
+    exit_code = ExitCode.CANCELLED
+    kind = "cancelled"
+
+    def __init__(self, message: str = "cancelled before it finished; nothing was written") -> None:
+        super().__init__(message)
+
+
+def exit_code_for(kind: str) -> ExitCode:
+    """Map an error event's ``kind`` back to the process exit status."""
+    return {
+        "refused": ExitCode.REFUSED,
+        "cancelled": ExitCode.CANCELLED,
+    }.get(kind, ExitCode.INTERNAL)

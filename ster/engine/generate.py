@@ -1,0 +1,73 @@
+"""The ``generate`` job: decode from one prompt, streaming one token event per new token."""
+
+from __future__ import annotations
+
+import time
+
+from pydantic import BaseModel
+
+from ster.engine.decoding import Sampling, StopReason, decode
+from ster.engine.jobs import JobContext
+from ster.engine.requests import GenerateRequest
+
+
+class GenerateResult(BaseModel):
+    """What ``ster generate`` prints."""
+
+    model: str
+    model_revision: str | None
+    prompt: str
+    text: str
+    tokens: int
+    """Generated tokens, not counting the EOS that ended the text."""
+    prompt_tokens: int
+    stop_reason: StopReason
+    chat_template: str
+    precision: str
+    temperature: float
+    top_p: float | None
+    seed: int
+    max_new_tokens: int
+
+
+def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
+    checkpoint = ctx.models.open(request, ctx)
+    codec = checkpoint.codec
+    prompt_ids = codec.encode_prompt(request.prompt)
+    decoder = ctx.models.decoder(checkpoint, ctx)
+    stream = codec.stream()
+
+    def on_token(index: int, token: int) -> None:
+        delta = stream.step(codec.tokenizer, token)
+        if delta:
+            ctx.token(delta, index)
+
+    ctx.progress("generate", f"generating up to {request.max_new_tokens} tokens from a {len(prompt_ids)}-token prompt")
+    started = time.perf_counter()
+    generation = decode(
+        decoder,
+        prompt_ids,
+        max_new_tokens=request.max_new_tokens,
+        sampling=Sampling(request.temperature, request.top_p, request.seed),
+        eos_ids=codec.eos_ids,
+        on_token=on_token,
+        check_cancelled=ctx.check_cancelled,
+    )
+    elapsed = time.perf_counter() - started
+    count = len(generation.ids)
+    ctx.log(f"generated {count} tokens in {elapsed:.2f} s ({count / elapsed:.1f} tokens/s, prefill included)")
+    return GenerateResult(
+        model=checkpoint.source.model,
+        model_revision=checkpoint.source.revision,
+        prompt=request.prompt,
+        text=codec.decode(generation.ids),
+        tokens=count,
+        prompt_tokens=len(prompt_ids),
+        stop_reason=generation.stop_reason,
+        chat_template=codec.decision,
+        precision=request.precision,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        seed=request.seed,
+        max_new_tokens=request.max_new_tokens,
+    )

