@@ -122,6 +122,8 @@ def atomic_directory(path: Path) -> Iterator[Path]:
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_UMASK)
+        for written in tmp.rglob("*"):  # some writers (safetensors) create private files
+            os.chmod(written, (0o777 if written.is_dir() else 0o666) & ~_UMASK)
         if path.is_dir():
             path.rmdir()  # only an empty directory reaches here; check_output_directory saw to it
         os.replace(tmp, path)

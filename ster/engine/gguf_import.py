@@ -9,8 +9,8 @@ checkpoint, and only then renamed into place.
 
 from __future__ import annotations
 
-import os
 import warnings
+from unittest import mock
 from pathlib import Path
 from typing import Any
 
@@ -89,10 +89,13 @@ def _load_with_transformers(path: Path) -> tuple[Any, Any]:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    os.environ["TQDM_DISABLE"] = "1"  # the GGUF dequantizer draws its own tqdm bar on stderr
-    with warnings.catch_warnings():
+    # The dequantizer draws its own tqdm bar on stderr, ignoring the switch above; stdout
+    # and stderr belong to the front end, so the bar is swapped for a plain iteration.
+    with mock.patch.object(gguf_utils, "tqdm", lambda iterable, **kwargs: iterable), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

