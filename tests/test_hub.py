@@ -66,3 +66,8 @@ def test_a_cached_repository_of_another_family_is_refused(tmp_path: Path) -> Non
     config.write_text(config.read_text().replace('"llama"', '"mistral"'))
     run = generate("acme/toy-llama", {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"})
     assert run.code == 1 and 'model_type "mistral", which Ster cannot load' in run.err
+
+
+def test_revision_with_a_local_directory_is_refused(cli, toy_copy: Path) -> None:
+    run = cli("generate", "--model", toy_copy, "--prompt", "the sea is", "--revision", "main")
+    assert run.code == 1 and f"--revision names a Hub commit; {toy_copy} is a local directory" in run.err

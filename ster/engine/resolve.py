@@ -67,6 +67,8 @@ def resolve_model(model: str, revision: str | None = None) -> ModelSource:
         return _from_directory(model, None, root, tokenizer_config)
     path = Path(model).expanduser()
     if path.is_dir():
+        if revision is not None:
+            raise Refusal(f"--revision names a Hub commit; {model} is a local directory")
         return _from_directory(model, None, path)
     if path.exists():
         raise Refusal(f"model {model} is a file; --model takes a checkpoint directory or a Hub id")
