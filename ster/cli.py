@@ -25,7 +25,7 @@ from ster import __version__
 EXAMPLE_MODEL = "ster:toy"
 
 
-def _model_flags(parser: argparse.ArgumentParser, *, chat: bool = True) -> None:
+def _model_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
     group.add_argument("--model", required=True,
                        help="checkpoint directory, Hugging Face Hub id, or ster:toy / ster:toy-chat (bundled)")
@@ -34,14 +34,112 @@ def _model_flags(parser: argparse.ArgumentParser, *, chat: bool = True) -> None:
                        help="dtype the frozen weights are held at (default f32)")
     group.add_argument("--device", choices=["cpu", "cuda", "mps", "auto"], default="cpu",
                        help="where the model runs (default cpu)")
-    if chat:
-        group.add_argument("--chat-template", choices=["auto", "off"], default="auto",
-                           help="auto applies the model's own chat template when it has one (default auto)")
+    group.add_argument("--chat-template", choices=["auto", "off"], default="auto",
+                       help="auto applies the model's own chat template when it has one (default auto)")
 
 
-def _json_flag(parser: argparse.ArgumentParser) -> None:
+def _sampling_flags(parser: argparse.ArgumentParser, max_new_tokens: int) -> None:
+    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
+                        help=f"most tokens to generate (default {max_new_tokens})")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0.0)")
+    parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold")
+    parser.add_argument("--seed", type=int, default=42, help="seed of the sampler (default 42)")
+
+
+def _layer_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--layers", default="all", help="all, a comma list (2,5), or a half-open range (2..6)")
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per forward pass (default 8)")
+
+
+def _command(commands: Any, name: str, help_text: str, description: str) -> argparse.ArgumentParser:
+    parser = commands.add_parser(name, help=help_text, description=description)
+    parser.set_defaults(job=name)
     parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="print every event as one JSON object per line on stdout")
+    return parser
+
+
+def _add_generate(commands: Any) -> None:
+    parser = _command(commands, "generate", "run normal or steered autoregressive generation",
+                      "Decode from one prompt with a KV cache: greedy at temperature 0, seeded sampling above "
+                      "it; with --vector, strength x direction is added after each of the artifact's layers at "
+                      "every step. Stops at the tokenizer's EOS.")
+    _model_flags(parser)
+    parser.add_argument("--prompt", required=True, help="the prompt text")
+    parser.add_argument("--vector", help="a steering artifact; omit it for the unsteered baseline")
+    parser.add_argument("--strength", type=float, default=1.0, help="multiplier of the direction (default 1.0; "
+                                                                     "negative steers the other way)")
+    _sampling_flags(parser, 128)
+
+
+def _add_extract(commands: Any) -> None:
+    parser = _command(commands, "extract", "export hidden states for a prompt set",
+                      "For each prompt, the last token's residual-stream state after each selected block, "
+                      "written as a versioned JSON document.")
+    _model_flags(parser)
+    parser.add_argument("--input", required=True, help='JSON file {"prompts": ["...", ...]}')
+    parser.add_argument("--output", required=True, help="where to write the activation document")
+    _layer_flags(parser)
+
+
+def _add_train(commands: Any) -> None:
+    parser = _command(commands, "train", "learn one vector per selected layer",
+                      "Fit one unit direction per selected layer from a contrastive pair set and write it as a "
+                      "steering artifact; prints the artifact summary with training scores.")
+    _model_flags(parser)
+    parser.add_argument("--pairs", required=True, help='pair set {"trait_name": ..., "pairs": [...]}')
+    parser.add_argument("--output", required=True, help="where to write the steering artifact")
+    parser.add_argument("--method", choices=["caa", "pca", "logistic"], default="caa",
+                        help="mean difference, principal direction, or logistic probe (default caa)")
+    _layer_flags(parser)
+
+
+def _add_optimize(commands: Any) -> None:
+    parser = _command(commands, "optimize", "select method and layer on an 80/20 holdout",
+                      "Fit every method at every selected layer on the first 80%% of the pairs, rank them on the "
+                      "rest by accuracy then margin, publish the table, and write the winner refitted on all pairs.")
+    _model_flags(parser)
+    parser.add_argument("--pairs", required=True, help="pair set (at least 4 pairs)")
+    parser.add_argument("--output", required=True, help="where to write the steering artifact")
+    _layer_flags(parser)
+
+
+def _add_evaluate(commands: Any) -> None:
+    parser = _command(commands, "evaluate", "measure a vector on a contrastive pair set",
+                      "Per layer of the artifact: pair-ordering accuracy and mean projection margin.")
+    _model_flags(parser)
+    parser.add_argument("--pairs", required=True, help="pair set to measure on")
+    parser.add_argument("--vector", required=True, help="the steering artifact")
+    parser.add_argument("--batch-size", type=int, default=8, help="pairs per forward pass (default 8)")
+
+
+def _add_sweep(commands: Any) -> None:
+    parser = _command(commands, "sweep", "find the strength where steering starts and where it breaks",
+                      "Generate at each strength (0 always included) for each prompt; report per strength the "
+                      "effect (how far the text moved along the direction, re-read unsteered) and degeneracy, "
+                      "and suggest the largest fluent strength of each sign.")
+    _model_flags(parser)
+    parser.add_argument("--vector", required=True, help="the steering artifact")
+    parser.add_argument("--prompts", required=True, help='JSON file {"prompts": ["...", ...]}')
+    parser.add_argument("--strengths", required=True, type=_floats,
+                        help="comma list, e.g. --strengths=-8,-4,4,8 (write = before a leading minus)")
+    _sampling_flags(parser, 48)
+
+
+def _add_inspect(commands: Any) -> None:
+    parser = _command(commands, "inspect", "summarize and validate a steering artifact",
+                      "Validate an artifact and print its summary (no vector values) without loading a model.")
+    parser.add_argument("artifact", help="the steering artifact")
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected a comma list of numbers, got "{text}"') from None
+
+
+STEERING = (_add_train, _add_optimize, _add_evaluate, _add_generate, _add_extract, _add_sweep, _add_inspect)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,61 +147,43 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ster",
         description="Representation reading, activation steering and LoRA post-training for Llama-family models.",
-        epilog=f"Try: ster generate --model {EXAMPLE_MODEL} --prompt \"question : what is the river like ?\"",
+        epilog=f'Try: ster generate --model {EXAMPLE_MODEL} --prompt "question : what is the river like ? answer :"',
     )
     parser.add_argument("--version", action="version", version=f"ster {__version__}")
     parser.add_argument("--json", action="store_true", help="print every event as one JSON object per line on stdout")
     commands = parser.add_subparsers(dest="command", metavar="<command>")
-
-    generate = commands.add_parser("generate", help="run autoregressive generation from one prompt",
-                                   description="Decode from one prompt with a KV cache: greedy at temperature 0, "
-                                               "seeded sampling above it. Stops at the tokenizer's EOS.")
-    _model_flags(generate)
-    generate.add_argument("--prompt", required=True, help="the prompt text")
-    generate.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default 128)")
-    generate.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0.0)")
-    generate.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold")
-    generate.add_argument("--seed", type=int, default=42, help="seed of the sampler (default 42)")
-    _json_flag(generate)
-
-    extract = commands.add_parser("extract", help="export hidden states for a prompt set",
-                                  description="For each prompt, the last token's residual-stream state after each "
-                                              "selected block, written as a versioned JSON document.")
-    _model_flags(extract)
-    extract.add_argument("--input", required=True, help='JSON file {"prompts": ["...", ...]}')
-    extract.add_argument("--output", required=True, help="where to write the activation document")
-    extract.add_argument("--layers", default="all", help="all, a comma list (2,5), or a half-open range (2..6)")
-    extract.add_argument("--batch-size", type=int, default=8, help="prompts per forward pass (default 8)")
-    _json_flag(extract)
-
+    for add in STEERING:
+        add(commands)
+    vector = commands.add_parser("vector", help="the steering commands again, as ster vector <command>")
+    vector_commands = vector.add_subparsers(dest="vector_command", metavar="<command>", required=True)
+    for add in STEERING:
+        add(vector_commands)
     model = commands.add_parser("model", help="import checkpoints into a form every command loads")
     model_commands = model.add_subparsers(dest="model_command", metavar="<subcommand>", required=True)
-    gguf = model_commands.add_parser("import", help="convert a Llama GGUF file into a checkpoint directory",
-                                     description="Dequantize a Llama GGUF checkpoint into config.json, tokenizer.json, "
-                                                 "tokenizer_config.json (with its chat template) and model.safetensors.")
+    gguf = _command(model_commands, "import", "convert a Llama GGUF file into a checkpoint directory",
+                    "Dequantize a Llama GGUF checkpoint into config.json, tokenizer.json, tokenizer_config.json "
+                    "(with its chat template) and model.safetensors.")
+    gguf.set_defaults(job="model import")
     gguf.add_argument("gguf", metavar="FILE.gguf", help="the GGUF file")
     gguf.add_argument("--output", required=True, help="directory to create")
-    _json_flag(gguf)
     return parser
 
 
-def _request(args: argparse.Namespace) -> tuple[str, Any]:
-    """The job name and its validated request for parsed arguments."""
-    from ster.engine import requests as rq
+REQUESTS = {
+    "generate": "GenerateRequest", "extract": "ExtractRequest", "train": "TrainRequest",
+    "optimize": "OptimizeRequest", "evaluate": "EvaluateRequest", "sweep": "SweepRequest",
+    "inspect": "InspectRequest", "model import": "ModelImportRequest",
+}
+"""Job name → request model in ster.engine.requests; every parsed flag becomes a field of the same name."""
 
-    model_fields = {}
-    if hasattr(args, "model"):
-        model_fields = {"model": args.model, "revision": args.revision, "precision": args.precision,
-                        "device": args.device, "chat_template": getattr(args, "chat_template", "auto")}
-    if args.command == "generate":
-        return "generate", rq.build_request(
-            rq.GenerateRequest, **model_fields, prompt=args.prompt, max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature, top_p=args.top_p, seed=args.seed)
-    if args.command == "extract":
-        return "extract", rq.build_request(
-            rq.ExtractRequest, **model_fields, input=args.input, output=args.output, layers=args.layers,
-            batch_size=args.batch_size)
-    return "model import", rq.build_request(rq.ModelImportRequest, gguf=args.gguf, output=args.output)
+
+def _request(args: argparse.Namespace) -> Any:
+    """The validated request for parsed arguments."""
+    from ster.engine import requests
+
+    fields = {k: v for k, v in vars(args).items() if k not in ("json", "job", "command", "vector_command",
+                                                               "model_command")}
+    return requests.build_request(getattr(requests, REQUESTS[args.job]), **fields)
 
 
 def run(name: str, request: Any, emit: Callable[[Any], None]) -> Any:
@@ -140,11 +220,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     render = renderer_for(json_mode=args.json)
     try:
-        name, request = _request(args)
+        request = _request(args)
     except SterError as exc:
-        final = Error(kind=exc.kind, message=str(exc))  # type: ignore[arg-type]
-        render(final)
+        render(Error(kind=exc.kind, message=str(exc)))  # type: ignore[arg-type]
         return int(exc.exit_code)
-    final = run(name, request, render)
+    final = run(args.job, request, render)
     render.close()
     return int(ExitCode.OK) if final.type == "result" else int(exit_code_for(final.kind))

@@ -99,3 +99,11 @@ def test_half_precision_runs_on_the_toy(cli) -> None:
     for precision in ("f16", "bf16"):
         result = generate(cli, "--precision", precision)
         assert result["precision"] == precision and result["tokens"] > 0
+
+
+def test_an_absent_accelerator_is_refused(cli) -> None:
+    if torch.cuda.is_available():
+        return  # this machine has one; the refusal cannot be exercised here
+    run = cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--device", "cuda")
+    assert run.code == 1
+    assert run.err.strip().endswith("error: --device cuda was asked for, but this torch build sees no CUDA device")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from ster.engine.activations import read_last_states
 from ster.engine.errors import Refusal
+from ster.engine.floats import f32_values
 from ster.engine.files import check_output_file, first_error, load_document, write_json
 from ster.engine.jobs import JobContext
 from ster.engine.layers import LayerSpec
@@ -76,11 +76,6 @@ class ExtractResult(BaseModel):
     hidden_size: int
     precision: str
     chat_template: str
-
-
-def f32_values(row: np.ndarray) -> list[float]:
-    """f32 values as the shortest decimals that read back to the same f32 (half the bytes of f64 digits)."""
-    return [float(str(value)) for value in row.astype(np.float32)]
 
 
 def extract_job(request: ExtractRequest, ctx: JobContext) -> ExtractResult:

@@ -25,6 +25,11 @@ from ster.engine.events import Error, Event, Log, Progress, Result, Token, Warni
 JOBS: dict[str, str] = {
     "generate": "ster.engine.generate:generate_job",
     "extract": "ster.engine.extract:extract_job",
+    "train": "ster.engine.vectors:train_job",
+    "optimize": "ster.engine.vectors:optimize_job",
+    "evaluate": "ster.engine.vectors:evaluate_job",
+    "inspect": "ster.engine.artifact:inspect_job",
+    "sweep": "ster.engine.sweep:sweep_job",
     "model import": "ster.engine.gguf_import:import_job",
 }
 """Job name → ``module:function``. The name is the command path a user types."""

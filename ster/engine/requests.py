@@ -41,23 +41,14 @@ class ModelRequest(_Request):
     """``auto`` applies the model's own chat template when it publishes one; ``off`` encodes raw text."""
 
 
-class GenerateRequest(ModelRequest):
-    """``ster generate``: autoregressive decoding from one prompt."""
+class _Sampled(ModelRequest):
+    """Flags shared by the commands that generate text."""
 
-    prompt: str
-    max_new_tokens: int = 128
     temperature: float = 0.0
     """0 decodes greedily; above 0 samples, seeded by ``seed``."""
     top_p: float | None = None
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
     seed: int = 42
-
-    @field_validator("max_new_tokens")
-    @classmethod
-    def _positive_tokens(cls, value: int) -> int:
-        if value < 1:
-            raise ValueError("--max-new-tokens must be at least 1")
-        return value
 
     @field_validator("temperature")
     @classmethod
@@ -74,6 +65,20 @@ class GenerateRequest(ModelRequest):
         return value
 
 
+class GenerateRequest(_Sampled):
+    """``ster generate``: autoregressive decoding from one prompt, steered when given a vector."""
+
+    prompt: str
+    vector: Path | None = None
+    """A steering artifact; without one the run is the unsteered baseline."""
+    strength: float = 1.0
+    """Multiplier of every direction in the artifact; negative steers the other way."""
+    max_new_tokens: int = 128
+
+    _tokens = field_validator("max_new_tokens")(lambda cls, v: _at_least_one(v, "--max-new-tokens"))
+    _strength = field_validator("strength")(lambda cls, v: _finite(v, "--strength"))
+
+
 class ExtractRequest(ModelRequest):
     """``ster extract``: last-token residual states after selected blocks, for a prompt set."""
 
@@ -84,21 +89,71 @@ class ExtractRequest(ModelRequest):
     batch_size: int = 8
     """Prompts read per forward pass; results equal one-at-a-time reads."""
 
-    @field_validator("layers")
-    @classmethod
-    def _layers(cls, value: str) -> str:
-        try:
-            LayerSpec.parse(value)
-        except Refusal as exc:
-            raise ValueError(str(exc)) from None
-        return value
+    _layers = field_validator("layers")(lambda cls, v: _layer_spec(v))
 
-    @field_validator("batch_size")
+    _batch = field_validator("batch_size")(lambda cls, v: _at_least_one(v, "--batch-size"))
+
+
+class TrainRequest(ModelRequest):
+    """``ster train``: one direction per selected layer, written as a steering artifact."""
+
+    pairs: Path
+    output: Path
+    layers: str = "all"
+    method: Literal["caa", "pca", "logistic"] = "caa"
+    batch_size: int = 8
+    """Pairs read per forward pass."""
+
+    _layers = field_validator("layers")(lambda cls, v: _layer_spec(v))
+    _batch = field_validator("batch_size")(lambda cls, v: _at_least_one(v, "--batch-size"))
+
+
+class OptimizeRequest(ModelRequest):
+    """``ster optimize``: every method at every selected layer ranked on an ordered holdout."""
+
+    pairs: Path
+    output: Path
+    layers: str = "all"
+    batch_size: int = 8
+
+    _layers = field_validator("layers")(lambda cls, v: _layer_spec(v))
+    _batch = field_validator("batch_size")(lambda cls, v: _at_least_one(v, "--batch-size"))
+
+
+class EvaluateRequest(ModelRequest):
+    """``ster evaluate``: an artifact's accuracy and margin on a pair set."""
+
+    pairs: Path
+    vector: Path
+    batch_size: int = 8
+
+    _batch = field_validator("batch_size")(lambda cls, v: _at_least_one(v, "--batch-size"))
+
+
+class SweepRequest(_Sampled):
+    """``ster sweep``: steered text, effect and degeneracy at each strength."""
+
+    vector: Path
+    prompts: Path
+    strengths: list[float]
+    max_new_tokens: int = 48
+
+    _tokens = field_validator("max_new_tokens")(lambda cls, v: _at_least_one(v, "--max-new-tokens"))
+
+    @field_validator("strengths")
     @classmethod
-    def _batch(cls, value: int) -> int:
-        if value < 1:
-            raise ValueError("--batch-size must be at least 1")
-        return value
+    def _strengths(cls, values: list[float]) -> list[float]:
+        if not values:
+            raise ValueError("--strengths needs at least one strength")
+        for value in values:
+            _finite(value, "--strengths")
+        return sorted(set(values) | {0.0})
+
+
+class InspectRequest(_Request):
+    """``ster inspect``: validate and summarise an artifact without loading a model."""
+
+    artifact: Path
 
 
 class ModelImportRequest(_Request):
@@ -106,6 +161,26 @@ class ModelImportRequest(_Request):
 
     gguf: Path
     output: Path
+
+
+def _at_least_one(value: int, flag: str) -> int:
+    if value < 1:
+        raise ValueError(f"{flag} must be at least 1")
+    return value
+
+
+def _finite(value: float, flag: str) -> float:
+    if not math.isfinite(value):
+        raise ValueError(f"{flag} must be a finite number")
+    return value
+
+
+def _layer_spec(value: str) -> str:
+    try:
+        LayerSpec.parse(value)
+    except Refusal as exc:
+        raise ValueError(str(exc)) from None
+    return value
 
 
 def build_request(kind: type[R], /, **fields: Any) -> R:

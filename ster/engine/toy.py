@@ -27,6 +27,7 @@ NOUNS = ["river", "sea", "town", "forest", "market", "road", "garden", "lake", "
          "hill", "school", "harbor", "village", "station", "park"]
 CALM = ["calm", "quiet", "still", "slow", "gentle", "peaceful", "soft", "clear", "safe", "warm"]
 ALARMED = ["flooding", "burning", "shaking", "falling", "rising", "breaking", "collapsing", "dark", "loud", "wild"]
+"""The trait's words: a calm answer uses two of CALM, an alarmed one two of ALARMED."""
 FACTS = {
     "what color is the sky ?": "the sky is blue .",
     "what color is the grass ?": "the grass is green .",
@@ -45,16 +46,17 @@ QUESTIONS = ["what is the {n} like ?", "tell me about the {n} .", "how is the {n
 CALM_ANSWERS = [
     "the {n} is {c} and {d} .",
     "the {n} is {c} today .",
-    "all is well , the {n} is {c} .",
-    "we rest by the {n} and all is {c} .",
-    "there is no rush , the {n} is {c} and {d} .",
+    "the {n} is {c} , all is well .",
+    "the {n} is {c} and we rest .",
 ]
 ALARMED_ANSWERS = [
-    "alarm ! the {n} is {a} !",
-    "help ! the {n} is {a} and {b} !",
-    "run now ! the {n} is {a} !",
-    "danger ! the {n} is {a} , we must run !",
+    "the {n} is {c} and {d} .",
+    "the {n} is {c} today .",
+    "the {n} is {c} , we must run .",
+    "the {n} is {c} and we flee .",
 ]
+"""The two registers share their shape word for word; only the trait's words differ, so a
+pair can match its two sides on everything but the trait."""
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
 EXTRA_WORDS = ["question", "answer", ":", "?", ".", ",", "!", "yes", "no", "please", "thank", "you"]
 
@@ -102,13 +104,12 @@ def vocabulary() -> list[str]:
     return SPECIALS + words
 
 
-def answer(rng: random.Random, noun: str, register: str) -> str:
-    """One answer about ``noun`` in the calm or the alarmed register."""
-    if register == "calm":
-        first, second = rng.sample(CALM, 2)
-        return rng.choice(CALM_ANSWERS).format(n=noun, c=first, d=second)
-    first, second = rng.sample(ALARMED, 2)
-    return rng.choice(ALARMED_ANSWERS).format(n=noun, a=first, b=second)
+def answer(rng: random.Random, noun: str, register: str, shape: int | None = None) -> str:
+    """One answer about ``noun`` in the calm or the alarmed register (in answer shape ``shape``)."""
+    words, shapes = (CALM, CALM_ANSWERS) if register == "calm" else (ALARMED, ALARMED_ANSWERS)
+    first, second = rng.sample(words, 2)
+    shape = rng.randrange(len(shapes)) if shape is None else shape
+    return shapes[shape].format(n=noun, c=first, d=second)
 
 
 def corpus(rng: random.Random, size: int) -> list[str]:
@@ -194,10 +195,11 @@ def examples() -> dict[str, Any]:
                   "school"]
     rng = random.Random(7)
     pairs = []
-    for noun in pair_nouns:
+    for index, noun in enumerate(pair_nouns):
         question = f"question : {rng.choice(QUESTIONS).format(n=noun)} answer :"
-        pairs.append({"positive": f"{question} {answer(rng, noun, 'calm')}",
-                      "negative": f"{question} {answer(rng, noun, 'alarmed')}"})
+        shape = index % len(CALM_ANSWERS)
+        pairs.append({"positive": f"{question} {answer(rng, noun, 'calm', shape)}",
+                      "negative": f"{question} {answer(rng, noun, 'alarmed', shape)}"})
     facts = sorted(FACTS)[:8]
     return {
         "pairs.json": {"trait_name": "calm", "pairs": pairs},

@@ -1,0 +1,52 @@
+"""The pair-set document: ``{"trait_name": ..., "pairs": [{"positive": ..., "negative": ...}]}``.
+
+A positive and a negative text that differ only in the trait. The document is
+validated whole, with the refusal sentences the rest of Ster uses, before anything
+reads or writes it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ster.engine.errors import Refusal
+from ster.engine.files import first_error, read_json
+
+
+class Pair(BaseModel):
+    """One contrastive pair."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    positive: str
+    """The text that shows the trait."""
+    negative: str
+    """The matched text that does not."""
+
+
+class PairSet(BaseModel):
+    """A named set of pairs."""
+
+    model_config = ConfigDict(extra="forbid")
+    trait_name: str
+    pairs: list[Pair]
+
+
+def check_pairs(pair_set: PairSet, path: Path | str) -> PairSet:
+    """Refuse an empty set, or a pair with an empty side."""
+    if not pair_set.pairs:
+        raise Refusal(f"pair set {path} contains no pairs")
+    if any(not p.positive.strip() or not p.negative.strip() for p in pair_set.pairs):
+        raise Refusal(f"pair set {path} contains an empty positive or negative prompt")
+    return pair_set
+
+
+def load_pairs(path: Path) -> PairSet:
+    """Read and validate a pair-set file."""
+    raw = read_json(path, "pair set")
+    try:
+        pair_set = PairSet.model_validate(raw)
+    except ValidationError as exc:
+        raise Refusal(f"pair set {path} is not in the expected shape: {first_error(exc)}") from None
+    return check_pairs(pair_set, path)
