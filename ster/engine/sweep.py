@@ -3,12 +3,12 @@
 For each strength (0, the unsteered baseline, always included) and each prompt, the
 steered text is generated. Per strength:
 
-* **effect**: each prompt with its generated text is re-read by the *unsteered* model
-  exactly as a pair side is read when a direction is fitted (the last token's state
-  after the artifact's layers), projected onto the direction in f64 and averaged over
-  layers and prompts; the effect is that mean minus the baseline's. It says how far
-  the text itself moved along the trait as the model reads it, rather than how hard
-  the residual stream was pushed.
+* **effect**: each generated text is re-read by the *unsteered* model exactly as a
+  pair side is read when a direction is fitted (encoded through the same chat-template
+  decision, the last token's state after the artifact's layers), projected onto the
+  direction in f64 and averaged over layers and the non-empty texts; the effect is
+  that mean minus the baseline's. It says how far the text itself moved along the
+  trait as the model reads it, rather than how hard the residual stream was pushed.
 * **degeneracy**: distinct-2 (unique token bigrams over all bigrams, mean over prompts),
   the longest run of one repeated token, and the mean length.
 
@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from ster.engine.artifact import SteeringArtifact
 from ster.engine.activations import read_last_states
+from ster.engine.codec import TextCodec
 from ster.engine.decoding import Sampling, StopReason, decode
 from ster.engine.extract import PromptSet
 from ster.engine.files import load_document
@@ -106,15 +107,13 @@ def longest_run(ids: list[int]) -> int:
     return best
 
 
-def text_projection(model: Decoder, prompt: list[int], generated: list[int],
-                    directions: dict[int, torch.Tensor]) -> float | None:
-    """The prompt-and-text's last-token state, read without steering exactly as pairs are read when a
+def text_projections(model: Decoder, texts: list[list[int]], directions: dict[int, torch.Tensor]) -> list[float]:
+    """Each encoded text's last-token state, read without steering exactly as a pair side is read when a
     direction is fitted, projected onto the direction; mean over the artifact's layers."""
-    if not generated:
-        return None
     layers = sorted(directions)
-    states = read_last_states(model, [prompt + generated], layers, batch_size=1)[0]  # [L, D] f32
-    return float(torch.stack([states[i].double() @ directions[layer] for i, layer in enumerate(layers)]).mean())
+    states = read_last_states(model, texts, layers, batch_size=8).double()  # [N, L, D]
+    stacked = torch.stack([directions[layer].cpu() for layer in layers])  # [L, D]
+    return (states * stacked).sum(-1).mean(-1).tolist()
 
 
 def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
@@ -126,28 +125,8 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
     model = ctx.models.decoder(checkpoint, ctx)
     directions = {layer: torch.tensor(v, dtype=torch.float64, device=model.lm_head.weight.device)
                   for layer, v in artifact.by_layer().items()}
-    rows = []
-    for strength in request.strengths:
-        outputs, projections = [], []
-        for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
-            ctx.progress("sweep", f"strength {strength:+g}: prompt {index + 1}/{len(prompts)}",
-                         len(rows) * len(prompts) + index + 1, len(request.strengths) * len(prompts))
-            stream, label = codec.stream(), f"{strength:+g}/{index}"
-
-            def on_token(i: int, token: int) -> None:
-                delta = stream.step(codec.tokenizer, token)
-                if delta:
-                    ctx.token(delta, i, stream=label)
-
-            steering = steer(model, plan(model, artifact.by_layer(), strength)) if strength else nullcontext()
-            with steering:
-                generation = decode(model, ids, max_new_tokens=request.max_new_tokens,
-                                    sampling=Sampling(request.temperature, request.top_p, request.seed),
-                                    eos_ids=codec.eos_ids, on_token=on_token, check_cancelled=ctx.check_cancelled)
-            outputs.append((SweepOutput(prompt=prompt, text=codec.decode(generation.ids), tokens=len(generation.ids),
-                                        stop_reason=generation.stop_reason), generation.ids))
-            projections.append(text_projection(model, ids, generation.ids, directions))
-        rows.append(_row(strength, artifact, outputs, projections))
+    rows = [_sweep_strength(ctx, model, checkpoint.codec, artifact, request, prompts, encoded, directions, step)
+            for step in range(len(request.strengths))]
     rows = _judge(rows)
     return SweepResult(model=checkpoint.source.model, model_revision=checkpoint.source.revision,
                        vector=str(request.vector), trait_name=artifact.trait_name, layers=sorted(directions),
@@ -156,16 +135,38 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
                        bound=DegeneracyBound(), rows=rows, suggested=_suggest(rows))
 
 
-def _row(strength: float, artifact: SteeringArtifact, outputs: list[tuple[SweepOutput, list[int]]],
-         projections: list[float | None]) -> SweepRow:
-    ids = [generated for _, generated in outputs]
-    distincts = [d for d in map(distinct_2, ids) if d is not None]
-    known = [p for p in projections if p is not None]
+def _sweep_strength(ctx: JobContext, model: Decoder, codec: TextCodec, artifact: SteeringArtifact,
+                    request: SweepRequest, prompts: list[str], encoded: list[list[int]],
+                    directions: dict[int, torch.Tensor], step: int) -> SweepRow:
+    """Generate every prompt at one strength, then re-read the texts unsteered and measure them."""
+    strength = request.strengths[step]
+    outputs, generated = [], []
+    for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
+        ctx.progress("sweep", f"strength {strength:+g}: prompt {index + 1}/{len(prompts)}",
+                     step * len(prompts) + index + 1, len(request.strengths) * len(prompts))
+        stream, label = codec.stream(), f"{strength:+g}/{index}"
+
+        def on_token(i: int, token: int) -> None:
+            delta = stream.step(codec.tokenizer, token)
+            if delta:
+                ctx.token(delta, i, stream=label)
+
+        steering = steer(model, plan(model, artifact.by_layer(), strength)) if strength else nullcontext()
+        with steering:
+            generation = decode(model, ids, max_new_tokens=request.max_new_tokens,
+                                sampling=Sampling(request.temperature, request.top_p, request.seed),
+                                eos_ids=codec.eos_ids, on_token=on_token, check_cancelled=ctx.check_cancelled)
+        outputs.append(SweepOutput(prompt=prompt, text=codec.decode(generation.ids), tokens=len(generation.ids),
+                                   stop_reason=generation.stop_reason))
+        generated.append(generation.ids)
+    texts = [codec.encode_prompt(o.text) for o in outputs if o.text.strip()]
+    projections = text_projections(model, texts, directions) if texts else []
+    distincts = [d for d in map(distinct_2, generated) if d is not None]
     return SweepRow(strength=strength, relative_strength=relative_strengths(artifact, strength),
-                    projection=sum(known) / len(known) if known else None, effect=None,
+                    projection=sum(projections) / len(projections) if projections else None, effect=None,
                     distinct_2=sum(distincts) / len(distincts) if distincts else None,
-                    longest_run=max(map(longest_run, ids)), mean_tokens=sum(map(len, ids)) / len(ids),
-                    fluent=True, outputs=[output for output, _ in outputs])
+                    longest_run=max(map(longest_run, generated)),
+                    mean_tokens=sum(map(len, generated)) / len(generated), fluent=True, outputs=outputs)
 
 
 def _judge(rows: list[SweepRow]) -> list[SweepRow]:
