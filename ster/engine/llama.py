@@ -197,6 +197,20 @@ class Trunk(nn.Module):
 
 
 @dataclass(frozen=True)
+class Layout:
+    """Explicit positions and attention for a packed forward, overriding the causal default.
+
+    Used to run several sequences that share a prefix as one row: each token carries its
+    own position, and the mask says which keys it may see.
+    """
+
+    positions: Tensor
+    """[B, T] rotary position of every token."""
+    mask: Tensor
+    """[B, 1, T, T] boolean: may query i see key j."""
+
+
+@dataclass(frozen=True)
 class ForwardOutput:
     hidden: Tensor
     """[B, T, D] residual stream after the last block run (before the final norm)."""
@@ -234,21 +248,26 @@ class Decoder(nn.Module):
         key_mask: Tensor | None = None,
         depth: int | None = None,
         vocab: Vocab = "last",
+        layout: Layout | None = None,
     ) -> ForwardOutput:
         """Run ``ids`` [B, T] through the first ``depth`` blocks (all by default).
 
         ``key_mask`` [B, S] marks real (True) and padding (False) positions over the
         cache and these ids together. Logits need every block, so ``vocab`` must be
-        ``none`` when ``depth`` stops early.
+        ``none`` when ``depth`` stops early. ``layout`` replaces the positions and the
+        causal mask for a packed forward (no cache).
         """
         assert self.rotary is not None, "call prepare() after loading weights"
         depth = len(self.blocks) if depth is None else depth
         if depth < len(self.blocks) and vocab != "none":
             raise ValueError("a forward that stops before the last block computes no logits")
         past = cache.length if cache is not None else 0
-        positions = _positions(ids, past, key_mask)
+        if layout is not None:
+            positions, mask, causal = layout.positions, layout.mask, False
+        else:
+            positions = _positions(ids, past, key_mask)
+            mask, causal = _attention_mask(ids.shape[1], past, key_mask, positions.device)
         cos, sin = self.rotary.angles(positions)
-        mask, causal = _attention_mask(ids.shape[1], past, key_mask, positions.device)
         step = StepInputs(cos, sin, mask, causal, cache)
         h = self.model.embed_tokens(ids)  # [B, T, D]
         for block in self.blocks[:depth]:
