@@ -17,6 +17,7 @@ import argparse
 import importlib.util
 import statistics
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -43,6 +44,17 @@ def smollm2() -> Path:
         gguf = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
         assert main(["model", "import", str(gguf), "--output", str(target)]) == 0
     return target
+
+
+def median_times(contenders: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    """Median seconds of each contender over rounds that run every contender in turn."""
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, run in contenders.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def floor_seconds(model: torch.nn.Module, rounds: int) -> float:
@@ -93,13 +105,7 @@ def main() -> None:
         f"ster generate, steered at all {depth} layers": lambda: ster(every_layer),
         "transformers generate (greedy)": transformers_generate,
     }
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(args.rounds):
-        for name, run in contenders.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    rates = {name: n / statistics.median(values) for name, values in times.items()}
+    rates = {name: n / seconds for name, seconds in median_times(contenders, args.rounds).items()}
     rates["weight-reading floor (every projection once)"] = 1 / floor_seconds(ours, 20)
     unsteered, reference = rates["ster generate, unsteered (KV cache, own decoder)"], rates["transformers generate (greedy)"]
     print(f"model: {model_dir}; {n} new tokens after a {len(prompt)}-token prompt, f32, "

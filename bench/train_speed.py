@@ -19,15 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
 from pathlib import Path
 
 os.environ.setdefault("TQDM_DISABLE", "1")  # the peers draw progress bars; tqdm reads this when imported
 
 import torch  # noqa: E402
 
-from decode_speed import smollm2  # noqa: E402
+from decode_speed import median_times, smollm2  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 
@@ -93,13 +91,7 @@ def main() -> None:
             steering_vectors_trainer(model, tokenizer, pairs, 1),
         "steering-vectors train_steering_vector (batch 8)": steering_vectors_trainer(model, tokenizer, pairs, 8),
     }
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(args.rounds):
-        for name, run in contenders.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    medians = {name: statistics.median(values) for name, values in times.items()}
+    medians = median_times(contenders, args.rounds)
     fastest_peer = min(v for k, v in medians.items() if not k.startswith("ster"))
     print(f"{len(pairs)} pairs, every layer, SmolLM2-135M-Instruct f32, {torch.get_num_threads()} threads, "
           f"median of {args.rounds} alternating rounds")

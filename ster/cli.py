@@ -51,6 +51,13 @@ def _layer_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per forward pass (default 8)")
 
 
+def _fit_flags(parser: argparse.ArgumentParser, pairs_help: str) -> None:
+    _model_flags(parser)
+    parser.add_argument("--pairs", required=True, help=pairs_help)
+    parser.add_argument("--output", required=True, help="where to write the steering artifact")
+    _layer_flags(parser)
+
+
 def _command(commands: Any, name: str, help_text: str, description: str) -> argparse.ArgumentParser:
     parser = commands.add_parser(name, help=help_text, description=description)
     parser.set_defaults(job=name)
@@ -86,22 +93,16 @@ def _add_train(commands: Any) -> None:
     parser = _command(commands, "train", "learn one vector per selected layer",
                       "Fit one unit direction per selected layer from a contrastive pair set and write it as a "
                       "steering artifact; prints the artifact summary with training scores.")
-    _model_flags(parser)
-    parser.add_argument("--pairs", required=True, help='pair set {"trait_name": ..., "pairs": [...]}')
-    parser.add_argument("--output", required=True, help="where to write the steering artifact")
+    _fit_flags(parser, 'pair set {"trait_name": ..., "pairs": [...]}')
     parser.add_argument("--method", choices=["caa", "pca", "logistic"], default="caa",
                         help="mean difference, principal direction, or logistic probe (default caa)")
-    _layer_flags(parser)
 
 
 def _add_optimize(commands: Any) -> None:
     parser = _command(commands, "optimize", "select method and layer on an 80/20 holdout",
                       "Fit every method at every selected layer on the first 80%% of the pairs, rank them on the "
                       "rest by accuracy then margin, publish the table, and write the winner refitted on all pairs.")
-    _model_flags(parser)
-    parser.add_argument("--pairs", required=True, help="pair set (at least 4 pairs)")
-    parser.add_argument("--output", required=True, help="where to write the steering artifact")
-    _layer_flags(parser)
+    _fit_flags(parser, "pair set (at least 4 pairs)")
 
 
 def _add_evaluate(commands: Any) -> None:

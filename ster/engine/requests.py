@@ -79,45 +79,35 @@ class GenerateRequest(_Sampled):
     _strength = field_validator("strength")(lambda cls, v: _finite(v, "--strength"))
 
 
-class ExtractRequest(ModelRequest):
+class _LayeredRead(ModelRequest):
+    """A read at selected layers, in batches, that writes one document."""
+
+    output: Path
+    layers: str = "all"
+    batch_size: int = 8
+    """Sequences (prompts, or pairs) read per forward pass; results equal one-at-a-time reads."""
+
+    _layers = field_validator("layers")(lambda cls, v: _layer_spec(v))
+    _batch = field_validator("batch_size")(lambda cls, v: _at_least_one(v, "--batch-size"))
+
+
+class ExtractRequest(_LayeredRead):
     """``ster extract``: last-token residual states after selected blocks, for a prompt set."""
 
     input: Path
     """A JSON document ``{"prompts": ["...", ...]}``."""
-    output: Path
-    layers: str = "all"
-    batch_size: int = 8
-    """Prompts read per forward pass; results equal one-at-a-time reads."""
-
-    _layers = field_validator("layers")(lambda cls, v: _layer_spec(v))
-
-    _batch = field_validator("batch_size")(lambda cls, v: _at_least_one(v, "--batch-size"))
 
 
-class TrainRequest(ModelRequest):
-    """``ster train``: one direction per selected layer, written as a steering artifact."""
-
-    pairs: Path
-    output: Path
-    layers: str = "all"
-    method: Literal["caa", "pca", "logistic"] = "caa"
-    batch_size: int = 8
-    """Pairs read per forward pass."""
-
-    _layers = field_validator("layers")(lambda cls, v: _layer_spec(v))
-    _batch = field_validator("batch_size")(lambda cls, v: _at_least_one(v, "--batch-size"))
-
-
-class OptimizeRequest(ModelRequest):
+class OptimizeRequest(_LayeredRead):
     """``ster optimize``: every method at every selected layer ranked on an ordered holdout."""
 
     pairs: Path
-    output: Path
-    layers: str = "all"
-    batch_size: int = 8
 
-    _layers = field_validator("layers")(lambda cls, v: _layer_spec(v))
-    _batch = field_validator("batch_size")(lambda cls, v: _at_least_one(v, "--batch-size"))
+
+class TrainRequest(OptimizeRequest):
+    """``ster train``: one direction per selected layer, written as a steering artifact."""
+
+    method: Literal["caa", "pca", "logistic"] = "caa"
 
 
 class EvaluateRequest(ModelRequest):
