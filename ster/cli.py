@@ -53,14 +53,15 @@ def _layer_flags(parser: argparse.ArgumentParser) -> None:
 
 def _fit_flags(parser: argparse.ArgumentParser, pairs_help: str) -> None:
     _model_flags(parser)
-    parser.add_argument("--pairs", required=True, help=pairs_help)
+    parser.add_argument("--pairs", help=f"{pairs_help} (default: the workspace's active set)")
     parser.add_argument("--output", required=True, help="where to write the steering artifact")
     _layer_flags(parser)
 
 
-def _command(commands: Any, name: str, help_text: str, description: str) -> argparse.ArgumentParser:
+def _command(commands: Any, name: str, help_text: str, description: str,
+             job: str | None = None) -> argparse.ArgumentParser:
     parser = commands.add_parser(name, help=help_text, description=description)
-    parser.set_defaults(job=name)
+    parser.set_defaults(job=job or name)
     parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="print every event as one JSON object per line on stdout")
     return parser
@@ -109,7 +110,7 @@ def _add_evaluate(commands: Any) -> None:
     parser = _command(commands, "evaluate", "measure a vector on a contrastive pair set",
                       "Per layer of the artifact: pair-ordering accuracy and mean projection margin.")
     _model_flags(parser)
-    parser.add_argument("--pairs", required=True, help="pair set to measure on")
+    parser.add_argument("--pairs", help="pair set to measure on (default: the workspace's active set)")
     parser.add_argument("--vector", required=True, help="the steering artifact")
     parser.add_argument("--batch-size", type=int, default=8, help="pairs per forward pass (default 8)")
 
@@ -140,6 +141,81 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f'expected a comma list of numbers, got "{text}"') from None
 
 
+def _dedupe_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dedupe-bits", type=int, default=3,
+                        help="near-duplicate when SimHash fingerprints differ in at most this many bits (default 3)")
+    parser.add_argument("--dedupe-bands", type=int, default=8, help="LSH bands of the 64-bit fingerprint (default 8)")
+    parser.add_argument("--refusal-threshold", type=float, default=0.5,
+                        help="a side scoring at or above this reads as a refusal (default 0.5)")
+
+
+def _add_pairs(commands: Any) -> None:
+    pairs = commands.add_parser("pairs", help="author, inspect, and synthesize contrastive pair sets")
+    sub = pairs.add_subparsers(dest="pairs_command", metavar="<subcommand>", required=True)
+    inspect = _command(sub, "inspect", "find duplicates, refusals, lopsided pairs and low diversity; no model",
+                       "Inspect a pair set without loading a model: exact and near duplicates (SimHash with "
+                       "banded LSH), sides that read as refusals, length balance, and diversity.", "pairs inspect")
+    inspect.add_argument("--pairs", help="the pair set (default: the workspace's active set)")
+    _dedupe_flags(inspect)
+    add = _command(sub, "add", "append one pair (creates the file)", "Append one pair to a pair set, creating "
+                   "the file and its parent directory when missing.", "pairs add")
+    add.add_argument("--pairs", required=True, help="the pair set file")
+    add.add_argument("--positive", required=True, help="the text that shows the trait")
+    add.add_argument("--negative", required=True, help="the matched text that does not")
+    add.add_argument("--trait", help="set or replace the set's trait name")
+    remove = _command(sub, "remove", "remove the pair at an index", "Remove one pair by its zero-based index.",
+                      "pairs remove")
+    remove.add_argument("--pairs", required=True, help="the pair set file")
+    remove.add_argument("--index", required=True, type=int, help="zero-based index of the pair")
+    synth = _command(sub, "synthesize", "write a pair set from a trait description",
+                     "Generate a pair set from a one-sentence trait description, with the local model (default) "
+                     "or a hosted model through the Brama gateway (BRAMA_URL, BRAMA_BEARER).", "pairs synthesize")
+    synth.add_argument("--trait", required=True, help="the trait, described in one sentence")
+    synth.add_argument("--count", required=True, type=int, help="pairs to keep")
+    synth.add_argument("--output", required=True, help="where to write the pair set")
+    synth.add_argument("--generator", default="local", help="local (default) or brama")
+    synth.add_argument("--generator-model", help="the Brama route (brama only)")
+    synth.add_argument("--model", help="the local checkpoint (local only)")
+    synth.add_argument("--revision", help="Hub branch, tag or commit (local only)")
+    synth.add_argument("--device", choices=["cpu", "cuda", "mps", "auto"], default="cpu")
+    synth.add_argument("--chat-template", choices=["auto", "off"], default="auto")
+    synth.add_argument("--precision", choices=["f32", "f16", "bf16"], default="f32")
+    synth.add_argument("--trait-name", help="the set's trait_name (default: derived from --trait)")
+    synth.add_argument("--opposite", help="the opposite trait (default: derived with one generation)")
+    synth.add_argument("--retry-multiplier", type=int, default=3, help="attempt budget = count x this (default 3)")
+    _dedupe_flags(synth)
+    synth.add_argument("--max-new-tokens", type=int, default=96)
+    synth.add_argument("--temperature", type=float, default=0.9)
+    synth.add_argument("--top-p", type=float, default=0.95)
+    synth.add_argument("--seed", type=int, default=42)
+
+
+def _add_workspace(commands: Any) -> None:
+    workspace = commands.add_parser("workspace", help="import, activate, and inspect persistent pair sets")
+    sub = workspace.add_subparsers(dest="workspace_command", metavar="<subcommand>", required=True)
+    imports = _command(sub, "import-pairs", "keep a canonical copy of a pair set and make it active",
+                       "Validate a pair set, copy it under $XDG_DATA_HOME/ster, and make it the active set.",
+                       "workspace import-pairs")
+    imports.add_argument("source", help="the pair set to import")
+    imports.add_argument("--name", help="the id of the copy (default: the file name)")
+    _command(sub, "show", "list the imported sets and the active one", "List the imported pair sets.",
+             "workspace show")
+    select = _command(sub, "select", "make an imported set the active one", "Activate an imported set.",
+                      "workspace select")
+    select.add_argument("id", help="the set's id")
+    remove = _command(sub, "remove", "forget an imported set", "Remove an imported set and its copy.",
+                      "workspace remove")
+    remove.add_argument("id", help="the set's id")
+
+
+def _add_onboarding(commands: Any) -> None:
+    parser = _command(commands, "onboarding", "import or replay first use",
+                      "The first-use walkthrough. It ends when a pair set is imported or written.")
+    parser.add_argument("--reset", action="store_true", help="start the walkthrough over")
+    parser.add_argument("--import-pairs", help="import this pair set into the workspace")
+    parser.add_argument("--name", help="the id of the imported copy")
+
+
 STEERING = (_add_train, _add_optimize, _add_evaluate, _add_generate, _add_extract, _add_sweep, _add_inspect)
 
 
@@ -159,12 +235,14 @@ def build_parser() -> argparse.ArgumentParser:
     vector_commands = vector.add_subparsers(dest="vector_command", metavar="<command>", required=True)
     for add in STEERING:
         add(vector_commands)
+    _add_pairs(commands)
+    _add_workspace(commands)
+    _add_onboarding(commands)
     model = commands.add_parser("model", help="import checkpoints into a form every command loads")
     model_commands = model.add_subparsers(dest="model_command", metavar="<subcommand>", required=True)
     gguf = _command(model_commands, "import", "convert a Llama GGUF file into a checkpoint directory",
                     "Dequantize a Llama GGUF checkpoint into config.json, tokenizer.json, tokenizer_config.json "
-                    "(with its chat template) and model.safetensors.")
-    gguf.set_defaults(job="model import")
+                    "(with its chat template) and model.safetensors.", "model import")
     gguf.add_argument("gguf", metavar="FILE.gguf", help="the GGUF file")
     gguf.add_argument("--output", required=True, help="directory to create")
     return parser
@@ -174,6 +252,10 @@ REQUESTS = {
     "generate": "GenerateRequest", "extract": "ExtractRequest", "train": "TrainRequest",
     "optimize": "OptimizeRequest", "evaluate": "EvaluateRequest", "sweep": "SweepRequest",
     "inspect": "InspectRequest", "model import": "ModelImportRequest",
+    "pairs inspect": "PairsInspectRequest", "pairs add": "PairsAddRequest", "pairs remove": "PairsRemoveRequest",
+    "pairs synthesize": "PairsSynthesizeRequest", "workspace import-pairs": "WorkspaceImportRequest",
+    "workspace show": "WorkspaceShowRequest", "workspace select": "WorkspaceSelectRequest",
+    "workspace remove": "WorkspaceRemoveRequest", "onboarding": "OnboardingRequest",
 }
 """Job name → request model in ster.engine.requests; every parsed flag becomes a field of the same name."""
 
@@ -182,8 +264,7 @@ def _request(args: argparse.Namespace) -> Any:
     """The validated request for parsed arguments."""
     from ster.engine import requests
 
-    fields = {k: v for k, v in vars(args).items() if k not in ("json", "job", "command", "vector_command",
-                                                               "model_command")}
+    fields = {k: v for k, v in vars(args).items() if k != "job" and k != "json" and not k.endswith("command")}
     return requests.build_request(getattr(requests, REQUESTS[args.job]), **fields)
 
 

@@ -30,6 +30,15 @@ JOBS: dict[str, str] = {
     "evaluate": "ster.engine.vectors:evaluate_job",
     "inspect": "ster.engine.artifact:inspect_job",
     "sweep": "ster.engine.sweep:sweep_job",
+    "pairs inspect": "ster.engine.pairs.inspect:inspect_job",
+    "pairs add": "ster.engine.pairs.edit:add_job",
+    "pairs remove": "ster.engine.pairs.edit:remove_job",
+    "pairs synthesize": "ster.engine.pairs.synthesize:synthesize_job",
+    "workspace import-pairs": "ster.engine.workspace:import_job",
+    "workspace show": "ster.engine.workspace:show_job",
+    "workspace select": "ster.engine.workspace:select_job",
+    "workspace remove": "ster.engine.workspace:remove_job",
+    "onboarding": "ster.engine.onboarding:onboarding_job",
     "model import": "ster.engine.gguf_import:import_job",
 }
 """Job name → ``module:function``. The name is the command path a user types."""

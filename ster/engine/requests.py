@@ -57,12 +57,7 @@ class _Sampled(ModelRequest):
             raise ValueError("--temperature must be a finite number of at least 0")
         return value
 
-    @field_validator("top_p")
-    @classmethod
-    def _top_p(cls, value: float | None) -> float | None:
-        if value is not None and not (0 < value <= 1):
-            raise ValueError("--top-p must be above 0 and at most 1")
-        return value
+    _top_p = field_validator("top_p")(lambda cls, v: _nucleus(v))
 
 
 class GenerateRequest(_Sampled):
@@ -101,7 +96,8 @@ class ExtractRequest(_LayeredRead):
 class OptimizeRequest(_LayeredRead):
     """``ster optimize``: every method at every selected layer ranked on an ordered holdout."""
 
-    pairs: Path
+    pairs: Path | None = None
+    """The pair set; the workspace's active set when omitted."""
 
 
 class TrainRequest(OptimizeRequest):
@@ -113,7 +109,8 @@ class TrainRequest(OptimizeRequest):
 class EvaluateRequest(ModelRequest):
     """``ster evaluate``: an artifact's accuracy and margin on a pair set."""
 
-    pairs: Path
+    pairs: Path | None = None
+    """The pair set; the workspace's active set when omitted."""
     vector: Path
     batch_size: int = 8
 
@@ -140,6 +137,108 @@ class SweepRequest(_Sampled):
         return sorted(set(values) | {0.0})
 
 
+class PairsInspectRequest(_Request):
+    """``ster pairs inspect``: duplicates, refusals, balance and diversity of a pair set; no model."""
+
+    pairs: Path | None = None
+    """The pair set; the workspace's active set when omitted."""
+    dedupe_bits: int = 3
+    """Two pairs are near-duplicates when their SimHash fingerprints differ in at most this many bits."""
+    dedupe_bands: int = 8
+    """LSH bands the 64-bit fingerprint is cut into to find candidate near-duplicates."""
+    refusal_threshold: float = 0.5
+    """A side scoring at or above this reads as a refusal."""
+
+    _bits = field_validator("dedupe_bits")(lambda cls, v: _between(v, 0, 63, "--dedupe-bits"))
+    _bands = field_validator("dedupe_bands")(lambda cls, v: _between(v, 1, 64, "--dedupe-bands"))
+    _threshold = field_validator("refusal_threshold")(lambda cls, v: _finite(v, "--refusal-threshold"))
+
+
+class PairsAddRequest(_Request):
+    """``ster pairs add``: append one pair, creating the file and its directory when missing."""
+
+    pairs: Path
+    positive: str
+    negative: str
+    trait: str | None = None
+    """Sets or replaces the set's trait name."""
+
+
+class PairsRemoveRequest(_Request):
+    """``ster pairs remove``: drop the pair at a zero-based index."""
+
+    pairs: Path
+    index: int
+
+
+class PairsSynthesizeRequest(_Request):
+    """``ster pairs synthesize``: write a pair set from a one-sentence trait description."""
+
+    trait: str
+    """The trait, described in one sentence."""
+    count: int
+    output: Path
+    generator: str = "local"
+    """``local`` (the engine's own generation) or ``brama`` (a hosted model through the Brama gateway)."""
+    generator_model: str | None = None
+    """The Brama route: a declared alias, a canonical provider/model route, or a selector."""
+    model: str | None = None
+    revision: str | None = None
+    device: Device = "cpu"
+    chat_template: ChatMode = "auto"
+    precision: Precision = "f32"
+    trait_name: str | None = None
+    opposite: str | None = None
+    """The opposite trait; derived with one generation when omitted."""
+    retry_multiplier: int = 3
+    dedupe_bits: int = 3
+    dedupe_bands: int = 8
+    refusal_threshold: float = 0.5
+    max_new_tokens: int = 96
+    temperature: float = 0.9
+    top_p: float | None = 0.95
+    seed: int = 42
+
+    _count = field_validator("count")(lambda cls, v: _at_least_one(v, "--count"))
+    _retries = field_validator("retry_multiplier")(lambda cls, v: _at_least_one(v, "--retry-multiplier"))
+    _tokens = field_validator("max_new_tokens")(lambda cls, v: _at_least_one(v, "--max-new-tokens"))
+    _bits = field_validator("dedupe_bits")(lambda cls, v: _between(v, 0, 63, "--dedupe-bits"))
+    _bands = field_validator("dedupe_bands")(lambda cls, v: _between(v, 1, 64, "--dedupe-bands"))
+    _top_p = field_validator("top_p")(lambda cls, v: _nucleus(v))
+
+
+class WorkspaceImportRequest(_Request):
+    """``ster workspace import-pairs``: keep a canonical copy of a pair set and make it active."""
+
+    source: Path
+    name: str | None = None
+    """The id of the copy; the file name (without .json) when omitted."""
+
+
+class WorkspaceShowRequest(_Request):
+    """``ster workspace show``: the imported sets and which one is active."""
+
+
+class WorkspaceSelectRequest(_Request):
+    """``ster workspace select``: make an imported set the active one."""
+
+    id: str
+
+
+class WorkspaceRemoveRequest(_Request):
+    """``ster workspace remove``: forget an imported set and delete its copy."""
+
+    id: str
+
+
+class OnboardingRequest(_Request):
+    """``ster onboarding``: the first-use walkthrough, replayed or started over."""
+
+    reset: bool = False
+    import_pairs: Path | None = None
+    name: str | None = None
+
+
 class InspectRequest(_Request):
     """``ster inspect``: validate and summarise an artifact without loading a model."""
 
@@ -156,6 +255,18 @@ class ModelImportRequest(_Request):
 def _at_least_one(value: int, flag: str) -> int:
     if value < 1:
         raise ValueError(f"{flag} must be at least 1")
+    return value
+
+
+def _nucleus(value: float | None) -> float | None:
+    if value is not None and not (0 < value <= 1):
+        raise ValueError("--top-p must be above 0 and at most 1")
+    return value
+
+
+def _between(value: int, low: int, high: int, flag: str) -> int:
+    if not low <= value <= high:
+        raise ValueError(f"{flag} must be between {low} and {high}")
     return value
 
 

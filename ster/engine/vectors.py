@@ -24,7 +24,7 @@ from ster.engine.floats import f32_values
 from ster.engine.jobs import JobContext
 from ster.engine.layers import LayerSpec
 from ster.engine.loading import Checkpoint
-from ster.engine.pairs import PairSet, load_pairs
+from ster.engine.pairs import PairSet, load_pairs_or_active
 from ster.engine.requests import EvaluateRequest, OptimizeRequest, TrainRequest
 
 ONE_PAIR_HOLDOUT = ("a one-pair holdout scores every candidate 0 or 1, so this ranking separates almost nothing; "
@@ -62,7 +62,7 @@ def _artifact(checkpoint: Checkpoint, pair_set: PairSet, method: str, vectors: l
 
 
 def train_job(request: TrainRequest, ctx: JobContext) -> ArtifactSummary:
-    pair_set = load_pairs(request.pairs)
+    _, pair_set = load_pairs_or_active(request.pairs)
     check_output_file(request.output)
     checkpoint = ctx.models.open(request, ctx)
     layers = LayerSpec.parse(request.layers).resolve(checkpoint.config.num_hidden_layers)
@@ -102,11 +102,11 @@ class OptimizeResult(ArtifactSummary):
 
 
 def optimize_job(request: OptimizeRequest, ctx: JobContext) -> OptimizeResult:
-    pair_set = load_pairs(request.pairs)
+    path, pair_set = load_pairs_or_active(request.pairs)
     total = len(pair_set.pairs)
     if total < 4:
         raise Refusal(f"optimize needs at least 4 pairs, so that some are held out to rank on; "
-                      f"pair set {request.pairs} has {total}")
+                      f"pair set {path} has {total}")
     check_output_file(request.output)
     checkpoint = ctx.models.open(request, ctx)
     layers = LayerSpec.parse(request.layers).resolve(checkpoint.config.num_hidden_layers)
@@ -173,7 +173,7 @@ def open_artifact(ctx: JobContext, path: Path, checkpoint: Checkpoint) -> Steeri
 
 
 def evaluate_job(request: EvaluateRequest, ctx: JobContext) -> EvaluateResult:
-    pair_set = load_pairs(request.pairs)
+    _, pair_set = load_pairs_or_active(request.pairs)
     checkpoint = ctx.models.open(request, ctx)
     artifact = open_artifact(ctx, request.vector, checkpoint)
     vectors = artifact.by_layer()

@@ -50,3 +50,12 @@ def load_pairs(path: Path) -> PairSet:
     except ValidationError as exc:
         raise Refusal(f"pair set {path} is not in the expected shape: {first_error(exc)}") from None
     return check_pairs(pair_set, path)
+
+
+def load_pairs_or_active(path: Path | None) -> tuple[Path, PairSet]:
+    """The given pair set, or the workspace's active one when no path is given."""
+    if path is None:
+        from ster.engine.workspace import active_pairs
+
+        path = active_pairs()
+    return path, load_pairs(path)
