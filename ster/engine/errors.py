@@ -8,6 +8,7 @@ typed the command, and a refused job writes nothing.
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Any
 
 
 class ExitCode(IntEnum):
@@ -28,10 +29,18 @@ class SterError(Exception):
 
 
 class Refusal(SterError):
-    """The input cannot be used; the message is one sentence naming why."""
+    """The input cannot be used; the message is one sentence naming why.
+
+    ``details`` carries machine-readable facts behind the sentence, such as the
+    status and error code a gateway answered with.
+    """
 
     exit_code = ExitCode.REFUSED
     kind = "refused"
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.details = details
 
 
 class Cancelled(SterError):

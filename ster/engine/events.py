@@ -33,6 +33,9 @@ class Progress(_Event):
     """Units the stage will do, when known in advance."""
     message: str
     """A plain sentence a person can read on its own."""
+    data: dict[str, Any] | None = None
+    """Structured detail of the step, when a front end can show more than the sentence
+    (for example the pair synthesis just kept)."""
 
 
 class Token(_Event):
@@ -75,6 +78,8 @@ class Error(_Event):
     type: Literal["error"] = "error"
     kind: Literal["refused", "cancelled", "internal"]
     message: str
+    details: dict[str, Any] | None = None
+    """Machine-readable facts behind the sentence (for example a gateway's error code)."""
 
 
 Event = Annotated[Union[Progress, Token, Warning, Log, Result, Error], Field(discriminator="type")]

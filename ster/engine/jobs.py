@@ -63,8 +63,9 @@ class JobContext:
             self._models = ModelStore()
         return self._models
 
-    def progress(self, stage: str, message: str, current: int | None = None, total: int | None = None) -> None:
-        self.emit(Progress(stage=stage, message=message, current=current, total=total))
+    def progress(self, stage: str, message: str, current: int | None = None, total: int | None = None,
+                 data: dict[str, Any] | None = None) -> None:
+        self.emit(Progress(stage=stage, message=message, current=current, total=total, data=data))
 
     def token(self, text: str, index: int, stream: str = "text") -> None:
         self.emit(Token(text=text, index=index, stream=stream))
@@ -101,7 +102,7 @@ def run_job(
         document = job_function(name)(request, ctx)
         final = Result(command=name, data=document.model_dump(mode="json"))
     except SterError as exc:
-        final = Error(kind=exc.kind, message=str(exc))  # type: ignore[arg-type]
+        final = Error(kind=exc.kind, message=str(exc), details=getattr(exc, "details", None))  # type: ignore[arg-type]
     except Exception as exc:  # a bug: report it as one line; the traceback only on request
         if os.environ.get("STER_DEBUG"):
             emit(Log(message=traceback.format_exc()))

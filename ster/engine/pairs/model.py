@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ster.engine.errors import Refusal
-from ster.engine.files import first_error, read_json
+from ster.engine.files import dumps_pretty, first_error, read_json, write_atomic
 
 
 class Pair(BaseModel):
@@ -59,3 +59,9 @@ def load_pairs_or_active(path: Path | None) -> tuple[Path, PairSet]:
 
         path = active_pairs()
     return path, load_pairs(path)
+
+
+def save_pairs(path: Path, pair_set: PairSet) -> None:
+    """Validate the whole set, then write it atomically as pretty JSON with a trailing newline."""
+    check_pairs(PairSet.model_validate(pair_set.model_dump()), path)
+    write_atomic(path, dumps_pretty(pair_set.model_dump(mode="json")))

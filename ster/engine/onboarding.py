@@ -1,0 +1,239 @@
+"""First use: a short walkthrough that ends once the user has a pair set.
+
+``ster onboarding`` shows a few screens about Ster (what a pair set is, how to write,
+import or synthesize one, and the bundled toy model to try first), one ``log`` event
+per screen, and saves its progress under ``$XDG_STATE_HOME/ster`` (else
+``~/.local/state/ster``) in ``onboarding.json``. The walkthrough is complete as soon as
+a pair set is imported (``ster workspace import-pairs`` or ``ster onboarding
+--import-pairs``) or written (``ster pairs add``, ``ster pairs synthesize``, through
+:func:`note_pair_set_written`); a replay after that says so instead of showing the
+screens again, until ``--reset`` deletes the saved progress.
+
+The screens are data (:data:`SCREENS`), so the TUI can page through the same text.
+Progress is state, not data: losing it only means seeing the walkthrough again, so
+recording it never fails a write that already happened. Nothing here imports torch,
+transformers or textual.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from ster.engine.errors import Refusal, SterError
+from ster.engine.files import dumps_pretty, load_document, write_atomic
+from ster.engine.jobs import JobContext
+from ster.engine.requests import OnboardingRequest
+from ster.engine.workspace import ImportOutcome, import_pair_set
+
+SCHEMA_VERSION = 1
+STATE_FILE = "onboarding.json"
+ENDS_WHEN = ("the walkthrough ends when a pair set is imported (ster workspace import-pairs FILE, or ster "
+             "onboarding --import-pairs FILE) or written (ster pairs add, ster pairs synthesize)")
+
+
+class Screen(BaseModel):
+    """One page of the walkthrough."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    title: str
+    """A few words, shown as the page's heading."""
+    body: str
+    """A short paragraph; commands in it are meant to be copied as they stand."""
+
+
+SCREENS: tuple[Screen, ...] = (
+    Screen(title="Welcome to Ster", body=(
+        "Ster reads the hidden states of a Llama-family model, fits a steering direction for a trait from "
+        "contrastive pairs, and adds that direction back into the model while it generates. Everything starts "
+        "from a pair set; this walkthrough ends as soon as you import or write one.")),
+    Screen(title="What a pair set is", body=(
+        'A pair set is a JSON file {"trait_name": "calm", "pairs": [{"positive": "...", "negative": "..."}]}. '
+        "Each pair is a positive and a negative text that differ only in the trait: same question, same "
+        "length, same style, one answer showing the trait and one not. The difference between their hidden "
+        "states is what points along the trait, so anything else that differs becomes noise in the direction.")),
+    Screen(title="Write one", body=(
+        "ster pairs add appends one pair at a time and creates the file, and its directory, when it does not "
+        "exist yet:\n"
+        '  ster pairs add --pairs pairs.json --trait calm --positive "question : how is the sea ? answer : the '
+        'sea is quiet ." --negative "question : how is the sea ? answer : the sea is wild ."\n'
+        "ster pairs inspect --pairs pairs.json then reports duplicates, refusals and balance.")),
+    Screen(title="Import one", body=(
+        "If you already have a pair set, import it:\n"
+        "  ster workspace import-pairs ./my-pairs.json   (or: ster onboarding --import-pairs ./my-pairs.json)\n"
+        "Ster validates the whole file, keeps a canonical copy under $XDG_DATA_HOME/ster and makes it the "
+        "active set, so train, optimize, evaluate and pairs inspect use it when --pairs is omitted. "
+        "ster workspace show lists the sets; ster workspace select ID switches between them.")),
+    Screen(title="Try the toy model", body=(
+        "A tiny checkpoint ships with Ster, so the whole loop runs in seconds with no download. Select a "
+        "direction on its calm/alarmed pairs, then generate with it:\n"
+        "  ster optimize --model ster:toy --pairs ster/data/examples/pairs.json --output calm.json\n"
+        '  ster generate --model ster:toy --vector calm.json --strength 3 --prompt "question : tell me about '
+        'the town . answer :"\n'
+        "Drop --vector to see the unsteered answer; ster sweep shows which strength moves the text without "
+        "breaking it.")),
+    Screen(title="Synthesize a set", body=(
+        "No pairs yet? ster pairs synthesize writes a whole set from a one-sentence trait description, "
+        "generating both sides of every pair with a model:\n"
+        '  ster pairs synthesize --model meta-llama/Llama-3.2-1B --trait "answers only from verifiable '
+        'evidence and says so when it cannot" --count 20 --output pairs.json\n'
+        "Read the pairs before you trust them: a generated set is a draft.")),
+)
+"""The walkthrough, in order."""
+
+
+class OnboardingState(BaseModel):
+    """``onboarding.json``: how far first use got."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = SCHEMA_VERSION
+    completed: bool = False
+    completed_at: str | None = None
+    """When a pair set was first imported or written, UTC, ISO 8601."""
+    how: str | None = None
+    """What completed it: ``imported <id>`` or ``wrote <path>``."""
+    screens_seen: int = 0
+    """How many screens have been shown so far."""
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, value: int) -> int:
+        if value != SCHEMA_VERSION:
+            raise ValueError(f"schema_version {value} is not one this Ster reads (it reads {SCHEMA_VERSION})")
+        return value
+
+
+class OnboardingResult(BaseModel):
+    """What ``ster onboarding`` prints."""
+
+    status: Literal["in_progress", "complete"]
+    """``complete`` once a pair set has been imported or written; ``in_progress`` until then."""
+    screens: list[Screen]
+    """The screens shown by this run: all of them while in progress, none on a replay after completion."""
+    ends_when: str
+    """What completes the walkthrough."""
+    completed_at: str | None
+    how: str | None
+    """What completed it: ``imported <id>`` or ``wrote <path>``; null while in progress."""
+    imported: ImportOutcome | None
+    """The workspace import ``--import-pairs`` performed, when given."""
+    progress_file: str
+    """Where progress is saved."""
+
+
+def state_root() -> Path:
+    """``$XDG_STATE_HOME/ster``, else ``~/.local/state/ster``; read at each call so tests can move it."""
+    base = os.environ.get("XDG_STATE_HOME")
+    return (Path(base) if base else Path.home() / ".local" / "state") / "ster"
+
+
+def state_path() -> Path:
+    return state_root() / STATE_FILE
+
+
+def read_state() -> OnboardingState:
+    """The saved progress, a fresh start when there is none; a damaged file is refused with the way out."""
+    path = state_path()
+    if not path.exists():
+        return OnboardingState()
+    try:
+        return load_document(path, OnboardingState, "onboarding progress")
+    except Refusal as exc:
+        raise Refusal(f"{exc}; run ster onboarding --reset to start over") from None
+
+
+def note_pair_set_written(path: Path) -> None:
+    """Called after ``pairs add`` / ``pairs synthesize`` wrote a set: ends the walkthrough. Never raises for I/O."""
+    try:
+        _mark_complete(f"wrote {Path(path).absolute()}")
+    except (OSError, ValueError, SterError):
+        pass  # the pair set is written; failing to record progress must not fail that
+
+
+def note_pair_set_imported(set_id: str) -> None:
+    """Called after ``workspace import-pairs``: ends the walkthrough. Never raises for I/O, like the above."""
+    try:
+        _mark_complete(f"imported {set_id}")
+    except (OSError, ValueError, SterError):
+        pass
+
+
+def onboarding_job(request: OnboardingRequest, ctx: JobContext) -> OnboardingResult:
+    """``ster onboarding``: show the walkthrough, import a set to finish it, or say it is already done."""
+    if request.name is not None and request.import_pairs is None:
+        raise Refusal("--name names the imported copy, so it needs --import-pairs FILE")
+    state = OnboardingState() if request.reset else read_state()  # refuse a damaged file before writing
+    if request.import_pairs is not None:
+        return _import(request.import_pairs, request.name, request.reset, state, ctx)
+    if request.reset:
+        _reset()
+        ctx.log("onboarding progress was reset; starting the walkthrough over")
+    if state.completed:
+        ctx.log(f"onboarding is already complete ({state.how}, {state.completed_at}); "
+                "run ster onboarding --reset to see the walkthrough again")
+        return _result("complete", [], state)
+    for number, screen in enumerate(SCREENS, start=1):
+        ctx.check_cancelled()
+        ctx.log(f"[{number}/{len(SCREENS)}] {screen.title}\n{screen.body}")
+    state = state.model_copy(update={"screens_seen": max(state.screens_seen, len(SCREENS))})
+    _save_or_warn(state, ctx)
+    ctx.log(ENDS_WHEN[0].upper() + ENDS_WHEN[1:])
+    return _result("in_progress", list(SCREENS), state)
+
+
+def _import(source: Path, name: str | None, reset: bool, state: OnboardingState,
+            ctx: JobContext) -> OnboardingResult:
+    """``--import-pairs``: the workspace import (same outcomes and refusals), then completion."""
+    outcome = import_pair_set(source, name)  # refuses before anything is written
+    ctx.log(outcome.reason)
+    if reset:
+        _reset()
+    if not state.completed:
+        state = state.model_copy(update={"completed": True, "completed_at": _now(), "how": f"imported {outcome.id}"})
+        _save_or_warn(state, ctx)
+    ctx.log(f"onboarding is complete ({state.how})")
+    return _result("complete", [], state, outcome)
+
+
+def _mark_complete(how: str) -> None:
+    """Record completion unless it is already recorded; a damaged progress file is replaced."""
+    try:
+        state = read_state()
+    except Refusal:
+        state = OnboardingState()
+    if not state.completed:
+        _save(state.model_copy(update={"completed": True, "completed_at": _now(), "how": how}))
+
+
+def _reset() -> None:
+    path = state_path()
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        raise Refusal(f"onboarding progress {path} could not be deleted: {exc.strerror or exc}") from None
+
+
+def _save(state: OnboardingState) -> None:
+    write_atomic(state_path(), dumps_pretty(OnboardingState.model_validate(state.model_dump()).model_dump(mode="json")))
+
+
+def _save_or_warn(state: OnboardingState, ctx: JobContext) -> None:
+    """Progress that cannot be saved costs a replay later, not this run."""
+    try:
+        _save(state)
+    except OSError as exc:
+        ctx.warn(f"onboarding progress could not be saved to {state_path()}: {exc.strerror or exc}")
+
+
+def _result(status: Literal["in_progress", "complete"], screens: list[Screen], state: OnboardingState,
+            imported: ImportOutcome | None = None) -> OnboardingResult:
+    return OnboardingResult(status=status, screens=screens, ends_when=ENDS_WHEN, completed_at=state.completed_at,
+                            how=state.how, imported=imported, progress_file=str(state_path()))
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
