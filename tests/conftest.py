@@ -34,6 +34,14 @@ class CliRun:
         return [json.loads(line) for line in self.out.splitlines()]
 
 
+@pytest.fixture(autouse=True)
+def private_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test gets its own workspace and onboarding state, never the real home's."""
+    home = tmp_path_factory.mktemp("xdg")
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(home / "state"))
+
+
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str]):
     """Run ``ster ARGS`` in this process; return exit code, stdout and stderr."""

@@ -179,16 +179,27 @@ def test_selectors_warn_that_they_need_a_signed_request(cli, tmp_path: Path, gat
     assert any(e["type"] == "warning" and "agent-signed" in e["message"] for e in run.events)
 
 
-def test_the_local_route_runs_on_the_toy_and_reproduces_from_its_seed(cli, tmp_path: Path) -> None:
-    def synthesize(name: str, seed: str):
-        return cli("pairs", "synthesize", "--model", "ster:toy", "--trait", "calm", "--opposite", "alarmed",
-                   "--count", "2", "--output", tmp_path / name, "--seed", seed, "--max-new-tokens", "12")
+def test_the_local_writer_advances_its_seed_every_call_and_reproduces() -> None:
+    from ster.engine.jobs import JobContext
+    from ster.engine.pairs.synthesize import _local_writer
+    from ster.engine.requests import PairsSynthesizeRequest
 
-    first, again, other = synthesize("a.json", "7"), synthesize("b.json", "7"), synthesize("c.json", "8")
-    assert first.code == 0, first.err
-    assert first.json["generator"] == "local:ster:toy" and first.json["opposite"] == "alarmed"
-    assert (tmp_path / "a.json").read_text() == (tmp_path / "b.json").read_text()
-    assert other.code == 1 or (tmp_path / "c.json").read_text() != (tmp_path / "a.json").read_text()
-    pairs = json.loads((tmp_path / "a.json").read_text())["pairs"]
-    assert all(p["positive"].startswith("Question: ") and "\nAnswer: " in p["positive"] for p in pairs)
-    assert first.json["kept"] == len(pairs) and first.json["attempts"] <= 6
+    ctx = JobContext(lambda event: None)
+    request = PairsSynthesizeRequest(trait="calm", count=1, output=Path("unused.json"), model="ster:toy", seed=7,
+                                     temperature=1.0, max_new_tokens=12)
+    first, identity = _local_writer(request, ctx)
+    again, _ = _local_writer(request, ctx)
+    texts = [first("question : what is the river like ? answer :") for _ in range(4)]
+    assert identity == "local:ster:toy"
+    assert [again("question : what is the river like ? answer :") for _ in range(4)] == texts
+    assert len(set(texts)) > 1  # one fixed seed would return one continuation every call
+
+
+def test_the_local_route_refuses_when_nothing_survives(cli, tmp_path: Path) -> None:
+    """The toy writes no questions in English, so every attempt is empty: the run says so and writes nothing."""
+    run = cli("pairs", "synthesize", "--model", "ster:toy", "--trait", "calm", "--opposite", "alarmed",
+              "--count", "2", "--retry-multiplier", "2", "--output", tmp_path / "a.json", "--max-new-tokens", "8")
+    assert run.code == 1
+    assert run.err.strip().endswith("synthesis kept no pairs in 4 attempts (4 empty, 0 refusing, 0 duplicate); "
+                                    "nothing was written")
+    assert "synthesizing pair 1/2 (attempt 4)" in run.err and not (tmp_path / "a.json").exists()

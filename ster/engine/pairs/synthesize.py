@@ -3,7 +3,8 @@
 The loop, in the order the original runs it:
 
 1. the opposite trait is derived with one generation unless ``--opposite`` states it
-   (an empty answer falls back to ``neutral and plain``);
+   (an answer that is empty, or longer than a short phrase, falls back to
+   ``neutral and plain``);
 2. each attempt generates a question, an answer in the trait's voice and an answer in
    the opposite's voice, stored as ``Question: {q}\\nAnswer: {a}`` on each side;
 3. a refusing negative is asked again exactly once with a repair instruction, and
@@ -59,8 +60,8 @@ class SynthesisReport(BaseModel):
 
 
 def question_prompt(trait: str) -> str:
-    return (f"Write one short, everyday question that someone might ask, whose answer could show this trait: "
-            f"{trait}. Write only the question.")
+    return (f"Write one short everyday question that a friend might ask you, where the answer could show this "
+            f"trait: {trait}. Write only the question.")
 
 
 def answer_prompt(question: str, voice: str) -> str:
@@ -74,14 +75,31 @@ def repair_prompt(question: str, voice: str) -> str:
 
 
 def opposite_prompt(trait: str) -> str:
-    return f"In two to five words, name the opposite of this trait: {trait}. Write only the words."
+    return (f"In two to five words, what is the opposite of this trait: {trait}? "
+            f"Reply with the short phrase only, nothing else.")
 
 
 def clean(text: str, label: str) -> str:
-    """The first paragraph of a generation, without a leading label or surrounding quotes."""
+    """The first paragraph of a generation, without a leading label or surrounding quotes, cut after
+    its last complete sentence (a generation stopped by the token limit ends mid-word)."""
     first = next((part for part in re.split(r"\n\s*\n", text.strip()) if part.strip()), "")
     first = re.sub(rf"^\s*(\*\*)?{label}:?(\*\*)?\s*", "", first, flags=re.IGNORECASE)
-    return " ".join(first.split()).strip("\"'“”").strip()
+    first = " ".join(first.split()).strip("\"'“”").strip()
+    complete = re.match(r"^.*[.!?](?=\s|$)", first)
+    return complete.group(0) if complete else first
+
+
+def clean_question(text: str) -> str:
+    """The first sentence that asks something; empty when the generation asked nothing."""
+    found = re.search(r"[^.!?\"“”]*\?", clean(text, "question"))
+    return found.group(0).strip() if found else ""
+
+
+def clean_opposite(text: str) -> str:
+    """A short phrase naming the opposite, or empty when the answer is not one (more than eight words)."""
+    phrase = re.sub(r"^the opposite of .*? is\s+", "", clean(text, "opposite"), flags=re.IGNORECASE)
+    phrase = phrase.rstrip(".!").strip()
+    return phrase if 0 < len(phrase.split()) <= 8 else ""
 
 
 def slug(text: str) -> str:
@@ -92,7 +110,7 @@ def slug(text: str) -> str:
 def synthesize_job(request: PairsSynthesizeRequest, ctx: JobContext) -> SynthesisReport:
     writer, identity = _writer(request, ctx)
     check_output_file(request.output)
-    opposite = request.opposite or clean(writer(opposite_prompt(request.trait)), "opposite") or NEUTRAL
+    opposite = request.opposite or clean_opposite(writer(opposite_prompt(request.trait))) or NEUTRAL
     ctx.log(f"writing pairs for \"{request.trait}\" against \"{opposite}\"")
     loop = _Loop(request, ctx, writer, opposite)
     loop.run()
@@ -139,7 +157,7 @@ class _Loop:
                                   self.request.count, data=pair.model_dump())
 
     def attempt(self) -> Pair | None:
-        question = clean(self.writer(question_prompt(self.request.trait)), "question")
+        question = clean_question(self.writer(question_prompt(self.request.trait)))
         positive = clean(self.writer(answer_prompt(question, self.request.trait)), "answer") if question else ""
         negative = clean(self.writer(answer_prompt(question, self.opposite)), "answer") if positive else ""
         if not (question and positive and negative):
