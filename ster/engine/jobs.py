@@ -33,6 +33,7 @@ JOBS: dict[str, str] = {
     "pairs inspect": "ster.engine.pairs.inspect:inspect_job",
     "pairs add": "ster.engine.pairs.edit:add_job",
     "pairs remove": "ster.engine.pairs.edit:remove_job",
+    "pairs save": "ster.engine.pairs.edit:save_job",
     "pairs synthesize": "ster.engine.pairs.synthesize:synthesize_job",
     "workspace import-pairs": "ster.engine.workspace:import_job",
     "workspace show": "ster.engine.workspace:show_job",

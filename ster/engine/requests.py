@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from ster.engine.errors import Refusal
 from ster.engine.layers import LayerSpec
+from ster.engine.pairs.model import PairSet
 
 Precision = Literal["f32", "f16", "bf16"]
 Device = Literal["cpu", "cuda", "mps", "auto"]
@@ -121,7 +122,10 @@ class SweepRequest(_Sampled):
     """``ster sweep``: steered text, effect and degeneracy at each strength."""
 
     vector: Path
-    prompts: Path
+    prompts: Path | None = None
+    """A JSON document ``{"prompts": [...]}``."""
+    prompt_texts: list[str] | None = None
+    """The prompts themselves, instead of a file (exactly one of the two)."""
     strengths: list[float]
     max_new_tokens: int = 48
 
@@ -141,7 +145,9 @@ class PairsInspectRequest(_Request):
     """``ster pairs inspect``: duplicates, refusals, balance and diversity of a pair set; no model."""
 
     pairs: Path | None = None
-    """The pair set; the workspace's active set when omitted."""
+    """The pair set; the workspace's active set when omitted (and no ``pair_set`` is given)."""
+    pair_set: PairSet | None = None
+    """A set held in memory (the TUI's editor), inspected instead of a file."""
     dedupe_bits: int = 3
     """Two pairs are near-duplicates when their SimHash fingerprints differ in at most this many bits."""
     dedupe_bands: int = 8
@@ -162,6 +168,13 @@ class PairsAddRequest(_Request):
     negative: str
     trait: str | None = None
     """Sets or replaces the set's trait name."""
+
+
+class PairsSaveRequest(_Request):
+    """Write a whole pair set (the TUI's editor saving), validated first, atomically."""
+
+    pairs: Path
+    pair_set: PairSet
 
 
 class PairsRemoveRequest(_Request):

@@ -25,14 +25,15 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from ster.engine.artifact import SteeringArtifact
 from ster.engine.activations import read_last_states
 from ster.engine.codec import TextCodec
+from ster.engine.errors import Refusal
 from ster.engine.decoding import Sampling, StopReason, decode
 from ster.engine.extract import PromptSet
-from ster.engine.files import load_document
+from ster.engine.files import first_error, load_document
 from ster.engine.generate import relative_strengths
 from ster.engine.jobs import JobContext
 from ster.engine.llama import Decoder
@@ -116,8 +117,19 @@ def text_projections(model: Decoder, texts: list[list[int]], directions: dict[in
     return (states * stacked).sum(-1).mean(-1).tolist()
 
 
+def _prompts(request: SweepRequest) -> list[str]:
+    if request.prompt_texts is not None:
+        try:
+            return PromptSet(prompts=request.prompt_texts).prompts
+        except ValidationError as exc:
+            raise Refusal(f"the sweep's prompts are not usable: {first_error(exc)}") from None
+    if request.prompts is None:
+        raise Refusal("sweep needs prompts: give --prompts FILE")
+    return load_document(request.prompts, PromptSet, "prompts").prompts
+
+
 def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
-    prompts = load_document(request.prompts, PromptSet, "prompts").prompts
+    prompts = _prompts(request)
     checkpoint = ctx.models.open(request, ctx)
     artifact = open_artifact(ctx, request.vector, checkpoint)
     codec = checkpoint.codec

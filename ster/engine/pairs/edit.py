@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from ster.engine.errors import Refusal
 from ster.engine.jobs import JobContext
 from ster.engine.pairs.model import Pair, PairSet, load_pairs, save_pairs
-from ster.engine.requests import PairsAddRequest, PairsRemoveRequest
+from ster.engine.requests import PairsAddRequest, PairsRemoveRequest, PairsSaveRequest
 
 
 class PairsEditResult(BaseModel):
@@ -22,9 +22,9 @@ class PairsEditResult(BaseModel):
     pairs: str
     """The file written."""
     action: str
-    """``added`` or ``removed``."""
+    """``added``, ``removed`` or ``saved``."""
     index: int
-    """Index of the pair added or removed."""
+    """Index of the pair added or removed (the last pair's, for a save)."""
     created: bool
     """Whether the file was created by this edit."""
     trait_name: str
@@ -55,6 +55,14 @@ def remove_job(request: PairsRemoveRequest, ctx: JobContext) -> PairsEditResult:
     updated = PairSet(trait_name=pair_set.trait_name, pairs=pairs)
     save_pairs(request.pairs, updated)  # refuses an emptied set: a set is validated before it is saved
     return _result(request.pairs, "removed", request.index, False, updated)
+
+
+def save_job(request: PairsSaveRequest, ctx: JobContext) -> PairsEditResult:
+    """Write a whole set; the editor's save. Validation refuses an empty set or an empty side."""
+    created = not request.pairs.exists()
+    save_pairs(request.pairs, request.pair_set)
+    _note_written(request.pairs)
+    return _result(request.pairs, "saved", len(request.pair_set.pairs) - 1, created, request.pair_set)
 
 
 def _result(path: Path, action: str, index: int, created: bool, pair_set: PairSet) -> PairsEditResult:

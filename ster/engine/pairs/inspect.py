@@ -131,8 +131,11 @@ class _Side:
 
 
 def inspect_job(request: PairsInspectRequest, ctx: JobContext) -> PairsReport:
-    """Load the set (the workspace's active one when no path is given) and inspect it."""
-    path, pair_set = load_pairs_or_active(request.pairs)
+    """Inspect the set given in the request, or load it (the workspace's active one when no path is given)."""
+    if request.pair_set is not None:
+        path, pair_set = "the editor", request.pair_set
+    else:
+        path, pair_set = load_pairs_or_active(request.pairs)
     total = len(pair_set.pairs)
     ctx.progress("inspect", f"inspecting {total} pairs from {path}", 0, total)
 
