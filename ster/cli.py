@@ -235,6 +235,11 @@ def build_parser() -> argparse.ArgumentParser:
     vector_commands = vector.add_subparsers(dest="vector_command", metavar="<command>", required=True)
     for add in STEERING:
         add(vector_commands)
+    tui = commands.add_parser("tui", help="open the full-screen app (also: ster with no arguments on a terminal)",
+                              description="The full-screen app: author pairs, train and select a direction, "
+                                          "compare steered with unsteered generation.")
+    tui.add_argument("--model", default="ster:toy", help="the model to start with (default ster:toy)")
+    tui.add_argument("--pairs", help="the pair set to open")
     _add_pairs(commands)
     _add_workspace(commands)
     _add_onboarding(commands)
@@ -293,6 +298,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ster`` console script; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "tui" or (args.command is None and argv is None and sys.stdin.isatty()
+                                 and sys.stdout.isatty()):
+        from pathlib import Path
+
+        from ster.tui.app import run_tui
+
+        pairs = getattr(args, "pairs", None)
+        return run_tui(getattr(args, "model", None), Path(pairs) if pairs else None)
     if args.command is None:
         parser.print_help()
         return 0

@@ -19,6 +19,19 @@ from ster.engine.resolve import EXAMPLES_DIR, TOY_DIR
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _snapshots_at_the_repository_root() -> None:
+    """Textual snapshots live in snapshots/<test module>/ at the repository root, not beside the tests."""
+    try:
+        from pytest_textual_snapshot import SVGImageExtension
+    except ImportError:
+        return
+    SVGImageExtension.dirname = classmethod(  # type: ignore[method-assign]
+        lambda cls, *, test_location: str(REPO / "snapshots" / test_location.basename))
+
+
+_snapshots_at_the_repository_root()
+
+
 @dataclass
 class CliRun:
     code: int

@@ -147,12 +147,18 @@ def check_against_model(artifact: SteeringArtifact, model: str, config: LlamaCon
 
 def provenance_warnings(artifact: SteeringArtifact, precision: str, chat_template: str) -> list[str]:
     """The spec's two warnings when a direction is read in a space it was not fitted in; none for null records."""
+    return provenance_sentences(artifact.precision, artifact.chat_template, precision, chat_template)
+
+
+def provenance_sentences(fitted_precision: str | None, fitted_chat: str | None, precision: str,
+                         chat_template: str | None) -> list[str]:
+    """The warnings for a direction fitted at ``fitted_*`` and read at the run's settings."""
     warnings = []
-    if artifact.chat_template is not None and artifact.chat_template != chat_template:
-        warnings.append(f"this direction was trained with chat template {artifact.chat_template} and this run "
+    if fitted_chat is not None and chat_template is not None and fitted_chat != chat_template:
+        warnings.append(f"this direction was trained with chat template {fitted_chat} and this run "
                         f"encodes {chat_template}, so the number below describes a format it was not trained in")
-    if artifact.precision is not None and artifact.precision != precision:
-        warnings.append(f"this direction was trained at precision {artifact.precision} and this run maps the base "
+    if fitted_precision is not None and fitted_precision != precision:
+        warnings.append(f"this direction was trained at precision {fitted_precision} and this run maps the base "
                         f"weights at {precision}, so it is being read in a different space than it was fitted in")
     return warnings
 

@@ -1,0 +1,236 @@
+"""The Ster app: Pairs, Train, Generate and Jobs tabs over one engine.
+
+The app owns the settings (model, pair set, artifact) and the job runner; panes build
+requests and render events. Panes receive their jobs' messages first; the app then
+sees every job message to keep the status line and the Jobs tab current.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widget import Widget
+from textual.widgets import Footer, Header, TabbedContent, TabPane, Tabs
+
+from ster.tui.messages import JobEvent, JobFinished, JobStarted
+from ster.tui.runner import JobHandle, JobRunner
+from ster.tui.settings import Settings
+from ster.tui.widgets.generate import GeneratePane
+from ster.tui.widgets.jobs import JobsPane
+from ster.tui.widgets.pairs import PairsPane
+from ster.tui.widgets.status import StatusLine
+from ster.tui.widgets.train import TrainPane
+
+TABS = (("pairs", "Pairs", PairsPane), ("train", "Train", TrainPane), ("generate", "Generate", GeneratePane),
+        ("jobs", "Jobs", JobsPane))
+FINAL_STATE = {"result": "done", "refused": "refused", "cancelled": "cancelled", "internal": "failed"}
+
+
+class SterApp(App[None]):
+    """Author pairs, train and select a direction, compare steered with unsteered text."""
+
+    TITLE = "Ster"
+    SUB_TITLE = "activation steering"
+    CSS_PATH = Path(__file__).parent / "app.tcss"
+    BINDINGS = [
+        Binding("1", "show_tab('pairs')", "Pairs", tooltip="Author and inspect the pair set"),
+        Binding("2", "show_tab('train')", "Train", tooltip="Fit and select a direction"),
+        Binding("3", "show_tab('generate')", "Generate", tooltip="Steered against unsteered text"),
+        Binding("4", "show_tab('jobs')", "Jobs", tooltip="Every job's events; cancel"),
+        Binding("m", "model", "Model", tooltip="Switch the model or how it is loaded"),
+        Binding("ctrl+x", "cancel_job", "Cancel job", tooltip="Cancel the running job"),
+        Binding("escape", "leave_field", "Leave field", show=False, tooltip="Move focus out of a text field"),
+        Binding("question_mark,f1", "help", "Help", tooltip="Every key"),
+        Binding("q,ctrl+q", "quit", "Quit", tooltip="Quit (asks first while a job runs)"),
+    ]
+
+    def __init__(self, settings: Settings | None = None, models: Any = None) -> None:
+        super().__init__()
+        self.settings = settings or Settings()
+        self.runner = JobRunner(self, models)
+        self._quitting = False
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield StatusLine(id="status")
+        with TabbedContent(initial="pairs", id="tabs"):
+            for tab_id, title, pane in TABS:
+                with TabPane(title, id=tab_id):
+                    yield pane(id=f"{tab_id}-pane")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        # The tab bar takes no focus: tabs switch with 1-4, and a focused bar would swallow nothing,
+        # so letters typed by mistake would reach the app's own keys (q quits).
+        self.query_one(Tabs).can_focus = False
+        self.refresh_status()
+        self.action_show_tab("pairs")
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        self._focus_tab(event.pane.id or "")
+
+    def refresh_status(self) -> None:
+        running = [h for h in self.runner.handles if h.state == "running"]
+        job = f"{running[0].name}: {running[0].last_message}" if running else ""
+        self.query_one(StatusLine).show(self.settings, job[:60])
+
+    # --- jobs -------------------------------------------------------------------------------------
+
+    def start_job(self, job: str, request_model: str, fields: dict[str, Any], owner: Widget) -> JobHandle | None:
+        """Validate a request built from a pane's form and start its job; a bad field is a refusal
+        the pane shows like any other."""
+        from ster.engine import requests
+        from ster.engine.errors import SterError
+        from ster.engine.events import Error
+
+        try:
+            request = requests.build_request(getattr(requests, request_model), **fields)
+        except SterError as exc:
+            owner.post_message(JobFinished(JobHandle(0, job, None, owner, state="refused"),  # type: ignore[arg-type]
+                                           Error(kind="refused", message=str(exc))))
+            return None
+        handle = self.runner.start(job, request, owner)
+        self.query_one(JobsPane).record(handle)
+        self.refresh_status()
+        return handle
+
+    def on_job_started(self, message: JobStarted) -> None:
+        message.handle.state = "running"
+        self._record(message.handle)
+
+    def on_job_event(self, message: JobEvent) -> None:
+        event = message.event
+        if event.type != "token":
+            message.handle.last_message = getattr(event, "message", "")
+        if event.type == "log" and event.message.startswith(("applying the model's own", "this model publishes",
+                                                             "chat template off")):
+            self.settings.chat_decision = ("applied" if event.message.startswith("applying") else
+                                           "absent" if event.message.startswith("this model") else "off")
+        self._record(message.handle, event)
+
+    def on_job_finished(self, message: JobFinished) -> None:
+        handle, final = message.handle, message.final
+        if handle.id == 0:
+            return  # a request refused before it became a job
+        handle.state = FINAL_STATE["result" if final.type == "result" else final.kind]  # type: ignore[assignment]
+        handle.last_message = "finished" if final.type == "result" else final.message  # type: ignore[union-attr]
+        self._record(handle, final)
+        if self._quitting and not self.runner.active():
+            self.exit()
+
+    def _record(self, handle: JobHandle, event: Any = None) -> None:
+        self.query_one(JobsPane).record(handle, event)
+        self.refresh_status()
+
+    # --- actions ------------------------------------------------------------------------------------
+
+    def action_show_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+        self.call_after_refresh(self._focus_tab, tab)
+
+    def _focus_tab(self, tab: str) -> None:
+        # Focusing a widget switches to its tab, so a late focus must not undo a newer switch.
+        if self.query_one(TabbedContent).active == tab:
+            focus_main(self.query_one(f"#{tab}-pane"))
+
+    def action_leave_field(self) -> None:
+        focus_main(self.query_one(f"#{self.query_one(TabbedContent).active}-pane"))
+
+    def action_cancel_job(self, job_id: int | None = None) -> None:
+        handles = [h for h in self.runner.active() if job_id in (None, h.id)] or self.runner.active()
+        if not handles:
+            self.notify("no job is running")
+            return
+        for handle in handles:
+            self.runner.cancel(handle)
+        self.notify(f"cancelling {', '.join(h.name for h in handles)}")
+
+    def action_model(self) -> None:
+        from ster.tui.screens.model import ModelDialog
+
+        self.push_screen(ModelDialog(self.settings), self._model_chosen)
+
+    def _model_chosen(self, values: dict[str, str] | None) -> None:
+        if values:
+            if values["model"] != self.settings.model or values["chat_template"] != self.settings.chat_template:
+                self.settings.chat_decision = None
+            for name, value in values.items():
+                setattr(self.settings, name, value)
+            self.refresh_status()
+            self.notify(f"model {values['model']} at {values['precision']} on {values['device']}")
+
+    def action_help(self) -> None:
+        from ster.tui.screens.help import HelpScreen
+
+        sections = [("Everywhere", list(self.BINDINGS))]
+        sections += [(f"{title} tab", list(pane.BINDINGS)) for _, title, pane in TABS]
+        self.push_screen(HelpScreen(sections))  # type: ignore[arg-type]
+
+    async def action_quit(self) -> None:
+        from ster.tui.screens.dialogs import Confirm
+
+        if not self.runner.active():
+            if getattr(self.query_one(PairsPane), "dirty", False):
+                self.push_screen(Confirm("The pair set has unsaved edits. Quit without saving?", "Quit",
+                                         "Keep editing"), lambda yes: self.exit() if yes else None)
+            else:
+                self.exit()
+            return
+
+        def answered(quit_now: bool | None) -> None:
+            if quit_now:
+                self._quitting = True
+                self.runner.cancel()
+                self.notify("cancelling the running job, then quitting")
+
+        self.push_screen(Confirm("A job is still running. Cancel it and quit?", "Cancel and quit", "Keep working"),
+                         answered)
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for binding in self.BINDINGS:
+            assert isinstance(binding, Binding)
+            if binding.action not in ("quit",):
+                yield SystemCommand(binding.description, binding.tooltip, lambda a=binding.action: self.call_later(self.run_action, a))
+        for tab_id, title, pane in TABS:
+            for binding in pane.BINDINGS:
+                assert isinstance(binding, Binding)
+                yield SystemCommand(f"{title}: {binding.description}", binding.tooltip,
+                                    lambda t=tab_id, a=binding.action: self._pane_action(t, a))
+
+    def _pane_action(self, tab: str, action: str) -> None:
+        self.action_show_tab(tab)
+        self.call_later(self.query_one(f"#{tab}-pane").run_action, action)
+
+
+def focus_main(pane: Widget) -> None:
+    """Focus a pane's first table (so its keys work at once), else its first focusable widget."""
+    from textual.widgets import DataTable
+
+    tables = [w for w in pane.query(DataTable) if w.focusable]
+    focusable = tables or [w for w in pane.query("*") if w.focusable]
+    if focusable:
+        focusable[0].focus()
+
+
+def run_tui(model: str | None = None, pairs: Path | None = None) -> int:
+    """Start the app (from ``ster`` or ``ster tui``); returns the exit status."""
+    settings = Settings(model=model or "ster:toy", pairs=pairs or _active_pairs())
+    SterApp(settings).run()
+    return 0
+
+
+def _active_pairs() -> Path | None:
+    """The workspace's active set, so the app opens on what the CLI would train on; None when there is none."""
+    from ster.engine.errors import Refusal
+    from ster.engine.workspace import active_pairs
+
+    try:
+        return active_pairs()
+    except Refusal:
+        return None

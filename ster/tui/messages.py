@@ -1,0 +1,42 @@
+"""Messages a job's worker thread posts to the widget that started it.
+
+``post_message`` is thread-safe and does not block the worker, so engine events reach
+the UI without a widget ever being touched from a thread. The messages bubble: the
+pane that owns the job handles them first, then the app (status line, Jobs pane).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from textual.message import Message
+
+if TYPE_CHECKING:
+    from ster.engine.events import Event
+    from ster.tui.runner import JobHandle
+
+
+class JobStarted(Message):
+    """The job left the queue and is running."""
+
+    def __init__(self, handle: JobHandle) -> None:
+        super().__init__()
+        self.handle = handle
+
+
+class JobEvent(Message):
+    """One engine event (progress, token, warning or log) of a running job."""
+
+    def __init__(self, handle: JobHandle, event: Event) -> None:
+        super().__init__()
+        self.handle = handle
+        self.event = event
+
+
+class JobFinished(Message):
+    """The job's final event: its result, or an error (refused, cancelled, internal)."""
+
+    def __init__(self, handle: JobHandle, final: Event) -> None:
+        super().__init__()
+        self.handle = handle
+        self.final = final

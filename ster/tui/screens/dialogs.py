@@ -1,0 +1,74 @@
+"""Small modal screens: confirm a question, ask for one line of text."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label
+
+DIALOG_CSS = """
+.dialog {
+    width: 72;
+    height: auto;
+    border: thick $accent;
+    background: $surface;
+    padding: 1 2;
+}
+.dialog Horizontal { height: auto; margin-top: 1; }
+.dialog Button { margin-right: 2; }
+.dialog .error { color: $error; }
+"""
+
+
+class Confirm(ModalScreen[bool]):
+    """A yes/no question; dismisses with True for yes."""
+
+    DEFAULT_CSS = "Confirm { align: center middle; }" + DIALOG_CSS
+    BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n,escape", "answer(False)", "No")]
+
+    def __init__(self, question: str, yes: str = "Yes", no: str = "No") -> None:
+        super().__init__()
+        self.question, self.yes, self.no = question, yes, no
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self.question)
+            with Horizontal():
+                yield Button(f"{self.yes} (y)", variant="error", id="yes")
+                yield Button(f"{self.no} (n)", id="no")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, answer: bool) -> None:
+        self.dismiss(answer)
+
+
+class AskText(ModalScreen[str | None]):
+    """One line of text (a path, a name); dismisses with None when cancelled."""
+
+    DEFAULT_CSS = "AskText { align: center middle; }" + DIALOG_CSS
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, question: str, value: str = "", placeholder: str = "") -> None:
+        super().__init__()
+        self.question, self.value, self.placeholder = question, value, placeholder
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self.question)
+            yield Input(self.value, placeholder=self.placeholder, id="answer")
+            with Horizontal():
+                yield Button("OK (enter)", variant="primary", id="ok")
+                yield Button("Cancel (esc)", id="cancel")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip() or None)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(self.query_one(Input).value.strip() or None if event.button.id == "ok" else None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

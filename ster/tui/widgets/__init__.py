@@ -1,0 +1,1 @@
+"""The app's panes and small widgets, one module each."""
