@@ -4,12 +4,12 @@ server on 127.0.0.1 that behaves like the gateway."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from tests.fake_brama import completion, serving
 
 BEARER = "sekrit-bearer-0123456789"
 ALLOWED = {"model", "messages", "max_tokens", "temperature"}
@@ -46,34 +46,17 @@ class Gateway:
             text = f"I wait quietly and read a book; train {self.calls} will come when it comes."
         else:
             text = f"This is a disaster! Train {self.calls} is late and everything is ruined!"
-        return 200, json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]})
+        return 200, completion(text)
 
 
 @pytest.fixture
 def gateway(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gateway]:
     state = Gateway()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            state.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
-            status, text = state.answer(body)
-            payload = text.encode()
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, *args: object) -> None:
-            return None
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    monkeypatch.setenv("BRAMA_URL", f"http://127.0.0.1:{server.server_port}")
-    monkeypatch.setenv("BRAMA_BEARER", BEARER)
-    yield state
-    server.shutdown()
+    with serving(state.answer, state.requests) as url:
+        monkeypatch.setenv("BRAMA_URL", url)
+        monkeypatch.setenv("BRAMA_BEARER", BEARER)
+        yield state
 
 
 def brama(cli, tmp_path: Path, *extra: str, count: str = "3"):

@@ -13,7 +13,6 @@ import json
 import shutil
 import threading
 from collections.abc import Awaitable, Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,7 @@ from ster.tui.screens.pair_editor import PairEditor
 from ster.tui.settings import Settings
 from ster.tui.widgets.pair_report import distinct_parts
 from ster.tui.widgets.pairs import PairsPane
+from tests.fake_brama import completion, serving
 
 Scenario = Callable[[SterApp, Pilot, PairsPane], Awaitable[None]]
 REFUSAL = "As an AI language model, I cannot help with that."
@@ -258,26 +258,14 @@ class Gateway:
 def gateway(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gateway]:
     state = Gateway()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            text = state.answer(body["messages"][0]["content"])
-            payload = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+    def answer(body: dict) -> tuple[int, str]:
+        return 200, completion(state.answer(body["messages"][0]["content"]))
 
-        def log_message(self, *args: object) -> None:
-            return None
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("BRAMA_URL", f"http://127.0.0.1:{server.server_port}")
-    monkeypatch.setenv("BRAMA_BEARER", "x")
-    yield state
-    state.release.set()
-    server.shutdown()
+    with serving(answer, []) as url:
+        monkeypatch.setenv("BRAMA_URL", url)
+        monkeypatch.setenv("BRAMA_BEARER", "x")
+        yield state
+        state.release.set()  # let a held request finish before the server stops
 
 
 async def synthesize_until_first_pair(app: SterApp, pilot: Pilot, pane: PairsPane, output: Path) -> None:
