@@ -59,6 +59,13 @@ def first_error(exc: ValidationError) -> str:
     return f"{where}: {message}" if where else message
 
 
+def known_schema(value: int, known: int) -> int:
+    """A document's ``schema_version`` when it is the one this Ster reads; ValueError otherwise."""
+    if value != known:
+        raise ValueError(f"schema_version {value} is not one this Ster reads (it reads {known})")
+    return value
+
+
 def load_document(path: Path, model: type[M], what: str) -> M:
     """Read ``path`` as JSON and validate it into ``model``, refusing in one sentence."""
     raw = read_json(path, what)

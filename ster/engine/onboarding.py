@@ -25,7 +25,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from ster.engine.errors import Refusal, SterError
-from ster.engine.files import dumps_pretty, load_document, write_atomic
+from ster.engine.files import dumps_pretty, known_schema, load_document, write_atomic
 from ster.engine.jobs import JobContext
 from ster.engine.requests import OnboardingRequest
 from ster.engine.workspace import ImportOutcome, import_pair_set
@@ -99,12 +99,7 @@ class OnboardingState(BaseModel):
     screens_seen: int = 0
     """How many screens have been shown so far."""
 
-    @field_validator("schema_version")
-    @classmethod
-    def _known_version(cls, value: int) -> int:
-        if value != SCHEMA_VERSION:
-            raise ValueError(f"schema_version {value} is not one this Ster reads (it reads {SCHEMA_VERSION})")
-        return value
+    _version = field_validator("schema_version")(lambda cls, v: known_schema(v, SCHEMA_VERSION))
 
 
 class OnboardingResult(BaseModel):

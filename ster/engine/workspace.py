@@ -50,7 +50,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from ster.engine.errors import Refusal
-from ster.engine.files import dumps_pretty, load_document, write_atomic
+from ster.engine.files import dumps_pretty, known_schema, load_document, write_atomic
 from ster.engine.jobs import JobContext
 from ster.engine.pairs.model import PairSet, load_pairs
 from ster.engine.requests import (
@@ -103,12 +103,7 @@ class Index(BaseModel):
     """The id ``--pairs`` defaults to; null when no set is active."""
     entries: list[Entry] = []
 
-    @field_validator("schema_version")
-    @classmethod
-    def _known_version(cls, value: int) -> int:
-        if value != SCHEMA_VERSION:
-            raise ValueError(f"schema_version {value} is not one this Ster reads (it reads {SCHEMA_VERSION})")
-        return value
+    _version = field_validator("schema_version")(lambda cls, v: known_schema(v, SCHEMA_VERSION))
 
     def find(self, set_id: str) -> Entry | None:
         return next((e for e in self.entries if e.id == set_id), None)
