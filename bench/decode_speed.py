@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ster.engine.config import load_config
-from ster.engine.decoding import Sampling, decode
-from ster.engine.loading import load_decoder
-from ster.engine.resolve import resolve_model
-from ster.engine.steering import plan, steer
+from ster.engine.model.config import load_config
+from ster.engine.model.decoding import Sampling, decode
+from ster.engine.model.loading import load_decoder
+from ster.engine.model.resolve import resolve_model
+from ster.engine.steering.apply import plan, steer
 
 CACHE = Path(__file__).resolve().parent.parent / ".bench"
 

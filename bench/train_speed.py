@@ -37,9 +37,9 @@ def load_pairs(count: int) -> list[tuple[str, str]]:
 
 
 def ster_trainer(model_dir: Path, pairs: list[tuple[str, str]], method: str, batch_size: int, scratch: Path):
-    from ster.engine.jobs import JobContext, run_job
-    from ster.engine.loading import ModelStore
-    from ster.engine.requests import TrainRequest
+    from ster.engine.protocol.jobs import JobContext, run_job
+    from ster.engine.model.loading import ModelStore
+    from ster.engine.steering.requests import TrainRequest
 
     document = {"trait_name": "calm", "pairs": [{"positive": p, "negative": n} for p, n in pairs]}
     (scratch / "pairs.json").write_text(json.dumps(document))

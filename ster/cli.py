@@ -253,29 +253,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-REQUESTS = {
-    "generate": "GenerateRequest", "extract": "ExtractRequest", "train": "TrainRequest",
-    "optimize": "OptimizeRequest", "evaluate": "EvaluateRequest", "sweep": "SweepRequest",
-    "inspect": "InspectRequest", "model import": "ModelImportRequest",
-    "pairs inspect": "PairsInspectRequest", "pairs add": "PairsAddRequest", "pairs remove": "PairsRemoveRequest",
-    "pairs synthesize": "PairsSynthesizeRequest", "workspace import-pairs": "WorkspaceImportRequest",
-    "workspace show": "WorkspaceShowRequest", "workspace select": "WorkspaceSelectRequest",
-    "workspace remove": "WorkspaceRemoveRequest", "onboarding": "OnboardingRequest",
-}
-"""Job name → request model in ster.engine.requests; every parsed flag becomes a field of the same name."""
-
-
 def _request(args: argparse.Namespace) -> Any:
-    """The validated request for parsed arguments."""
-    from ster.engine import requests
+    """The validated request for parsed arguments: every parsed flag becomes a field of the same name."""
+    from ster.engine.protocol.jobs import build_job_request
 
     fields = {k: v for k, v in vars(args).items() if k != "job" and k != "json" and not k.endswith("command")}
-    return requests.build_request(getattr(requests, REQUESTS[args.job]), **fields)
+    return build_job_request(args.job, **fields)
 
 
 def run(name: str, request: Any, emit: Callable[[Any], None]) -> Any:
     """Run a job on a worker thread so Ctrl-C cancels it cooperatively; return its final event."""
-    from ster.engine.jobs import run_job
+    from ster.engine.protocol.jobs import run_job
 
     cancel = threading.Event()
     finished: list[Any] = []
@@ -310,8 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     from ster.console import renderer_for
-    from ster.engine.errors import ExitCode, SterError, exit_code_for
-    from ster.engine.events import Error
+    from ster.engine.protocol.errors import ExitCode, SterError, exit_code_for
+    from ster.engine.protocol.events import Error
 
     render = renderer_for(json_mode=args.json)
     try:

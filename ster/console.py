@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Protocol, TextIO
 
-from ster.engine.events import Error, Event, Log, Progress, Result, Token, Warning
-from ster.engine.files import dumps_pretty
+from ster.engine.protocol.events import Error, Event, Log, Progress, Result, Token, Warning
+from ster.engine.protocol.files import dumps_pretty
 
 
 class Renderer(Protocol):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ster.cli import main
-from ster.engine.resolve import EXAMPLES_DIR, TOY_DIR
+from ster.engine.model.resolve import EXAMPLES_DIR, TOY_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -81,15 +81,15 @@ class SterApp(App[None]):
 
     # --- jobs -------------------------------------------------------------------------------------
 
-    def start_job(self, job: str, request_model: str, fields: dict[str, Any], owner: Widget) -> JobHandle | None:
+    def start_job(self, job: str, fields: dict[str, Any], owner: Widget) -> JobHandle | None:
         """Validate a request built from a pane's form and start its job; a bad field is a refusal
         the pane shows like any other."""
-        from ster.engine import requests
-        from ster.engine.errors import SterError
-        from ster.engine.events import Error
+        from ster.engine.protocol.errors import SterError
+        from ster.engine.protocol.events import Error
+        from ster.engine.protocol.jobs import build_job_request
 
         try:
-            request = requests.build_request(getattr(requests, request_model), **fields)
+            request = build_job_request(job, **fields)
         except SterError as exc:
             owner.post_message(JobFinished(JobHandle(0, job, None, owner, state="refused"),  # type: ignore[arg-type]
                                            Error(kind="refused", message=str(exc))))
@@ -227,8 +227,8 @@ def run_tui(model: str | None = None, pairs: Path | None = None) -> int:
 
 def _active_pairs() -> Path | None:
     """The workspace's active set, so the app opens on what the CLI would train on; None when there is none."""
-    from ster.engine.errors import Refusal
-    from ster.engine.workspace import active_pairs
+    from ster.engine.protocol.errors import Refusal
+    from ster.engine.pairs.workspace import active_pairs
 
     try:
         return active_pairs()

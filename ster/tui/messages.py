@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from textual.message import Message
 
 if TYPE_CHECKING:
-    from ster.engine.events import Event
+    from ster.engine.protocol.events import Event
     from ster.tui.runner import JobHandle
 
 

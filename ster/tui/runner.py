@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from textual.app import App
     from textual.widget import Widget
 
-    from ster.engine.events import Event
+    from ster.engine.protocol.events import Event
 
 State = Literal["queued", "running", "done", "refused", "cancelled", "failed"]
 
@@ -57,7 +57,7 @@ class JobRunner:
     def models(self) -> Any:
         """The engine's model store, created on first use (importing it imports no torch)."""
         if self._models is None:
-            from ster.engine.loading import ModelStore
+            from ster.engine.model.loading import ModelStore
 
             self._models = ModelStore()
         return self._models
@@ -70,8 +70,8 @@ class JobRunner:
         return handle
 
     def _work(self, handle: JobHandle) -> None:
-        from ster.engine.events import Error
-        from ster.engine.jobs import run_job
+        from ster.engine.protocol.events import Error
+        from ster.engine.protocol.jobs import run_job
 
         models = self.models
         with self._turn:

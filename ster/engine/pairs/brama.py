@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from ster.engine.errors import Refusal
+from ster.engine.protocol.errors import Refusal
 
 DEFAULT_URL = "https://brama.wisent.com"
 _SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._-]*"

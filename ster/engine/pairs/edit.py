@@ -10,10 +10,11 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from ster.engine.errors import Refusal
-from ster.engine.jobs import JobContext
+from ster.engine.protocol.errors import Refusal
+from ster.engine.pairs.first_use import note_pair_set_written
+from ster.engine.protocol.jobs import JobContext
 from ster.engine.pairs.model import Pair, PairSet, load_pairs, save_pairs
-from ster.engine.requests import PairsAddRequest, PairsRemoveRequest, PairsSaveRequest
+from ster.engine.pairs.requests import PairsAddRequest, PairsRemoveRequest, PairsSaveRequest
 
 
 class PairsEditResult(BaseModel):
@@ -42,7 +43,7 @@ def add_job(request: PairsAddRequest, ctx: JobContext) -> PairsEditResult:
     pairs = [*pair_set.pairs, Pair(positive=request.positive, negative=request.negative)]
     updated = PairSet(trait_name=request.trait or pair_set.trait_name, pairs=pairs)
     save_pairs(path, updated)
-    _note_written(path)
+    note_pair_set_written(path)
     return _result(path, "added", len(pairs) - 1, created, updated)
 
 
@@ -61,7 +62,7 @@ def save_job(request: PairsSaveRequest, ctx: JobContext) -> PairsEditResult:
     """Write a whole set; the editor's save. Validation refuses an empty set or an empty side."""
     created = not request.pairs.exists()
     save_pairs(request.pairs, request.pair_set)
-    _note_written(request.pairs)
+    note_pair_set_written(request.pairs)
     return _result(request.pairs, "saved", len(request.pair_set.pairs) - 1, created, request.pair_set)
 
 
@@ -69,8 +70,3 @@ def _result(path: Path, action: str, index: int, created: bool, pair_set: PairSe
     return PairsEditResult(pairs=str(path), action=action, index=index, created=created,
                            trait_name=pair_set.trait_name, pair_count=len(pair_set.pairs))
 
-
-def _note_written(path: Path) -> None:
-    from ster.engine.onboarding import note_pair_set_written
-
-    note_pair_set_written(path)

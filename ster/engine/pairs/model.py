@@ -11,8 +11,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ster.engine.errors import Refusal
-from ster.engine.files import dumps_pretty, first_error, read_json, write_atomic
+from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.files import dumps_pretty, first_error, read_json, write_atomic
 
 
 class Pair(BaseModel):
@@ -50,15 +50,6 @@ def load_pairs(path: Path) -> PairSet:
     except ValidationError as exc:
         raise Refusal(f"pair set {path} is not in the expected shape: {first_error(exc)}") from None
     return check_pairs(pair_set, path)
-
-
-def load_pairs_or_active(path: Path | None) -> tuple[Path, PairSet]:
-    """The given pair set, or the workspace's active one when no path is given."""
-    if path is None:
-        from ster.engine.workspace import active_pairs
-
-        path = active_pairs()
-    return path, load_pairs(path)
 
 
 def save_pairs(path: Path, pair_set: PairSet) -> None:

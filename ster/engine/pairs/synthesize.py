@@ -27,14 +27,17 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from ster.engine.errors import Refusal
-from ster.engine.files import check_output_file
-from ster.engine.jobs import JobContext
+from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.files import check_output_file
+from ster.engine.pairs.first_use import note_pair_set_written
+from ster.engine.protocol.jobs import JobContext
 from ster.engine.pairs.inspect import Diversity, inspect_pairs
 from ster.engine.pairs.model import Pair, PairSet, save_pairs
 from ster.engine.pairs.refusals import flag
 from ster.engine.pairs.simhash import NearDuplicateIndex, pair_fingerprint
-from ster.engine.requests import ModelRequest, PairsSynthesizeRequest
+from ster.engine.model.requests import ModelRequest
+from ster.engine.pairs.requests import PairsSynthesizeRequest
+from ster.engine.model.loading import model_store
 
 NEUTRAL = "neutral and plain"
 Writer = Callable[[str], str]
@@ -120,7 +123,7 @@ def synthesize_job(request: PairsSynthesizeRequest, ctx: JobContext) -> Synthesi
     pair_set = PairSet(trait_name=request.trait_name or slug(request.trait), pairs=loop.kept)
     ctx.check_cancelled()
     save_pairs(request.output, pair_set)
-    _note_written(request.output)
+    note_pair_set_written(request.output)
     return SynthesisReport(
         output=str(request.output), generator=identity, trait_name=pair_set.trait_name,
         trait_description=request.trait, opposite=opposite, requested=request.count, attempts=loop.attempts,
@@ -203,12 +206,12 @@ def _writer(request: PairsSynthesizeRequest, ctx: JobContext) -> tuple[Writer, s
 
 
 def _local_writer(request: PairsSynthesizeRequest, ctx: JobContext) -> tuple[Writer, str]:
-    from ster.engine.decoding import Sampling, decode
+    from ster.engine.model.decoding import Sampling, decode
 
     model_request = ModelRequest(model=request.model or "", revision=request.revision, precision=request.precision,
                                  device=request.device, chat_template=request.chat_template)
-    checkpoint = ctx.models.open(model_request, ctx)
-    decoder = ctx.models.decoder(checkpoint, ctx)
+    checkpoint = model_store(ctx).open(model_request, ctx)
+    decoder = model_store(ctx).decoder(checkpoint, ctx)
     codec, seed = checkpoint.codec, [request.seed]
 
     def write(prompt: str) -> str:
@@ -239,8 +242,3 @@ def _brama_writer(request: PairsSynthesizeRequest, ctx: JobContext) -> tuple[Wri
 
     return write, f"brama:{route}"
 
-
-def _note_written(path: Path) -> None:
-    from ster.engine.onboarding import note_pair_set_written
-
-    note_pair_set_written(path)

@@ -111,13 +111,13 @@ class GeneratePane(Vertical):
         self.panel("steered").reset(f"steered at strength {shown(self._value('strength'))}",
                                     "queued: runs after the unsteered text")
         fields = self._generate_fields()
-        if not self._start("baseline", "generate", "GenerateRequest", fields):
+        if not self._start("baseline", "generate", fields):
             self.panel("steered").note("not run", "dim")
         elif vector is None:
             self.panel("steered").reset("steered", NO_ARTIFACT)
             self._say(NO_ARTIFACT, "yellow")
         else:
-            self._start("steered", "generate", "GenerateRequest", {**fields, "vector": vector})
+            self._start("steered", "generate", {**fields, "vector": vector})
 
     def action_sweep(self) -> None:
         if self._busy("sweep"):
@@ -131,7 +131,7 @@ class GeneratePane(Vertical):
         fields = {**self._generate_fields(), "vector": vector, "strengths": strengths}
         fields["prompt_texts"] = [fields.pop("prompt")]
         del fields["strength"]
-        handle = self._start("sweep", "sweep", "SweepRequest", fields)
+        handle = self._start("sweep", "sweep", fields)
         if handle:
             strengths = handle.request.strengths  # type: ignore[attr-defined]
             self.query_one(SweepTable).begin(strengths)
@@ -186,8 +186,8 @@ class GeneratePane(Vertical):
             return True
         return False
 
-    def _start(self, role: str, job: str, request: str, fields: dict[str, Any]) -> JobHandle | None:
-        handle = self.app.start_job(job, request, fields, self)  # type: ignore[attr-defined]
+    def _start(self, role: str, job: str, fields: dict[str, Any]) -> JobHandle | None:
+        handle = self.app.start_job(job, fields, self)  # type: ignore[attr-defined]
         if handle is not None:
             self.jobs[role] = handle
         return handle

@@ -8,7 +8,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, RichLog
 
-from ster.engine.events import Event
+from ster.engine.protocol.events import Event
 from ster.tui.runner import JobHandle
 
 STATE_STYLE = {"queued": "dim", "running": "bold yellow", "done": "green", "refused": "red", "cancelled": "magenta",

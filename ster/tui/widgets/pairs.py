@@ -149,7 +149,7 @@ class PairsPane(Vertical):
         """Take the changed set, show it at once, and inspect it (its flags arrive with the report)."""
         self.pair_set, self.dirty, self.report = pair_set, True, None
         self._redraw(cursor)
-        self._inspection = self._start("pairs inspect", "PairsInspectRequest", pair_set=pair_set)
+        self._inspection = self._start("pairs inspect", pair_set=pair_set)
 
     def _busy(self) -> bool:
         """A running synthesis replaces the set when it ends, so edits wait for it."""
@@ -172,7 +172,7 @@ class PairsPane(Vertical):
 
     def _open(self, path: Path, note: str = "") -> None:
         self._opened_note = note
-        self._inspection = self._start("pairs inspect", "PairsInspectRequest", pairs=path)
+        self._inspection = self._start("pairs inspect", pairs=path)
         self._say(f"opening {path}…", "dim")
 
     def action_save(self) -> None:
@@ -198,7 +198,7 @@ class PairsPane(Vertical):
                              lambda yes: yes and self._save_to(path))
 
     def _save_to(self, path: Path) -> None:
-        self._start("pairs save", "PairsSaveRequest", pairs=path, pair_set=self.pair_set)
+        self._start("pairs save", pairs=path, pair_set=self.pair_set)
 
     def action_import(self) -> None:
         from ster.tui.screens.dialogs import AskText
@@ -212,7 +212,7 @@ class PairsPane(Vertical):
 
     def _import_answer(self, name: str | None) -> None:
         if name and self.path is not None:
-            self._start("workspace import-pairs", "WorkspaceImportRequest", source=self.path, name=name)
+            self._start("workspace import-pairs", source=self.path, name=name)
 
     def _ask_path(self, question: str, then: Any) -> None:
         from ster.tui.screens.dialogs import AskText
@@ -259,15 +259,15 @@ class PairsPane(Vertical):
                                   "generator_model": form["generator_model"] or None}
         if form["generator"] == "local":
             fields.update(self.app.settings.model_fields())  # type: ignore[attr-defined]
-        if self._start("pairs synthesize", "PairsSynthesizeRequest", **fields) is not None:
+        if self._start("pairs synthesize", **fields) is not None:
             self.live, self.stage = [], ""
             self._redraw()
 
     # --- rendering the jobs' events ------------------------------------------------------------------
 
-    def _start(self, job: str, request: str, **fields: Any) -> JobHandle | None:
+    def _start(self, job: str, **fields: Any) -> JobHandle | None:
         self._say("", "")
-        return self.app.start_job(job, request, fields, self)  # type: ignore[attr-defined, no-any-return]
+        return self.app.start_job(job, fields, self)  # type: ignore[attr-defined, no-any-return]
 
     def on_job_event(self, message: JobEvent) -> None:
         event = message.event

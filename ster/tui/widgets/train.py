@@ -16,7 +16,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, DataTable, Input, Label, ProgressBar, Select, Static
 
-from ster.engine.artifact import provenance_sentences
+from ster.engine.steering.artifact import provenance_sentences
 from ster.tui.messages import JobEvent, JobFinished
 from ster.tui.widgets.layer_plot import LayerPlot
 
@@ -79,10 +79,10 @@ class TrainPane(Vertical):
     # --- actions: each builds a request and starts one job ------------------------------------
 
     def action_train(self) -> None:
-        self._run("train", "TrainRequest", method=self.query_one("#method", Select).value, **self._fit_fields())
+        self._run("train", method=self.query_one("#method", Select).value, **self._fit_fields())
 
     def action_optimize(self) -> None:
-        self._run("optimize", "OptimizeRequest", **self._fit_fields())
+        self._run("optimize", **self._fit_fields())
 
     def action_evaluate(self) -> None:
         vector = self.app.settings.vector  # type: ignore[attr-defined]
@@ -90,7 +90,7 @@ class TrainPane(Vertical):
             self._say("no artifact yet: train, optimize or load one first", "red")
             return
         pairs = self.query_one("#eval-pairs", Input).value.strip() or self.app.settings.pairs  # type: ignore[attr-defined]
-        self._run("evaluate", "EvaluateRequest", pairs=pairs, vector=vector, **self._model_fields())
+        self._run("evaluate", pairs=pairs, vector=vector, **self._model_fields())
 
     def action_load(self) -> None:
         from ster.tui.screens.dialogs import AskText
@@ -100,7 +100,7 @@ class TrainPane(Vertical):
 
     def _load(self, path: str | None) -> None:
         if path:
-            self._run("inspect", "InspectRequest", artifact=Path(path))
+            self._run("inspect", artifact=Path(path))
 
     def action_sort(self) -> None:
         self.sort_index = (self.sort_index + 1) % len(SORTS)
@@ -121,9 +121,9 @@ class TrainPane(Vertical):
     def _model_fields(self) -> dict[str, Any]:
         return self.app.settings.model_fields()  # type: ignore[attr-defined]
 
-    def _run(self, job: str, request: str, **fields: Any) -> None:
+    def _run(self, job: str, **fields: Any) -> None:
         self._say("", "")
-        self.app.start_job(job, request, fields, self)  # type: ignore[attr-defined]
+        self.app.start_job(job, fields, self)  # type: ignore[attr-defined]
 
     # --- rendering the job's events -------------------------------------------------------------
 

@@ -1,0 +1,69 @@
+"""Turning text into token ids and back, exactly as the checkpoint's own tokenizer does.
+
+Raw text goes through the tokenizer's full pipeline, so its post-processor alone
+decides whether a BOS or EOS is added. Text rendered through a chat template is
+encoded without special tokens, because the rendered string already spells every
+marker the template wanted; adding them again would put a second BOS in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
+from ster.engine.model.chat import ChatDecision, ChatTemplate
+from ster.engine.protocol.errors import Refusal
+
+
+def load_tokenizer(path: Path) -> Tokenizer:
+    """Read tokenizer.json, refusing a file the tokenizers library cannot parse."""
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # the library raises its own untyped exception
+        raise Refusal(f"tokenizer {path} could not be read: {exc}") from None
+
+
+@dataclass(frozen=True)
+class TextCodec:
+    """Encoding under one chat-template decision, and decoding of generated ids."""
+
+    tokenizer: Tokenizer
+    decision: ChatDecision
+    template: ChatTemplate | None
+    """The compiled template when ``decision`` is ``applied``, else None."""
+    eos_ids: frozenset[int]
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """Ids of a prompt: a rendered user turn under a template, the raw text otherwise."""
+        if self.template is not None:
+            ids = self.tokenizer.encode(self.template.render_prompt(prompt), add_special_tokens=False).ids
+        else:
+            ids = self.tokenizer.encode(prompt).ids
+        if not ids:
+            raise Refusal("the prompt encodes to no tokens; give some text")
+        return ids
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of generated ids, without special tokens."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def stream(self) -> DecodeStream:
+        """An incremental decoder: feed it one id at a time to get text deltas for streaming."""
+        return DecodeStream(skip_special_tokens=True)
+
+
+def eos_ids(tokenizer: Tokenizer, tokenizer_config: dict[str, Any], *id_sources: Iterable[int]) -> frozenset[int]:
+    """Every id that ends generation: config.json's and generation_config.json's ``eos_token_id``,
+    and the tokenizer config's ``eos_token``."""
+    found = {int(i) for source in id_sources for i in source}
+    token = tokenizer_config.get("eos_token")
+    if isinstance(token, dict):
+        token = token.get("content")
+    if isinstance(token, str) and tokenizer.token_to_id(token) is not None:
+        found.add(tokenizer.token_to_id(token))
+    return frozenset(found)

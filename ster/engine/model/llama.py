@@ -1,0 +1,309 @@
+"""A Llama decoder written for reading and steering.
+
+Ster owns its decoder loop instead of calling a generic inference API because the
+loop needs exact operations those APIs do not offer: stop after the deepest layer a
+read needs, compute no vocabulary projection (or only the last position's), and
+expose each block as a module whose output a forward hook can read or replace.
+
+The module tree mirrors Hugging Face's parameter names (``model.layers.{i}.self_attn.
+q_proj.weight`` and so on), so a checkpoint's state dict loads by name with strict
+checking. Whatever dtype the weights are held at, three things run in f32: the
+rotary angles and rotation, the attention scores and softmax (queries, keys and
+values are promoted before the score matmul, only the output is cast back), and the
+logits. The KV cache and the residual stream keep the weights' dtype, so a half-
+precision run still halves their memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ster.engine.model.config import LlamaConfig, RopeScaling
+
+Vocab = Literal["none", "last", "all"]
+"""How much of the vocabulary projection a forward computes: none, the last position, every position."""
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Llama's RMSNorm: normalise in f32, cast back, then scale by the weight."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
+    return F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype) * weight
+
+
+class Norm(nn.Module):
+    """An RMSNorm's learned scale."""
+
+    def __init__(self, width: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps = eps
+
+
+class Rotary:
+    """Rotary position embedding, computed in f32 for exactly the positions being rotated.
+
+    Nothing is cached per position, so nothing grows with ``max_position_embeddings``.
+    """
+
+    def __init__(self, config: LlamaConfig, device: torch.device) -> None:
+        dim = config.head_size
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
+        self.inv_freq = _scale_frequencies(inv_freq, config.rope_scaling)  # [hd/2] f32
+
+    def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos and sin for ``positions`` [B, T], shaped [B, 1, T, hd] to broadcast over heads."""
+        freqs = positions[:, None, :, None].float() * self.inv_freq  # [B, 1, T, hd/2]
+        freqs = torch.cat((freqs, freqs), dim=-1)
+        return freqs.cos(), freqs.sin()
+
+
+def _scale_frequencies(inv_freq: Tensor, scaling: RopeScaling | None) -> Tensor:
+    """Apply a checkpoint's rope scaling (``linear`` or ``llama3``) to the base frequencies."""
+    if scaling is None or scaling.rope_type == "default":
+        return inv_freq
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    # llama3: keep high frequencies, divide low ones by `factor`, interpolate in between.
+    old_context = scaling.original_max_position_embeddings
+    wavelen = 2 * math.pi / inv_freq
+    low_wavelen = old_context / scaling.low_freq_factor
+    high_wavelen = old_context / scaling.high_freq_factor
+    smooth = (old_context / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    interpolated = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    middle = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(middle, interpolated, scaled)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate f32 ``x`` [B, H, T, hd] by the angles (the half-split form HF checkpoints use)."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-second, first), dim=-1) * sin
+
+
+class KVCache:
+    """Keys and values of every layer, preallocated for the whole generation, at the weights' dtype."""
+
+    def __init__(self, config: LlamaConfig, batch: int, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
+        shape = (config.num_hidden_layers, batch, config.kv_heads, max_len, config.head_size)
+        self.keys = torch.empty(shape, dtype=dtype, device=device)
+        self.values = torch.empty(shape, dtype=dtype, device=device)
+        self.length = 0
+        """Positions already written; a forward writes its T positions from here."""
+
+    def append(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Store this step's [B, kv, T, hd] keys and values; return every position so far."""
+        end = self.length + keys.shape[2]
+        self.keys[layer, :, :, self.length:end] = keys
+        self.values[layer, :, :, self.length:end] = values
+        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What every block of one forward shares: rotary angles, the attention mask, the cache."""
+
+    cos: Tensor
+    sin: Tensor
+    mask: Tensor | None
+    """Boolean [B, 1, T, S] of allowed keys, or None when plain causal attention is exact."""
+    causal: bool
+    cache: KVCache | None
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with f32 scores."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        width, hd = config.hidden_size, config.head_size
+        bias = config.attention_bias
+        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.kv_heads, hd
+        self.q_proj = nn.Linear(width, self.heads * hd, bias=bias)
+        self.k_proj = nn.Linear(width, self.kv_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(width, self.kv_heads * hd, bias=bias)
+        self.o_proj = nn.Linear(self.heads * hd, width, bias=bias)
+
+    def attend(self, x: Tensor, step: StepInputs, layer: int) -> Tensor:
+        batch, length, _ = x.shape
+        q = _linear(x, self.q_proj).view(batch, length, self.heads, self.head_dim).transpose(1, 2)
+        k = _linear(x, self.k_proj).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = _linear(x, self.v_proj).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = _rotate(q.float(), step.cos, step.sin)  # [B, H, T, hd] f32
+        k = _rotate(k.float(), step.cos, step.sin).to(x.dtype)
+        if step.cache is not None:
+            k, v = step.cache.append(layer, k, v)  # [B, kv, S, hd]
+        out = F.scaled_dot_product_attention(
+            q, k.float(), v.float(), attn_mask=step.mask, is_causal=step.causal, enable_gqa=True
+        )  # [B, H, T, hd] f32
+        out = out.to(x.dtype).transpose(1, 2).reshape(batch, length, self.heads * self.head_dim)
+        return _linear(out, self.o_proj)
+
+
+class MLP(nn.Module):
+    """The SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        width, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(width, inner, bias=bias)
+        self.up_proj = nn.Linear(width, inner, bias=bias)
+        self.down_proj = nn.Linear(inner, width, bias=bias)
+
+    def feed(self, x: Tensor) -> Tensor:
+        return _linear(F.silu(_linear(x, self.gate_proj)) * _linear(x, self.up_proj), self.down_proj)
+
+
+def _linear(x: Tensor, layer: nn.Linear) -> Tensor:
+    # Called directly rather than through nn.Module.__call__: at batch 1 a decode step
+    # is a few hundred small ops, and the module call overhead would be a visible share.
+    return F.linear(x, layer.weight, layer.bias)
+
+
+class Block(nn.Module):
+    """One decoder layer. Its output is the residual stream after the layer: what reads record
+    and what steering adds to, through forward hooks on this module."""
+
+    def __init__(self, config: LlamaConfig, index: int) -> None:
+        super().__init__()
+        self.index = index
+        self.input_layernorm = Norm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = Norm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, h: Tensor, step: StepInputs) -> Tensor:
+        norm = self.input_layernorm
+        h = h + self.self_attn.attend(rms_norm(h, norm.weight, norm.eps), step, self.index)
+        norm = self.post_attention_layernorm
+        return h + self.mlp.feed(rms_norm(h, norm.weight, norm.eps))
+
+
+class Trunk(nn.Module):
+    """Embedding, the blocks and the final norm (``model.*`` in a checkpoint)."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_hidden_layers))
+        self.norm = Norm(config.hidden_size, config.rms_norm_eps)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Explicit positions and attention for a packed forward, overriding the causal default.
+
+    Used to run several sequences that share a prefix as one row: each token carries its
+    own position, and the mask says which keys it may see.
+    """
+
+    positions: Tensor
+    """[B, T] rotary position of every token."""
+    mask: Tensor
+    """[B, 1, T, T] boolean: may query i see key j."""
+
+
+@dataclass(frozen=True)
+class ForwardOutput:
+    hidden: Tensor
+    """[B, T, D] residual stream after the last block run (before the final norm)."""
+    logits: Tensor | None
+    """f32 logits: [B, V] for ``last``, [B, T, V] for ``all``, None for ``none``."""
+
+
+class Decoder(nn.Module):
+    """A Llama causal language model."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Trunk(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary: Rotary | None = None  # built by `prepare` on the weights' device
+
+    def prepare(self) -> Decoder:
+        """Tie the output head when the config says so, build the rotary table, freeze."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary = Rotary(self.config, self.model.embed_tokens.weight.device)
+        self.requires_grad_(False)
+        return self.eval()
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.model.layers
+
+    def forward(
+        self,
+        ids: Tensor,
+        *,
+        cache: KVCache | None = None,
+        key_mask: Tensor | None = None,
+        depth: int | None = None,
+        vocab: Vocab = "last",
+        layout: Layout | None = None,
+    ) -> ForwardOutput:
+        """Run ``ids`` [B, T] through the first ``depth`` blocks (all by default).
+
+        ``key_mask`` [B, S] marks real (True) and padding (False) positions over the
+        cache and these ids together. Logits need every block, so ``vocab`` must be
+        ``none`` when ``depth`` stops early. ``layout`` replaces the positions and the
+        causal mask for a packed forward (no cache).
+        """
+        assert self.rotary is not None, "call prepare() after loading weights"
+        depth = len(self.blocks) if depth is None else depth
+        if depth < len(self.blocks) and vocab != "none":
+            raise ValueError("a forward that stops before the last block computes no logits")
+        past = cache.length if cache is not None else 0
+        if layout is not None:
+            positions, mask, causal = layout.positions, layout.mask, False
+        else:
+            positions = _positions(ids, past, key_mask)
+            mask, causal = _attention_mask(ids.shape[1], past, key_mask, positions.device)
+        cos, sin = self.rotary.angles(positions)
+        step = StepInputs(cos, sin, mask, causal, cache)
+        h = self.model.embed_tokens(ids)  # [B, T, D]
+        for block in self.blocks[:depth]:
+            h = block(h, step)
+        if cache is not None:
+            cache.length += ids.shape[1]
+        return ForwardOutput(h, self._logits(h, vocab))
+
+    def _logits(self, h: Tensor, vocab: Vocab) -> Tensor | None:
+        if vocab == "none":
+            return None
+        if vocab == "last":
+            h = h[:, -1]
+        norm = self.model.norm
+        return _linear(rms_norm(h, norm.weight, norm.eps), self.lm_head).float()
+
+
+def _positions(ids: Tensor, past: int, key_mask: Tensor | None) -> Tensor:
+    """Position of every new token [B, T]: its index among the real tokens before it."""
+    batch, length = ids.shape
+    if key_mask is None:
+        return torch.arange(past, past + length, device=ids.device).expand(batch, length)
+    real_before = key_mask.long().cumsum(dim=1) - 1  # [B, S]
+    return real_before[:, past:past + length].clamp(min=0)
+
+
+def _attention_mask(length: int, past: int, key_mask: Tensor | None, device: torch.device) -> tuple[Tensor | None, bool]:
+    """The boolean [B, 1, T, S] mask of keys each query may see, or (None, causal) when the
+    plain causal rule is exact: no padding, and either one query or no cached keys."""
+    if key_mask is None and (length == 1 or past == 0):
+        return None, length > 1
+    total = past + length
+    query_pos = torch.arange(past, total, device=device)[:, None]
+    key_pos = torch.arange(total, device=device)[None, :]
+    allowed = (key_pos <= query_pos)[None, None]  # [1, 1, T, S]
+    if key_mask is not None:
+        # A padding query would see no key at all and produce NaN; let it see itself.
+        allowed = (allowed & key_mask[:, None, None, :]) | (key_pos == query_pos)[None, None]
+    return allowed, False

@@ -1,0 +1,154 @@
+"""Opening a checkpoint: resolution, config and tokenizer first, then the weights, kept between jobs.
+
+Opening is two steps on purpose. :meth:`ModelStore.open` reads only JSON and the
+tokenizer, so a job can refuse a bad layer or a broken chat template before a weight
+is read; :meth:`ModelStore.decoder` maps the weights, and keeps the decoder keyed by
+(model, revision, precision, device) so the second job on the same model — in the
+TUI, or a server — does not load it again.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ster.engine.model.chat import DECISION_SENTENCES, ChatTemplate, decide, find_template, read_tokenizer_config, special_tokens
+from ster.engine.model.codec import TextCodec, eos_ids, load_tokenizer
+from ster.engine.model.config import LlamaConfig, load_config
+from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.files import read_json
+from ster.engine.model.requests import ChatMode, ModelRequest
+from ster.engine.model.resolve import ModelSource, resolve_model
+
+if TYPE_CHECKING:
+    import torch
+
+    from ster.engine.protocol.jobs import JobContext
+    from ster.engine.model.llama import Decoder
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A resolved checkpoint with its config and text codec; no weights yet."""
+
+    source: ModelSource
+    config: LlamaConfig
+    codec: TextCodec
+    request: ModelRequest
+
+    @property
+    def chat_template(self) -> str:
+        return self.codec.decision
+
+
+class ModelStore:
+    """Resolves checkpoints and keeps their loaded decoders for reuse."""
+
+    def __init__(self) -> None:
+        self._decoders: dict[tuple[str, str | None, str, str], Decoder] = {}
+        self._lock = threading.Lock()
+
+    def open(self, request: ModelRequest, ctx: JobContext) -> Checkpoint:
+        """Resolve the model and read everything but its weights; report the chat-template decision."""
+        ctx.progress("resolve", f"resolving model {request.model}")
+        source = resolve_model(request.model, request.revision)
+        config = load_config(source.config)
+        codec = _codec(source, config, request.chat_template)
+        ctx.log(DECISION_SENTENCES[codec.decision])
+        return Checkpoint(source, config, codec, request)
+
+    def decoder(self, checkpoint: Checkpoint, ctx: JobContext) -> Decoder:
+        """The checkpoint's decoder at the requested precision and device, loading it once."""
+        request = checkpoint.request
+        device = resolve_device(request.device)
+        key = (checkpoint.source.model, checkpoint.source.revision, request.precision, str(device))
+        with self._lock:
+            if key in self._decoders:
+                return self._decoders[key]
+            ctx.progress("load", f"loading {checkpoint.source.model} weights at {request.precision} on {device}")
+            decoder = load_decoder(checkpoint.source, checkpoint.config, request.precision, device)
+            self._decoders[key] = decoder
+            return decoder
+
+
+def model_store(ctx: JobContext) -> ModelStore:
+    """The model store of the job's front end, created on the context when the front end gave none."""
+    if ctx.models is None:
+        ctx.models = ModelStore()
+    return ctx.models  # type: ignore[no-any-return]
+
+
+def _codec(source: ModelSource, config: LlamaConfig, mode: ChatMode) -> TextCodec:
+    tokenizer = load_tokenizer(source.tokenizer)
+    tokenizer_config = read_tokenizer_config(source.tokenizer_config)
+    template_text = find_template(tokenizer_config, source.chat_template_file)
+    decision = decide(mode, template_text)
+    template = None
+    if decision == "applied" and template_text is not None:
+        template = ChatTemplate.compile(template_text, special_tokens(tokenizer_config))
+        template.render_prompt("probe")  # a template that cannot render a user turn fails here, before weights
+    generation_eos: list[int] = []
+    if source.generation_config is not None:
+        value = read_json(source.generation_config, "generation config").get("eos_token_id")
+        generation_eos = [value] if isinstance(value, int) else list(value or [])
+    return TextCodec(tokenizer, decision, template, eos_ids(tokenizer, tokenizer_config, config.eos_ids, generation_eos))
+
+
+DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``cpu``, ``cuda``, ``mps``, or ``auto`` (the first accelerator present, else cpu)."""
+    import torch
+
+    cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
+    if name == "auto":
+        return torch.device("cuda" if cuda else "mps" if mps else "cpu")
+    if name == "cuda" and not cuda:
+        raise Refusal("--device cuda was asked for, but this torch build sees no CUDA device")
+    if name == "mps" and not mps:
+        raise Refusal("--device mps was asked for, but this torch build sees no Metal device")
+    return torch.device(name)
+
+
+def load_decoder(source: ModelSource, config: LlamaConfig, precision: str, device: torch.device) -> Decoder:
+    """Build the decoder with no initialisation cost and map the checkpoint's weights into it."""
+    import torch
+    from safetensors import SafetensorError, safe_open
+
+    from ster.engine.model.llama import Decoder
+
+    dtype = getattr(torch, DTYPES[precision])
+    with torch.device("meta"):
+        decoder = Decoder(config)
+    state: dict[str, torch.Tensor] = {}
+    for path in source.weights:
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as weights:
+                for name in weights.keys():
+                    if name.endswith("rotary_emb.inv_freq"):
+                        continue  # some old checkpoints store the rotary table; it is recomputed
+                    state[name] = weights.get_tensor(name).to(device=device, dtype=dtype)
+        except (OSError, SafetensorError) as exc:
+            raise Refusal(f"weights file {path} could not be read: {exc}") from None
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+        state["lm_head.weight"] = state.get("model.embed_tokens.weight", torch.empty(0))
+    _check_state(decoder, state, source)
+    decoder.load_state_dict(state, strict=True, assign=True)
+    return decoder.prepare()
+
+
+def _check_state(decoder: Decoder, state: dict[str, Any], source: ModelSource) -> None:
+    """Refuse weights that do not match config.json, naming the first tensor that disagrees."""
+    expected = {name: tuple(p.shape) for name, p in decoder.state_dict().items()}
+    where = source.weights[0].parent
+    for name, shape in expected.items():
+        if name not in state or state[name].numel() == 0:
+            raise Refusal(f"the weights in {where} have no tensor {name}, which config.json implies")
+        if tuple(state[name].shape) != shape:
+            raise Refusal(f"tensor {name} in {where} has shape {tuple(state[name].shape)}, but config.json implies {shape}")
+    extra = sorted(set(state) - set(expected))
+    if extra:
+        raise Refusal(f"the weights in {where} hold tensor {extra[0]}, which a Llama decoder does not have")

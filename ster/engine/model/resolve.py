@@ -1,0 +1,170 @@
+"""Where a ``--model`` string points: the bundled toy, a local directory, or a Hub repository.
+
+Resolution reads directory listings and config.json only. It refuses the wrong
+family and a missing file before any weight is opened, and it records the model's
+identity — the string as given, and the resolved Hub commit (None for a local
+directory) — which is what every artifact stores.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from ster.engine.model.config import check_architecture, read_model_type
+from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.files import read_json
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+TOY_DIR = DATA_DIR / "toy"
+EXAMPLES_DIR = DATA_DIR / "examples"
+RESERVED = {
+    "ster:toy": (TOY_DIR, None),
+    "ster:toy-chat": (TOY_DIR, EXAMPLES_DIR / "chat-template" / "tokenizer_config.json"),
+}
+"""Reserved model names: the bundled toy checkpoint, and the same weights with the
+example chat template written in the toy's own vocabulary."""
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_HUB_FILES = [
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "*.safetensors",
+    "model.safetensors.index.json",
+]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """The files of one checkpoint, found and checked, and the identity artifacts record."""
+
+    model: str
+    """The ``--model`` string exactly as given."""
+    revision: str | None
+    """The resolved Hub commit, or None for a local directory or the bundled toy."""
+    root: Path
+    config: Path
+    tokenizer: Path
+    tokenizer_config: Path | None
+    chat_template_file: Path | None
+    generation_config: Path | None
+    weights: tuple[Path, ...]
+
+
+def resolve_model(model: str, revision: str | None = None) -> ModelSource:
+    """Find a checkpoint's files and check its family, refusing in one sentence."""
+    if model in RESERVED:
+        if revision is not None:
+            raise Refusal(f"--revision names a Hub commit; {model} is the bundled toy checkpoint")
+        root, tokenizer_config = RESERVED[model]
+        return _from_directory(model, None, root, tokenizer_config)
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if revision is not None:
+            raise Refusal(f"--revision names a Hub commit; {model} is a local directory")
+        return _from_directory(model, None, path)
+    if path.exists():
+        raise Refusal(f"model {model} is a file; --model takes a checkpoint directory or a Hub id")
+    if not _HUB_ID.match(model) or ".." in model:
+        raise Refusal(f"model directory {model} does not exist")
+    return _from_hub(model, revision)
+
+
+def _from_directory(model: str, revision: str | None, root: Path, tokenizer_config: Path | None = None) -> ModelSource:
+    config = _required(root, "config.json")
+    check_architecture(read_model_type(config), str(config))
+    tokenizer = _required(root, "tokenizer.json")
+    if tokenizer_config is None and (root / "tokenizer_config.json").is_file():
+        tokenizer_config = root / "tokenizer_config.json"
+    return ModelSource(
+        model=model,
+        revision=revision,
+        root=root,
+        config=config,
+        tokenizer=tokenizer,
+        tokenizer_config=tokenizer_config,
+        chat_template_file=_optional(root, "chat_template.jinja"),
+        generation_config=_optional(root, "generation_config.json"),
+        weights=_weight_files(root),
+    )
+
+
+def _required(root: Path, name: str) -> Path:
+    path = root / name
+    if not path.is_file():
+        raise Refusal(f"model directory {root} has no {name}")
+    return path
+
+
+def _optional(root: Path, name: str) -> Path | None:
+    path = root / name
+    return path if path.is_file() else None
+
+
+def _weight_files(root: Path) -> tuple[Path, ...]:
+    """The safetensors files holding the weights: the index's shards, one file, or all of them."""
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json(index, "weight index").get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise Refusal(f"weight index {index} has no weight_map")
+        shards = sorted(set(weight_map.values()))
+        for shard in shards:
+            if not (root / shard).is_file():
+                raise Refusal(f"model directory {root} has no {shard}, a shard named by {index.name}")
+        return tuple(root / shard for shard in shards)
+    single = root / "model.safetensors"
+    if single.is_file():
+        return (single,)
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise Refusal(f"model directory {root} has no *.safetensors weights")
+    return tuple(files)
+
+
+def _from_hub(repo_id: str, revision: str | None) -> ModelSource:
+    """Resolve through the standard Hugging Face cache, which honours HF_HOME, HF_HUB_CACHE,
+    HF_ENDPOINT and HF_HUB_OFFLINE. config.json comes first, so a wrong family is refused
+    before the weights are fetched."""
+    import huggingface_hub
+    from huggingface_hub.utils import disable_progress_bars
+
+    disable_progress_bars()
+    with _hub_errors(repo_id, revision):
+        config = Path(huggingface_hub.hf_hub_download(repo_id, "config.json", revision=revision))
+        check_architecture(read_model_type(config), f"{repo_id} config.json")
+        snapshot = Path(huggingface_hub.snapshot_download(repo_id, revision=revision, allow_patterns=_HUB_FILES))
+    return _from_directory(repo_id, snapshot.name, snapshot)
+
+
+@contextmanager
+def _hub_errors(repo_id: str, revision: str | None) -> Iterator[None]:
+    """Turn huggingface_hub's exceptions into one-sentence refusals."""
+    from huggingface_hub import constants, errors
+
+    where = repo_id if revision is None else f"{repo_id} at revision {revision}"
+    try:
+        yield
+    except errors.GatedRepoError:
+        raise Refusal(f"model {repo_id} is gated on the Hugging Face Hub; accept its terms there and log in") from None
+    except errors.RepositoryNotFoundError:
+        raise Refusal(f"model {repo_id} is not a local directory and was not found on the Hugging Face Hub") from None
+    except errors.RevisionNotFoundError:
+        raise Refusal(f"revision {revision} was not found in {repo_id} on the Hugging Face Hub") from None
+    except errors.LocalEntryNotFoundError:
+        if constants.HF_HUB_OFFLINE:
+            raise Refusal(f"model {where} is not a local directory and is not in the Hugging Face cache at "
+                          f"{constants.HF_HUB_CACHE}, and HF_HUB_OFFLINE forbids downloading it") from None
+        raise Refusal(f"model {where} is not a local directory, is not in the Hugging Face cache at "
+                      f"{constants.HF_HUB_CACHE}, and {constants.ENDPOINT} could not be reached") from None
+    except errors.EntryNotFoundError:
+        raise Refusal(f"model {where} has no config.json on the Hugging Face Hub") from None
+    except OSError as exc:
+        raise Refusal(f"model {where} could not be fetched from the Hugging Face Hub: {exc}") from None

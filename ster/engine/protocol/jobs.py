@@ -1,0 +1,125 @@
+"""The job protocol: every operation is a function ``(request, ctx) -> result document``.
+
+A job emits progress, token, warning and log events through its context while it
+runs and never prints. :func:`run_job` adds the one final event — the result, or an
+error for a refusal, a cancellation or a bug — so every consumer (the CLI, ``ster
+--json``, the TUI) sees the same stream and the same ending. Jobs are registered by
+import path, so choosing a job imports nothing heavy until it runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from ster.engine.protocol.errors import Cancelled, SterError
+from ster.engine.protocol.requests import build_request
+from ster.engine.protocol.events import Error, Event, Log, Progress, Result, Token, Warning
+
+JOBS: dict[str, tuple[str, str]] = {
+    "generate": ("ster.engine.steering.generate:generate_job", "ster.engine.steering.requests:GenerateRequest"),
+    "extract": ("ster.engine.steering.extract:extract_job", "ster.engine.steering.requests:ExtractRequest"),
+    "train": ("ster.engine.steering.vectors:train_job", "ster.engine.steering.requests:TrainRequest"),
+    "optimize": ("ster.engine.steering.vectors:optimize_job", "ster.engine.steering.requests:OptimizeRequest"),
+    "evaluate": ("ster.engine.steering.vectors:evaluate_job", "ster.engine.steering.requests:EvaluateRequest"),
+    "inspect": ("ster.engine.steering.artifact:inspect_job", "ster.engine.steering.requests:InspectRequest"),
+    "sweep": ("ster.engine.steering.sweep:sweep_job", "ster.engine.steering.requests:SweepRequest"),
+    "pairs inspect": ("ster.engine.pairs.inspect:inspect_job", "ster.engine.pairs.requests:PairsInspectRequest"),
+    "pairs add": ("ster.engine.pairs.edit:add_job", "ster.engine.pairs.requests:PairsAddRequest"),
+    "pairs remove": ("ster.engine.pairs.edit:remove_job", "ster.engine.pairs.requests:PairsRemoveRequest"),
+    "pairs save": ("ster.engine.pairs.edit:save_job", "ster.engine.pairs.requests:PairsSaveRequest"),
+    "pairs synthesize": ("ster.engine.pairs.synthesize:synthesize_job",
+                         "ster.engine.pairs.requests:PairsSynthesizeRequest"),
+    "workspace import-pairs": ("ster.engine.pairs.workspace:import_job",
+                               "ster.engine.pairs.requests:WorkspaceImportRequest"),
+    "workspace show": ("ster.engine.pairs.workspace:show_job", "ster.engine.pairs.requests:WorkspaceShowRequest"),
+    "workspace select": ("ster.engine.pairs.workspace:select_job",
+                         "ster.engine.pairs.requests:WorkspaceSelectRequest"),
+    "workspace remove": ("ster.engine.pairs.workspace:remove_job",
+                         "ster.engine.pairs.requests:WorkspaceRemoveRequest"),
+    "onboarding": ("ster.engine.pairs.onboarding:onboarding_job", "ster.engine.pairs.requests:OnboardingRequest"),
+    "model import": ("ster.engine.model.gguf_import:import_job", "ster.engine.model.requests:ModelImportRequest"),
+}
+"""Job name → (``module:function`` of the job, ``module:class`` of its request). The name is the
+command path a user types; every parsed flag becomes a request field of the same name."""
+
+Sink = Callable[[Event], None]
+
+
+@dataclass
+class JobContext:
+    """What a running job may touch: the event sink, the cancel flag, and the model store."""
+
+    emit: Sink
+    cancel: threading.Event = field(default_factory=threading.Event)
+    models: Any = None
+    """The front end's model store, shared between its jobs; a job that maps a checkpoint creates one
+    when the front end gave none (see :func:`ster.engine.model.loading.model_store`)."""
+
+    def progress(self, stage: str, message: str, current: int | None = None, total: int | None = None,
+                 data: dict[str, Any] | None = None) -> None:
+        self.emit(Progress(stage=stage, message=message, current=current, total=total, data=data))
+
+    def token(self, text: str, index: int, stream: str = "text") -> None:
+        self.emit(Token(text=text, index=index, stream=stream))
+
+    def log(self, message: str) -> None:
+        self.emit(Log(message=message))
+
+    def warn(self, message: str) -> None:
+        self.emit(Warning(message=message))
+
+    def check_cancelled(self) -> None:
+        """Raise :class:`Cancelled` if the front end asked the job to stop. Call between units of work."""
+        if self.cancel.is_set():
+            raise Cancelled()
+
+
+def _named(path: str) -> Any:
+    module_name, attribute = path.split(":")
+    return getattr(importlib.import_module(module_name), attribute)
+
+
+def job_function(name: str) -> Callable[[Any, JobContext], BaseModel]:
+    """Import and return the function registered under ``name``."""
+    return _named(JOBS[name][0])  # type: ignore[no-any-return]
+
+
+def request_class(name: str) -> type[BaseModel]:
+    """The request model of the job registered under ``name``; importing it imports no torch."""
+    return _named(JOBS[name][1])  # type: ignore[no-any-return]
+
+
+def build_job_request(name: str, /, **fields: Any) -> BaseModel:
+    """The validated request of job ``name`` from its fields, refusing the first bad one in one sentence."""
+    return build_request(request_class(name), **fields)
+
+
+def run_job(
+    name: str,
+    request: BaseModel,
+    emit: Sink,
+    cancel: threading.Event | None = None,
+    models: Any = None,
+) -> Event:
+    """Run a job to its end and return its final event, which has also been emitted."""
+    ctx = JobContext(emit, cancel or threading.Event(), models)
+    final: Event
+    try:
+        document = job_function(name)(request, ctx)
+        final = Result(command=name, data=document.model_dump(mode="json"))
+    except SterError as exc:
+        final = Error(kind=exc.kind, message=str(exc), details=getattr(exc, "details", None))  # type: ignore[arg-type]
+    except Exception as exc:  # a bug: report it as one line; the traceback only on request
+        if os.environ.get("STER_DEBUG"):
+            emit(Log(message=traceback.format_exc()))
+        final = Error(kind="internal", message=f"internal error in {name}: {type(exc).__name__}: {exc}")
+    emit(final)
+    return final

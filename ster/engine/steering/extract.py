@@ -1,0 +1,111 @@
+"""The ``extract`` job: last-token residual states of a prompt set, written as a versioned JSON document."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from ster.engine.steering.activations import read_last_states
+from ster.engine.protocol.errors import Refusal
+from ster.engine.steering.floats import f32_values
+from ster.engine.protocol.files import check_output_file, first_error, load_document, write_json
+from ster.engine.protocol.jobs import JobContext
+from ster.engine.steering.layers import LayerSpec
+from ster.engine.steering.requests import ExtractRequest
+from ster.engine.model.loading import model_store
+
+SCHEMA_VERSION = 1
+
+
+class PromptSet(BaseModel):
+    """An input prompt file: ``{"prompts": ["...", ...]}``."""
+
+    model_config = ConfigDict(extra="ignore")
+    prompts: list[str]
+
+    @field_validator("prompts")
+    @classmethod
+    def _non_empty(cls, prompts: list[str]) -> list[str]:
+        if not prompts:
+            raise ValueError("it contains no prompts")
+        for index, prompt in enumerate(prompts):
+            if not prompt.strip():
+                raise ValueError(f"prompt {index} is empty")
+        return prompts
+
+
+class ExtractRecord(BaseModel):
+    prompt: str
+    tokens: int
+    """How many tokens the prompt encoded to (after the chat template, when applied)."""
+    layers: dict[str, list[float]]
+    """Layer index (as a string) → the last token's state after that block, f32 values."""
+
+
+class ActivationDocument(BaseModel):
+    """The file ``ster extract`` writes."""
+
+    schema_version: int = SCHEMA_VERSION
+    product: Literal["ster"] = "ster"
+    model: str
+    model_revision: str | None
+    hidden_size: int
+    precision: str
+    chat_template: str
+    records: list[ExtractRecord]
+
+    @field_validator("records")
+    @classmethod
+    def _finite(cls, records: list[ExtractRecord]) -> list[ExtractRecord]:
+        for record in records:
+            for layer, values in record.layers.items():
+                if not all(math.isfinite(v) for v in values):
+                    raise ValueError(f"the state at layer {layer} for prompt {record.prompt!r} is not finite")
+        return records
+
+
+class ExtractResult(BaseModel):
+    """What ``ster extract`` prints: where the document went and what it holds (not the floats)."""
+
+    output: str
+    model: str
+    model_revision: str | None
+    prompts: int
+    layers: list[int]
+    hidden_size: int
+    precision: str
+    chat_template: str
+
+
+def extract_job(request: ExtractRequest, ctx: JobContext) -> ExtractResult:
+    prompts = load_document(request.input, PromptSet, "input").prompts
+    check_output_file(request.output)
+    checkpoint = model_store(ctx).open(request, ctx)
+    layers = LayerSpec.parse(request.layers).resolve(checkpoint.config.num_hidden_layers)
+    sequences = [checkpoint.codec.encode_prompt(prompt) for prompt in prompts]
+    decoder = model_store(ctx).decoder(checkpoint, ctx)
+
+    def on_batch(done: int, total: int) -> None:
+        ctx.progress("read", f"reading prompt {done}/{total}", done, total)
+
+    states = read_last_states(decoder, sequences, layers, batch_size=request.batch_size,
+                              on_batch=on_batch, check_cancelled=ctx.check_cancelled).numpy()
+    records = [
+        ExtractRecord(prompt=prompt, tokens=len(ids),
+                      layers={str(layer): f32_values(states[i, j]) for j, layer in enumerate(layers)})
+        for i, (prompt, ids) in enumerate(zip(prompts, sequences))
+    ]
+    ctx.check_cancelled()
+    try:
+        document = ActivationDocument(model=checkpoint.source.model, model_revision=checkpoint.source.revision,
+                                      hidden_size=checkpoint.config.hidden_size, precision=request.precision,
+                                      chat_template=checkpoint.chat_template, records=records)
+    except ValidationError as exc:
+        raise Refusal(f"nothing was written: {first_error(exc)}") from None
+    write_json(request.output, document)
+    return ExtractResult(output=str(request.output), model=document.model, model_revision=document.model_revision,
+                         prompts=len(records), layers=layers, hidden_size=document.hidden_size,
+                         precision=request.precision, chat_template=document.chat_template)
+

@@ -1,0 +1,82 @@
+"""The ``generate`` job: decode from one prompt, steered when given an artifact, one token event per token."""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+
+from pydantic import BaseModel
+
+from ster.engine.steering.artifact import SteeringArtifact
+from ster.engine.model.decoding import Sampling, StopReason, decode
+from ster.engine.protocol.jobs import JobContext
+from ster.engine.steering.requests import GenerateRequest
+from ster.engine.steering.apply import plan, steer
+from ster.engine.steering.vectors import open_artifact
+from ster.engine.model.loading import model_store
+
+
+class GenerateResult(BaseModel):
+    """What ``ster generate`` prints."""
+
+    model: str
+    model_revision: str | None
+    prompt: str
+    text: str
+    tokens: int
+    """Generated tokens, not counting the EOS that ended the text."""
+    prompt_tokens: int
+    stop_reason: StopReason
+    chat_template: str
+    precision: str
+    temperature: float
+    top_p: float | None
+    seed: int
+    max_new_tokens: int
+    vector: str | None
+    """The steering artifact applied, or null for the unsteered baseline."""
+    strength: float | None
+    relative_strength: dict[str, float] | None
+    """Per steered layer, the strength over that layer's activation norm: how large the push is
+    against the residual stream it is added to."""
+
+
+def relative_strengths(artifact: SteeringArtifact, strength: float) -> dict[str, float]:
+    """``strength / activation_norm`` per layer that records a norm."""
+    return {str(v.layer): strength / v.activation_norm for v in artifact.vectors if v.activation_norm}
+
+
+def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
+    checkpoint = model_store(ctx).open(request, ctx)
+    artifact = open_artifact(ctx, request.vector, checkpoint) if request.vector else None
+    codec = checkpoint.codec
+    prompt_ids = codec.encode_prompt(request.prompt)
+    decoder = model_store(ctx).decoder(checkpoint, ctx)
+    stream = codec.stream()
+
+    def on_token(index: int, token: int) -> None:
+        delta = stream.step(codec.tokenizer, token)
+        if delta:
+            ctx.token(delta, index)
+
+    steering = steer(decoder, plan(decoder, artifact.by_layer(), request.strength)) if artifact else nullcontext()
+    what = f"steered at strength {request.strength}" if artifact else "unsteered"
+    ctx.progress("generate", f"generating up to {request.max_new_tokens} tokens from a {len(prompt_ids)}-token "
+                             f"prompt, {what}")
+    started = time.perf_counter()
+    with steering:
+        generation = decode(decoder, prompt_ids, max_new_tokens=request.max_new_tokens,
+                            sampling=Sampling(request.temperature, request.top_p, request.seed),
+                            eos_ids=codec.eos_ids, on_token=on_token, check_cancelled=ctx.check_cancelled)
+    elapsed = time.perf_counter() - started
+    count = len(generation.ids)
+    ctx.log(f"generated {count} tokens in {elapsed:.2f} s ({count / elapsed:.1f} tokens/s, prefill included)")
+    return GenerateResult(
+        model=checkpoint.source.model, model_revision=checkpoint.source.revision, prompt=request.prompt,
+        text=codec.decode(generation.ids), tokens=count, prompt_tokens=len(prompt_ids),
+        stop_reason=generation.stop_reason, chat_template=codec.decision, precision=request.precision,
+        temperature=request.temperature, top_p=request.top_p, seed=request.seed,
+        max_new_tokens=request.max_new_tokens, vector=str(request.vector) if artifact else None,
+        strength=request.strength if artifact else None,
+        relative_strength=relative_strengths(artifact, request.strength) if artifact else None,
+    )

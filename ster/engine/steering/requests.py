@@ -1,0 +1,107 @@
+"""Requests of the steering jobs: generate, extract, train, optimize, evaluate, sweep, inspect."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import field_validator
+
+from ster.engine.model.requests import ModelRequest, SampledRequest
+from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.requests import Request, at_least_one, finite
+from ster.engine.steering.layers import LayerSpec
+
+
+class GenerateRequest(SampledRequest):
+    """``ster generate``: autoregressive decoding from one prompt, steered when given a vector."""
+
+    prompt: str
+    vector: Path | None = None
+    """A steering artifact; without one the run is the unsteered baseline."""
+    strength: float = 1.0
+    """Multiplier of every direction in the artifact; negative steers the other way."""
+    max_new_tokens: int = 128
+
+    _tokens = field_validator("max_new_tokens")(lambda cls, v: at_least_one(v, "--max-new-tokens"))
+    _strength = field_validator("strength")(lambda cls, v: finite(v, "--strength"))
+
+
+class LayeredRead(ModelRequest):
+    """A read at selected layers, in batches, that writes one document."""
+
+    output: Path
+    layers: str = "all"
+    batch_size: int = 8
+    """Sequences (prompts, or pairs) read per forward pass; results equal one-at-a-time reads."""
+
+    _layers = field_validator("layers")(lambda cls, v: _layer_spec(v))
+    _batch = field_validator("batch_size")(lambda cls, v: at_least_one(v, "--batch-size"))
+
+
+class ExtractRequest(LayeredRead):
+    """``ster extract``: last-token residual states after selected blocks, for a prompt set."""
+
+    input: Path
+    """A JSON document ``{"prompts": ["...", ...]}``."""
+
+
+class OptimizeRequest(LayeredRead):
+    """``ster optimize``: every method at every selected layer ranked on an ordered holdout."""
+
+    pairs: Path | None = None
+    """The pair set; the workspace's active set when omitted."""
+
+
+class TrainRequest(OptimizeRequest):
+    """``ster train``: one direction per selected layer, written as a steering artifact."""
+
+    method: Literal["caa", "pca", "logistic"] = "caa"
+
+
+class EvaluateRequest(ModelRequest):
+    """``ster evaluate``: an artifact's accuracy and margin on a pair set."""
+
+    pairs: Path | None = None
+    """The pair set; the workspace's active set when omitted."""
+    vector: Path
+    batch_size: int = 8
+
+    _batch = field_validator("batch_size")(lambda cls, v: at_least_one(v, "--batch-size"))
+
+
+class SweepRequest(SampledRequest):
+    """``ster sweep``: steered text, effect and degeneracy at each strength."""
+
+    vector: Path
+    prompts: Path | None = None
+    """A JSON document ``{"prompts": [...]}``."""
+    prompt_texts: list[str] | None = None
+    """The prompts themselves, instead of a file (exactly one of the two)."""
+    strengths: list[float]
+    max_new_tokens: int = 48
+
+    _tokens = field_validator("max_new_tokens")(lambda cls, v: at_least_one(v, "--max-new-tokens"))
+
+    @field_validator("strengths")
+    @classmethod
+    def _strengths(cls, values: list[float]) -> list[float]:
+        if not values:
+            raise ValueError("--strengths needs at least one strength")
+        for value in values:
+            finite(value, "--strengths")
+        return sorted(set(values) | {0.0})
+
+
+class InspectRequest(Request):
+    """``ster inspect``: validate and summarise an artifact without loading a model."""
+
+    artifact: Path
+
+
+def _layer_spec(value: str) -> str:
+    try:
+        LayerSpec.parse(value)
+    except Refusal as exc:
+        raise ValueError(str(exc)) from None
+    return value

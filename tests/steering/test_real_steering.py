@@ -1,0 +1,77 @@
+"""The steering loop on SmolLM2-135M-Instruct (``real`` marker; CI runs these).
+
+Two hand-written pair sets of 24 pairs each for one trait — calm versus alarmed answers
+to the same question — one to fit, one held out; held-out prompts for the sweep.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ster.cli import main
+
+pytestmark = pytest.mark.real
+DATA = Path(__file__).parents[1] / "data"
+FIT, HOLDOUT, PROMPTS = DATA / "calm-fit.json", DATA / "calm-holdout.json", DATA / "calm-prompts.json"
+
+
+@pytest.fixture(scope="module")
+def calm(smol: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """optimize over the middle-to-late layers (12..24) on the fitting set."""
+    out = tmp_path_factory.mktemp("calm") / "calm.json"
+    assert main(["optimize", "--model", str(smol), "--pairs", str(FIT), "--output", str(out), "--layers", "12..24"]) == 0
+    return out
+
+
+def test_the_selected_direction_separates_held_out_pairs(cli, smol: Path, calm: Path) -> None:
+    run = cli("evaluate", "--model", smol, "--pairs", HOLDOUT, "--vector", calm)
+    assert run.code == 0, run.err
+    result = run.json
+    assert result["pair_count"] == 24 and result["chat_template"] == "applied"
+    assert all(layer["accuracy"] >= 0.9 for layer in result["layers"])
+
+
+def test_strength_zero_reproduces_the_unsteered_text(cli, smol: Path, calm: Path) -> None:
+    prompt = json.loads(PROMPTS.read_text())["prompts"][0]
+    baseline = cli("generate", "--model", smol, "--prompt", prompt, "--max-new-tokens", "24").json
+    zero = cli("generate", "--model", smol, "--prompt", prompt, "--max-new-tokens", "24", "--vector", calm,
+               "--strength", "0").json
+    assert zero["text"] == baseline["text"]
+    pushed = cli("generate", "--model", smol, "--prompt", prompt, "--max-new-tokens", "24", "--vector", calm,
+                 "--strength", str(0.4 * json.loads(calm.read_text())["vectors"][0]["activation_norm"])).json
+    assert pushed["text"] != baseline["text"]
+
+
+def test_the_sweep_moves_the_text_both_ways(cli, smol: Path, calm: Path) -> None:
+    norm = json.loads(calm.read_text())["vectors"][0]["activation_norm"]
+    strengths = ",".join(f"{k * norm:.1f}" for k in (-0.6, -0.4, -0.2, 0.2, 0.4, 0.6))
+    run = cli("sweep", "--model", smol, "--vector", calm, "--prompts", PROMPTS, f"--strengths={strengths}",
+              "--max-new-tokens", "40")
+    assert run.code == 0, run.err
+    result = run.json
+    effects = {row["strength"]: row["effect"] for row in result["rows"]}
+    positive, negative = result["suggested"]["positive"], result["suggested"]["negative"]
+    assert positive is not None and negative is not None
+    assert effects[positive] > 0 > effects[negative]
+
+
+def test_a_direction_fitted_out_of_format_reads_worse(tmp_path: Path, smol: Path) -> None:
+    """The spec's crossed chat-template finding: fit off and evaluate auto, and the reverse."""
+    from ster.engine.protocol.jobs import run_job
+    from ster.engine.model.loading import ModelStore
+    from ster.engine.steering.requests import EvaluateRequest, TrainRequest
+
+    store, sink = ModelStore(), (lambda event: None)
+    accuracy = {}
+    for fitted in ("off", "auto"):
+        vector = tmp_path / f"{fitted}.json"
+        request = TrainRequest(model=str(smol), pairs=FIT, output=vector, chat_template=fitted)
+        assert run_job("train", request, sink, models=store).type == "result"
+        for evaluated in ("off", "auto"):
+            request = EvaluateRequest(model=str(smol), pairs=HOLDOUT, vector=vector, chat_template=evaluated)
+            layers = run_job("evaluate", request, sink, models=store).data["layers"]
+            accuracy[fitted, evaluated] = sum(layer["accuracy"] for layer in layers) / len(layers)
+    assert min(accuracy["off", "off"], accuracy["auto", "auto"]) > max(accuracy["off", "auto"], accuracy["auto", "off"])

@@ -1,0 +1,160 @@
+"""The app as a whole, on the real engine and the bundled toy: Train, Jobs, cancel, quit, help, model switch."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from rich.text import Text
+from textual.containers import VerticalScroll
+from textual.widgets import DataTable, Input, Static
+
+from ster.engine.model.resolve import EXAMPLES_DIR
+from ster.tui.app import SterApp
+from ster.tui.settings import Settings
+from tests.conftest import REPO
+from tests.tui.tui_helpers import screen_text, settle, until
+
+PAIRS = EXAMPLES_DIR / "pairs.json"
+
+
+def cell_text(table: DataTable, row: int, column: int) -> str:
+    value = table.get_cell_at((row, column))
+    return value.plain if isinstance(value, Text) else str(value)
+
+
+def message(app: SterApp, pane: str) -> str:
+    widget = app.query_one(f"#{pane}-pane #message", Static)
+    return str(widget.render())
+
+
+def test_optimize_shows_exactly_one_selected_candidate(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        app = SterApp(Settings(pairs=PAIRS))
+        async with app.run_test(size=(140, 40)) as pilot:
+            await pilot.press("2")
+            app.query_one("#output", Input).value = str(tmp_path / "calm.json")
+            await pilot.press("escape", "o")
+            await settle(pilot, app)
+            table = app.query_one("#candidates", DataTable)
+            assert table.row_count == 12
+            selected = [row for row in range(12) if cell_text(table, row, 4) == "✓"]
+            assert len(selected) == 1
+            written = json.loads((tmp_path / "calm.json").read_text())
+            assert cell_text(table, selected[0], 0) == str(written["vectors"][0]["layer"])
+            assert cell_text(table, selected[0], 1) == written["method"]
+            assert app.settings.vector == tmp_path / "calm.json"
+            assert "chosen over 12 candidates on a 3-pair holdout" in message(app, "train")
+            await pilot.press("s")  # sort by holdout accuracy: the selected row stays highlighted
+            assert sum(cell_text(table, row, 4) == "✓" for row in range(12)) == 1
+    asyncio.run(scenario())
+
+
+def test_a_refused_job_shows_its_sentence_and_the_pane_stays_usable(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        app = SterApp(Settings(pairs=PAIRS))
+        async with app.run_test(size=(140, 40)) as pilot:
+            await pilot.press("2")
+            app.query_one("#layers", Input).value = "9"
+            app.query_one("#output", Input).value = str(tmp_path / "never.json")
+            await pilot.press("escape", "t")
+            await settle(pilot, app)
+            assert "layer 9 is out of range: this model has 4 layers, numbered 0..3" in message(app, "train")
+            assert not (tmp_path / "never.json").exists()
+            app.query_one("#layers", Input).value = "two"  # refused while the request is built
+            await pilot.press("escape", "t")
+            await settle(pilot, app)
+            assert '--layers takes all, a comma list such as 2,5' in message(app, "train")
+            app.query_one("#layers", Input).value = "3"
+            await pilot.press("escape", "t")
+            await settle(pilot, app)
+            assert (tmp_path / "never.json").exists()
+            states = [handle.state for handle in app.runner.handles if handle.name == "train"]
+            assert states == ["refused", "done"]
+    asyncio.run(scenario())
+
+
+def test_a_running_job_can_be_cancelled_and_writes_nothing(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        app = SterApp(Settings(pairs=PAIRS))
+        async with app.run_test(size=(140, 40)) as pilot:
+            jobs = app.query_one("#jobs-pane")
+            fields = {"model": "ster:toy", "trait": "calm", "opposite": "alarmed", "count": 2,
+                      "retry_multiplier": 20000, "output": tmp_path / "never.json"}
+            handle = app.start_job("pairs synthesize", fields, jobs)
+            assert handle is not None
+            await until(pilot, lambda: handle.state == "running" and "attempt" in handle.last_message)
+            await pilot.press("ctrl+x")
+            await settle(pilot, app)
+            assert handle.state == "cancelled"
+            assert not (tmp_path / "never.json").exists()
+            await pilot.press("4")
+            table = app.query_one("#job-table", DataTable)
+            row = table.get_row_index(str(handle.id))
+            assert cell_text(table, row, 1) == "pairs synthesize" and cell_text(table, row, 2) == "cancelled"
+    asyncio.run(scenario())
+
+
+def test_quitting_while_a_job_runs_asks_then_cancels_it(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        app = SterApp(Settings(pairs=PAIRS))
+        async with app.run_test(size=(140, 40)) as pilot:
+            fields = {"model": "ster:toy", "trait": "calm", "opposite": "alarmed", "count": 2,
+                      "retry_multiplier": 20000, "output": tmp_path / "never.json"}
+            handle = app.start_job("pairs synthesize", fields, app.query_one("#jobs-pane"))
+            await until(pilot, lambda: handle.state == "running")
+            await pilot.press("q")
+            await pilot.pause(0.1)
+            assert type(app.screen).__name__ == "Confirm"
+            await pilot.press("n")  # keep working
+            await pilot.pause(0.1)
+            assert handle.state == "running" and type(app.screen).__name__ != "Confirm"
+            await pilot.press("q")
+            await pilot.pause(0.1)
+            await pilot.press("y")
+            await settle(pilot, app)
+            assert handle.state == "cancelled"
+        assert not (tmp_path / "never.json").exists()
+    asyncio.run(scenario())
+
+
+def test_help_lists_every_tab_and_the_model_dialog_switches_models() -> None:
+    async def scenario() -> None:
+        app = SterApp()
+        async with app.run_test(size=(140, 40)) as pilot:
+            await pilot.press("question_mark")
+            await pilot.pause(0.1)
+            text = screen_text(app)
+            app.screen.query_one(VerticalScroll).scroll_end(animate=False)
+            await pilot.pause(0.1)
+            text += screen_text(app)
+            for section in ("Everywhere", "Pairs tab", "Train tab", "Generate tab", "Jobs tab"):
+                assert section in text
+            assert "Optimize" in text and "Cancel job" in text
+            await pilot.press("escape", "m")
+            await pilot.pause(0.1)
+            model = app.screen.query_one("#model", Input)
+            model.value = "ster:toy-chat"
+            await pilot.press("enter")
+            await pilot.pause(0.1)
+            assert app.settings.model == "ster:toy-chat"
+            assert "ster:toy-chat" in str(app.query_one("#status", Static).render())
+    asyncio.run(scenario())
+
+
+def test_the_first_paint_imports_no_torch() -> None:
+    code = """
+import asyncio, sys
+from ster.tui.app import SterApp
+async def main():
+    app = SterApp()
+    async with app.run_test(size=(120, 30)) as pilot:
+        await pilot.pause(0.2)
+        print("TORCH" if "torch" in sys.modules else "NO TORCH")
+asyncio.run(main())
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert "NO TORCH" in proc.stdout, proc.stderr
