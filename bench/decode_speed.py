@@ -90,7 +90,7 @@ def main() -> None:
     every_layer = {layer: (torch.randn(width, generator=generator) * 0.01).tolist() for layer in range(depth)}
 
     def ster(vectors: dict[int, list[float]] | None) -> None:
-        steering = steer(ours, plan(ours, vectors, 1.0)) if vectors else nullcontext()
+        steering = steer(ours, plan(ours, vectors, {layer: 1.0 for layer in vectors})) if vectors else nullcontext()
         with steering:
             decode(ours, prompt, max_new_tokens=n, sampling=Sampling(), eos_ids=frozenset(),
                    on_token=lambda i, t: None, check_cancelled=lambda: None)

@@ -75,8 +75,9 @@ def _add_generate(commands: Any) -> None:
     _model_flags(parser)
     parser.add_argument("--prompt", required=True, help="the prompt text")
     parser.add_argument("--vector", help="a steering artifact; omit it for the unsteered baseline")
-    parser.add_argument("--strength", type=float, default=1.0, help="multiplier of the direction (default 1.0; "
-                                                                     "negative steers the other way)")
+    parser.add_argument("--strength", default="1", help="how far along the direction: a number in the residual "
+                        "stream's units (3), or a multiple of each layer's activation norm (0.4x); negative steers "
+                        "the other way (write --strength=-0.4x); default 1")
     _sampling_flags(parser, 128)
 
 
@@ -123,8 +124,9 @@ def _add_sweep(commands: Any) -> None:
     _model_flags(parser)
     parser.add_argument("--vector", required=True, help="the steering artifact")
     parser.add_argument("--prompts", required=True, help='JSON file {"prompts": ["...", ...]}')
-    parser.add_argument("--strengths", required=True, type=_floats,
-                        help="comma list, e.g. --strengths=-8,-4,4,8 (write = before a leading minus)")
+    parser.add_argument("--strengths", required=True,
+                        help="comma list, all absolute (--strengths=-8,-4,4,8) or all relative to each layer's "
+                             "activation norm (--strengths=-0.4x,0.4x); write = before a leading minus")
     _sampling_flags(parser, 48)
 
 
@@ -132,13 +134,6 @@ def _add_inspect(commands: Any) -> None:
     parser = _command(commands, "inspect", "summarize and validate a steering artifact",
                       "Validate an artifact and print its summary (no vector values) without loading a model.")
     parser.add_argument("artifact", help="the steering artifact")
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'expected a comma list of numbers, got "{text}"') from None
 
 
 def _dedupe_flags(parser: argparse.ArgumentParser) -> None:

@@ -1,6 +1,6 @@
 """Adding a direction to the residual stream while the model runs.
 
-A steering plan holds, per layer, ``strength × direction`` already cast to the
+A steering plan holds, per layer, ``scale × direction`` (the strength at that layer) already cast to the
 model's dtype and device. Applying it is a forward hook on each block that adds the
 vector to the block's output at every position of every forward — the prompt's and
 each new token's — and the hooks are removed in ``finally`` whatever happens.
@@ -17,10 +17,10 @@ from torch import Tensor, nn
 from ster.engine.model.llama import Decoder
 
 
-def plan(model: Decoder, vectors: dict[int, list[float]], strength: float) -> dict[int, Tensor]:
-    """Per layer, ``strength × vector`` in the model's dtype and on its device."""
+def plan(model: Decoder, vectors: dict[int, list[float]], scales: dict[int, float]) -> dict[int, Tensor]:
+    """Per layer, ``scales[layer] × vector`` in the model's dtype and on its device."""
     weight = model.lm_head.weight
-    return {layer: (torch.tensor(vector, dtype=torch.float32) * strength).to(weight.device, weight.dtype)
+    return {layer: (torch.tensor(vector, dtype=torch.float32) * scales[layer]).to(weight.device, weight.dtype)
             for layer, vector in vectors.items()}
 
 

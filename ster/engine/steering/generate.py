@@ -12,6 +12,7 @@ from ster.engine.model.decoding import Sampling, StopReason, decode
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.steering.requests import GenerateRequest
 from ster.engine.steering.apply import plan, steer
+from ster.engine.steering.strength import Strength, Unit
 from ster.engine.steering.vectors import open_artifact
 from ster.engine.model.loading import model_store
 
@@ -36,19 +37,36 @@ class GenerateResult(BaseModel):
     vector: str | None
     """The steering artifact applied, or null for the unsteered baseline."""
     strength: float | None
+    """The strength as given: in the residual stream's units, or a multiple of each layer's norm (``strength_unit``)."""
+    strength_unit: Unit | None
+    absolute_strength: dict[str, float] | None
+    """Per steered layer, the scale the direction was added at, in the residual stream's units."""
     relative_strength: dict[str, float] | None
     """Per steered layer, the strength over that layer's activation norm: how large the push is
     against the residual stream it is added to."""
 
 
-def relative_strengths(artifact: SteeringArtifact, strength: float) -> dict[str, float]:
-    """``strength / activation_norm`` per layer that records a norm."""
-    return {str(v.layer): strength / v.activation_norm for v in artifact.vectors if v.activation_norm}
+class Scales(BaseModel):
+    """One strength resolved against an artifact: the scale at each layer, absolute and relative."""
+
+    absolute: dict[int, float]
+    relative: dict[int, float]
+    """Only layers that record an activation norm."""
+
+    def labelled(self, which: dict[int, float]) -> dict[str, float]:
+        return {str(layer): value for layer, value in which.items()}
+
+
+def scales_for(artifact: SteeringArtifact, strength: Strength) -> Scales:
+    """The strength at each layer of the artifact; refuses a relative strength where a norm is missing."""
+    norms = {v.layer: v.activation_norm for v in artifact.vectors}
+    return Scales(absolute=strength.per_layer(norms), relative=strength.relative_per_layer(norms))
 
 
 def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
     checkpoint = model_store(ctx).open(request, ctx)
     artifact = open_artifact(ctx, request.vector, checkpoint) if request.vector else None
+    scales = scales_for(artifact, request.strength) if artifact else None
     codec = checkpoint.codec
     prompt_ids = codec.encode_prompt(request.prompt)
     decoder = model_store(ctx).decoder(checkpoint, ctx)
@@ -59,7 +77,7 @@ def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
         if delta:
             ctx.token(delta, index)
 
-    steering = steer(decoder, plan(decoder, artifact.by_layer(), request.strength)) if artifact else nullcontext()
+    steering = steer(decoder, plan(decoder, artifact.by_layer(), scales.absolute)) if artifact and scales else nullcontext()
     what = f"steered at strength {request.strength}" if artifact else "unsteered"
     ctx.progress("generate", f"generating up to {request.max_new_tokens} tokens from a {len(prompt_ids)}-token "
                              f"prompt, {what}")
@@ -77,6 +95,8 @@ def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
         stop_reason=generation.stop_reason, chat_template=codec.decision, precision=request.precision,
         temperature=request.temperature, top_p=request.top_p, seed=request.seed,
         max_new_tokens=request.max_new_tokens, vector=str(request.vector) if artifact else None,
-        strength=request.strength if artifact else None,
-        relative_strength=relative_strengths(artifact, request.strength) if artifact else None,
+        strength=request.strength.value if artifact else None,
+        strength_unit=request.strength.unit if artifact else None,
+        absolute_strength=scales.labelled(scales.absolute) if scales else None,
+        relative_strength=scales.labelled(scales.relative) if scales else None,
     )

@@ -9,8 +9,9 @@ from pydantic import field_validator
 
 from ster.engine.model.requests import ModelRequest, SampledRequest
 from ster.engine.protocol.errors import Refusal
-from ster.engine.protocol.requests import Request, at_least_one, finite
+from ster.engine.protocol.requests import Request, at_least_one
 from ster.engine.steering.layers import LayerSpec
+from ster.engine.steering.strength import Strength, parse_strengths
 
 
 class GenerateRequest(SampledRequest):
@@ -19,12 +20,12 @@ class GenerateRequest(SampledRequest):
     prompt: str
     vector: Path | None = None
     """A steering artifact; without one the run is the unsteered baseline."""
-    strength: float = 1.0
-    """Multiplier of every direction in the artifact; negative steers the other way."""
+    strength: Strength = Strength(value=1.0)
+    """How far along every direction of the artifact: ``3`` in the residual stream's units, or ``0.4x``
+    times each layer's activation norm; negative steers the other way."""
     max_new_tokens: int = 128
 
     _tokens = field_validator("max_new_tokens")(lambda cls, v: at_least_one(v, "--max-new-tokens"))
-    _strength = field_validator("strength")(lambda cls, v: finite(v, "--strength"))
 
 
 class LayeredRead(ModelRequest):
@@ -78,19 +79,28 @@ class SweepRequest(SampledRequest):
     """A JSON document ``{"prompts": [...]}``."""
     prompt_texts: list[str] | None = None
     """The prompts themselves, instead of a file (exactly one of the two)."""
-    strengths: list[float]
+    strengths: list[Strength]
+    """Absolute or relative (``0.4x``), all in one unit; 0 is always added, and they are swept in order."""
     max_new_tokens: int = 48
 
     _tokens = field_validator("max_new_tokens")(lambda cls, v: at_least_one(v, "--max-new-tokens"))
 
+    @field_validator("strengths", mode="before")
+    @classmethod
+    def _parse(cls, raw: object) -> list[Strength]:
+        return parse_strengths(raw)
+
     @field_validator("strengths")
     @classmethod
-    def _strengths(cls, values: list[float]) -> list[float]:
+    def _strengths(cls, values: list[Strength]) -> list[Strength]:
         if not values:
             raise ValueError("--strengths needs at least one strength")
-        for value in values:
-            finite(value, "--strengths")
-        return sorted(set(values) | {0.0})
+        units = {value.unit for value in values if value.value != 0}
+        if len(units) > 1:
+            raise ValueError("--strengths mixes absolute and relative strengths; give all of them as numbers "
+                             "(3) or all as multiples of the activation norm (0.4x)")
+        unit = units.pop() if units else "absolute"
+        return [Strength(value=v, unit=unit) for v in sorted({value.value for value in values} | {0.0})]
 
 
 class InspectRequest(Request):

@@ -34,7 +34,8 @@ from ster.engine.protocol.errors import Refusal
 from ster.engine.model.decoding import Sampling, StopReason, decode
 from ster.engine.steering.extract import PromptSet
 from ster.engine.protocol.files import first_error, load_document
-from ster.engine.steering.generate import relative_strengths
+from ster.engine.steering.generate import scales_for
+from ster.engine.steering.strength import Unit
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.model.llama import Decoder
 from ster.engine.steering.requests import SweepRequest
@@ -56,8 +57,11 @@ class SweepOutput(BaseModel):
 
 class SweepRow(BaseModel):
     strength: float
+    """In the sweep's ``strength_unit``: the residual stream's units, or multiples of each layer's norm."""
+    absolute_strength: dict[str, float]
+    """Per layer, the scale the direction was added at."""
     relative_strength: dict[str, float]
-    """Per layer, strength over the layer's activation norm."""
+    """Per layer, that scale over the layer's activation norm."""
     projection: float | None
     """Mean projection of the re-read texts onto the direction (null when every text is empty)."""
     effect: float | None
@@ -70,6 +74,8 @@ class SweepRow(BaseModel):
 
 
 class Suggested(BaseModel):
+    """Per sign, the largest fluent strength, in the sweep's ``strength_unit``."""
+
     positive: float | None
     negative: float | None
 
@@ -86,6 +92,7 @@ class SweepResult(BaseModel):
     vector: str
     trait_name: str
     layers: list[int]
+    strength_unit: Unit
     chat_template: str
     precision: str
     max_new_tokens: int
@@ -143,6 +150,7 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
     rows = _judge(rows)
     return SweepResult(model=checkpoint.source.model, model_revision=checkpoint.source.revision,
                        vector=str(request.vector), trait_name=artifact.trait_name, layers=sorted(directions),
+                       strength_unit=request.strengths[0].unit,
                        chat_template=codec.decision, precision=request.precision,
                        max_new_tokens=request.max_new_tokens, temperature=request.temperature, seed=request.seed,
                        bound=DegeneracyBound(), rows=rows, suggested=_suggest(rows))
@@ -153,18 +161,19 @@ def _sweep_strength(ctx: JobContext, model: Decoder, codec: TextCodec, artifact:
                     directions: dict[int, torch.Tensor], step: int) -> SweepRow:
     """Generate every prompt at one strength, then re-read the texts unsteered and measure them."""
     strength = request.strengths[step]
+    scales = scales_for(artifact, strength)
     outputs, generated = [], []
     for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
-        ctx.progress("sweep", f"strength {strength:+g}: prompt {index + 1}/{len(prompts)}",
+        ctx.progress("sweep", f"strength {strength.signed()}: prompt {index + 1}/{len(prompts)}",
                      step * len(prompts) + index + 1, len(request.strengths) * len(prompts))
-        stream, label = codec.stream(), f"{strength:+g}/{index}"
+        stream, label = codec.stream(), f"{strength.signed()}/{index}"
 
         def on_token(i: int, token: int) -> None:
             delta = stream.step(codec.tokenizer, token)
             if delta:
                 ctx.token(delta, i, stream=label)
 
-        steering = steer(model, plan(model, artifact.by_layer(), strength)) if strength else nullcontext()
+        steering = steer(model, plan(model, artifact.by_layer(), scales.absolute)) if strength.value else nullcontext()
         with steering:
             generation = decode(model, ids, max_new_tokens=request.max_new_tokens,
                                 sampling=Sampling(request.temperature, request.top_p, request.seed),
@@ -175,7 +184,8 @@ def _sweep_strength(ctx: JobContext, model: Decoder, codec: TextCodec, artifact:
     texts = [codec.encode_prompt(o.text) for o in outputs if o.text.strip()]
     projections = text_projections(model, texts, directions) if texts else []
     distincts = [d for d in map(distinct_2, generated) if d is not None]
-    return SweepRow(strength=strength, relative_strength=relative_strengths(artifact, strength),
+    return SweepRow(strength=strength.value, absolute_strength=scales.labelled(scales.absolute),
+                    relative_strength=scales.labelled(scales.relative),
                     projection=sum(projections) / len(projections) if projections else None, effect=None,
                     distinct_2=sum(distincts) / len(distincts) if distincts else None,
                     longest_run=max(map(longest_run, generated)),

@@ -133,7 +133,7 @@ class GeneratePane(Vertical):
         del fields["strength"]
         handle = self._start("sweep", "sweep", fields)
         if handle:
-            strengths = handle.request.strengths  # type: ignore[attr-defined]
+            strengths = [s.value for s in handle.request.strengths]  # type: ignore[attr-defined]
             self.query_one(SweepTable).begin(strengths)
             self.query_one("#caption", Static).update(f"sweeping {len(strengths)} strengths (0 included)…")
 

@@ -1,0 +1,92 @@
+"""A steering strength: in the residual stream's own units, or relative to each layer's activation norm.
+
+Residual norms differ by orders of magnitude between models and between the layers of
+one model (about 30 to 900 across SmolLM2-135M's 30 layers), so an absolute strength
+that moves one model's text does nothing to another's. A strength written with an
+``x`` suffix — ``0.4x`` — is a multiple of the layer's ``activation_norm`` (the mean
+norm of the states the direction was fitted on): at each steered layer the direction
+is scaled by ``0.4 × activation_norm`` of that layer. A bare number — ``3`` — is the
+absolute scale, the same at every layer. One spelling serves the CLI, the TUI, the
+sweep and JSON requests (a number, or a string such as ``"0.4x"`` or ``"-3"``).
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from ster.engine.protocol.errors import Refusal
+
+Unit = Literal["absolute", "relative"]
+
+SPELLING = "a number such as 3 (absolute) or a multiple of the layer's activation norm such as 0.4x"
+
+
+class Strength(BaseModel):
+    """How hard to push along a direction: ``value`` in its ``unit``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    value: float
+    unit: Unit = "absolute"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse(cls, raw: Any) -> Any:
+        """Accept a number, the text spelling (``"3"``, ``"-0.4x"``), or the model's own fields."""
+        if isinstance(raw, bool):
+            raise ValueError(f"a strength is {SPELLING}")
+        if isinstance(raw, int | float):
+            raw = {"value": raw}
+        elif isinstance(raw, str):
+            raw = _from_text(raw)
+        if isinstance(raw, dict) and isinstance(raw.get("value"), int | float) and not math.isfinite(raw["value"]):
+            raise ValueError(f"a strength must be finite, got {raw['value']}")
+        return raw
+
+    @property
+    def relative(self) -> bool:
+        return self.unit == "relative"
+
+    def __str__(self) -> str:
+        return f"{self.value:g}x" if self.relative else f"{self.value:g}"
+
+    def signed(self) -> str:
+        """The text with its sign always shown, as sweep streams and tables label a strength."""
+        return f"{self.value:+g}x" if self.relative else f"{self.value:+g}"
+
+    def per_layer(self, norms: dict[int, float | None]) -> dict[int, float]:
+        """The absolute scale at each layer, given each layer's activation norm (None: not recorded)."""
+        if not self.relative:
+            return {layer: self.value for layer in norms}
+        missing = sorted(layer for layer, norm in norms.items() if not norm)
+        if missing and self.value != 0:
+            raise Refusal(f"strength {self} is relative to the layer's activation norm, but the artifact records "
+                             f"no activation_norm for layer {missing[0]}; give an absolute strength instead")
+        return {layer: self.value * (norm or 0.0) for layer, norm in norms.items()}
+
+    def relative_per_layer(self, norms: dict[int, float | None]) -> dict[int, float]:
+        """Per layer that records a norm, the scale over that norm: how large the push is against the stream."""
+        absolute = self.per_layer(norms)
+        return {layer: absolute[layer] / norm for layer, norm in norms.items() if norm}
+
+
+def _from_text(text: str) -> dict[str, Any]:
+    spelled = text.strip().lower()
+    relative = spelled.endswith("x")
+    number = spelled[:-1].strip() if relative else spelled
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f'a strength is {SPELLING}; got "{text}"') from None
+    return {"value": value, "unit": "relative" if relative else "absolute"}
+
+
+def parse_strengths(raw: Any) -> list[Strength]:
+    """A sweep's strengths from a comma list (``"-0.8x,-0.4x,0.4x"``) or a list of single strengths."""
+    items: Iterable[Any] = raw.split(",") if isinstance(raw, str) else raw
+    return [Strength.model_validate(item.strip() if isinstance(item, str) else item) for item in items]
