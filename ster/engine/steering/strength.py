@@ -24,6 +24,11 @@ from ster.engine.protocol.errors import Refusal
 
 Unit = Literal["absolute", "relative"]
 
+DEFAULT_STRENGTH = "0.4x"
+"""The strength a front end offers first (the TUI's Generate tab): provisional until measured on SmolLM2."""
+DEFAULT_SWEEP = "-0.8x,-0.4x,0.4x,0.8x"
+"""The strengths a sweep walks when none are given: provisional until measured on SmolLM2."""
+
 SPELLING = "a number such as 3 (absolute) or a multiple of the layer's activation norm such as 0.4x"
 
 
