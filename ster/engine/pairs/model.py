@@ -29,7 +29,8 @@ class PairSet(BaseModel):
     """A named set of pairs."""
 
     model_config = ConfigDict(extra="forbid")
-    trait_name: str
+    trait_name: str = ""
+    """The trait the pairs collect; a set may leave it out (as the original allows), and is then unnamed."""
     pairs: list[Pair]
 
 
