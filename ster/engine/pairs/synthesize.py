@@ -111,8 +111,8 @@ def slug(text: str) -> str:
 
 
 def synthesize_job(request: PairsSynthesizeRequest, ctx: JobContext) -> SynthesisReport:
+    check_output_file(request.output, PAIR_SET, ctx.log)  # before a model loads or a gateway is asked
     writer, identity = _writer(request, ctx)
-    check_output_file(request.output, PAIR_SET, ctx.log)
     opposite = request.opposite or clean_opposite(writer(opposite_prompt(request.trait))) or NEUTRAL
     ctx.log(f"writing pairs for \"{request.trait}\" against \"{opposite}\"")
     loop = _Loop(request, ctx, writer, opposite)

@@ -68,7 +68,7 @@ def resolve_inputs(data: dict[str, Any], path_fields: Iterable[str], outputs: It
         if value is None or not str(value).startswith(PREFIX):
             continue
         if name in outputs:
-            raise ValueError(f"{flag(name)} {value} names a bundled example, which is read-only; give a file path")
+            raise ValueError(f"{flag(name)} {value} names Ster's bundled data, which is read-only; give a file path")
         try:
             resolved[name] = example_path(value)
         except ValueError as exc:
