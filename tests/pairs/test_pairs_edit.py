@@ -99,3 +99,14 @@ def test_remove_and_its_two_refusals(cli, tmp_path: Path) -> None:
     last = cli("pairs", "remove", "--pairs", path, "--index", "0")
     assert last.code == 1 and last.err.strip().endswith(f"pair set {path} contains no pairs")
     assert path.read_bytes() == before
+
+
+def test_a_file_of_another_kind_is_named_not_edited(cli, tmp_path: Path) -> None:
+    artifact = tmp_path / "calm.json"
+    assert cli("train", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", artifact, "--layers", "3").code == 0
+    before = artifact.read_bytes()
+    run = add(cli, artifact, "a", "b")
+    assert run.code == 1 and run.err.strip() == f"error: {artifact} is a steering artifact, not a pair set"
+    assert artifact.read_bytes() == before
+    train = cli("train", "--model", "ster:toy", "--pairs", artifact, "--output", tmp_path / "out.json")
+    assert train.code == 1 and "is a steering artifact, not a pair set" in train.err

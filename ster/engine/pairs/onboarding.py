@@ -142,8 +142,8 @@ def _save_or_warn(state: OnboardingState, ctx: JobContext) -> None:
     """Progress that cannot be saved costs a replay later, not this run."""
     try:
         save(state)
-    except OSError as exc:
-        ctx.warn(f"onboarding progress could not be saved to {state_path()}: {exc.strerror or exc}")
+    except Refusal as exc:  # the write's own sentence names the file and the reason
+        ctx.warn(f"onboarding progress was not saved: {exc}")
 
 
 def _result(status: Literal["in_progress", "complete"], screens: list[Screen], state: OnboardingState,
