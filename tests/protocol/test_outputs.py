@@ -181,3 +181,13 @@ def test_the_editor_save_never_replaces_an_artifact(cli, tmp_path: Path) -> None
     final = run_job("pairs save", request, lambda event: None)
     assert isinstance(final, Error) and "already holds a steering artifact" in final.message
     assert artifact.read_bytes() == before
+
+
+def test_the_active_sets_copy_is_never_replaced_by_an_artifact(cli) -> None:
+    imported = cli("workspace", "import-pairs", "ster:pairs")
+    assert imported.code == 0, imported.err
+    copy = Path(imported.json["path"])
+    before = copy.read_bytes()
+    run = cli("train", "--model", "ster:toy", "--output", copy)
+    assert run.code == 1 and f"output {copy} already holds a pair set" in run.err
+    assert copy.read_bytes() == before

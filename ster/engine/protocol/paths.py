@@ -61,13 +61,12 @@ def is_path_field(annotation: Any) -> bool:
 
 def resolve_inputs(data: dict[str, Any], path_fields: Iterable[str], outputs: Iterable[str]) -> dict[str, Any]:
     """Map reserved example names in input fields to their files; refuse one given as an output."""
-    resolved = dict(data)
-    outputs = set(outputs)
+    resolved, written = dict(data), set(outputs)
     for name in path_fields:
         value = data.get(name)
         if value is None or not str(value).startswith(PREFIX):
             continue
-        if name in outputs:
+        if name in written:
             raise ValueError(f"{flag(name)} {value} names Ster's bundled data, which is read-only; give a file path")
         try:
             resolved[name] = example_path(value)
@@ -78,9 +77,9 @@ def resolve_inputs(data: dict[str, Any], path_fields: Iterable[str], outputs: It
 
 def check_outputs(values: dict[str, Any], outputs: Iterable[str]) -> None:
     """Refuse an output inside the bundled data or equal to any input, naming both fields."""
-    outputs = [name for name in outputs if isinstance(values.get(name), Path)]
-    inputs = [name for name, value in values.items() if isinstance(value, Path) and name not in outputs]
-    for out in outputs:
+    written = [name for name in outputs if isinstance(values.get(name), Path)]
+    inputs = [name for name, value in values.items() if isinstance(value, Path) and name not in written]
+    for out in written:
         if _inside(values[out], DATA_DIR):
             raise ValueError(f"{flag(out)} {values[out]} is inside Ster's bundled data, which is read-only; "
                              "give a path outside it")
