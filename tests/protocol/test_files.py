@@ -167,6 +167,8 @@ def test_a_directory_that_cannot_hold_a_file_is_refused_before_the_write() -> No
         check_output_file(Path("/proc/x.json"))
     with pytest.raises(Refusal, match=r"^output /proc/a/b/x.json cannot be written: /proc cannot hold"):
         check_output_file(Path("/proc/a/b/x.json"))
+    with pytest.raises(Refusal, match=r"^output directory /proc/model cannot be written: /proc cannot hold"):
+        check_output_directory(Path("/proc/model"))
 
 
 def test_the_probe_leaves_nothing_behind(tmp_path: Path) -> None:
