@@ -118,7 +118,7 @@ def check_output_file(path: Path, kind: str | None = None, log: Callable[[str], 
     found = existing(path)
     if found is not None and not found.file:
         raise Refusal(f"{what} {path} is {found.phrase}, not a regular file; give a file path")
-    _check_can_hold_a_file(path, what)
+    _check_can_hold_a_file(path, what, written_path(path).parent)
     if kind is None or found is None or found.empty:
         return
     if found.kind != kind:
@@ -133,9 +133,8 @@ def written_path(path: Path) -> Path:
     return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
-def _check_can_hold_a_file(path: Path, what: str) -> None:
-    """Create and remove a file in the nearest existing directory the write will go through."""
-    directory = written_path(path).parent
+def _check_can_hold_a_file(path: Path, what: str, directory: Path) -> None:
+    """Create and remove a file in ``directory``, or its nearest existing ancestor, which the write will go through."""
     while not directory.exists():
         directory = directory.parent
     if not directory.is_dir():
@@ -206,7 +205,7 @@ def check_output_directory(path: Path, what: str = "output directory") -> None:
     found = existing(path)
     if found is not None and not (found.empty and not found.file):
         raise Refusal(f"{what} {path} already exists and is not empty (it is {found.phrase}); choose a new path")
-    _check_can_hold_a_file(path / "probe", what)
+    _check_can_hold_a_file(path, what, path)
 
 
 @contextmanager
