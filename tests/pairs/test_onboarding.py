@@ -41,9 +41,9 @@ def test_the_screens_are_data_that_teach_the_first_steps() -> None:
     text = "\n".join(s.body for s in SCREENS)
     for needle in ("positive", "negative", "differ only in the trait", "ster pairs add",
                    "ster workspace import-pairs", "ster onboarding --import-pairs", "ster pairs synthesize",
-                   "ster optimize --model ster:toy --pairs ster/data/examples/pairs.json --output calm.json",
-                   'ster generate --model ster:toy --vector calm.json --strength 3 --prompt "question : tell me '
-                   'about the town . answer :"'):
+                   "ster optimize --model ster:toy --pairs ster:pairs --output runs/calm.ster.json",
+                   'ster generate --model ster:toy --vector runs/calm.ster.json --strength 3 --prompt "question : '
+                   'tell me about the town . answer :"'):
         assert needle in text, needle
 
 
@@ -155,3 +155,14 @@ def test_damaged_progress_is_refused_until_reset_and_replaced_by_a_write(cli, tm
     state_path().write_text("{")
     note_pair_set_written(tmp_path / "pairs.json")
     assert saved()["completed"] is True
+
+
+def test_progress_that_cannot_be_saved_is_a_warning_not_a_failure(cli, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_STATE_HOME", str(blocker))
+    run = cli("--json", "onboarding")
+    assert run.code == 0
+    warnings = [e["message"] for e in run.events if e["type"] == "warning"]
+    assert len(warnings) == 1 and warnings[0].startswith("onboarding progress was not saved: ")

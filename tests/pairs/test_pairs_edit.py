@@ -39,10 +39,30 @@ def test_add_appends_and_trait_replaces_the_name(cli, tmp_path: Path) -> None:
     assert document["trait_name"] == "serene" and [p["positive"] for p in document["pairs"]] == ["a", "c"]
 
 
+def test_add_to_a_new_file_needs_no_trait_and_leaves_the_set_unnamed(cli, tmp_path: Path) -> None:
+    path = tmp_path / "pairs.json"
+    run = add(cli, path, "a", "b")
+    assert run.code == 0, run.err
+    assert run.json["trait_name"] == "" and run.json["created"] is True
+    assert json.loads(path.read_text()) == {"trait_name": "", "pairs": [{"positive": "a", "negative": "b"}]}
+    named = add(cli, path, "c", "d", "--trait", "calm")
+    assert named.json["trait_name"] == "calm"
+    kept = add(cli, path, "e", "f")
+    assert kept.json["trait_name"] == "calm", "an add without --trait keeps the name the set has"
+
+
+def test_a_pair_set_without_trait_name_loads_with_an_empty_name(cli, tmp_path: Path) -> None:
+    path = tmp_path / "unnamed.json"
+    path.write_text(json.dumps({"pairs": [{"positive": "the sea is calm .", "negative": "the sea is wild ."}]}))
+    inspected = cli("pairs", "inspect", "--pairs", path)
+    assert inspected.code == 0, inspected.err
+    assert inspected.json["trait_name"] == "" and inspected.json["pair_count"] == 1
+    run = add(cli, path, "the lake is calm .", "the lake is wild .")
+    assert run.code == 0 and run.json["pair_count"] == 2 and run.json["trait_name"] == ""
+
+
 def test_add_refusals_leave_the_file_untouched(cli, tmp_path: Path) -> None:
     path = tmp_path / "pairs.json"
-    missing_trait = add(cli, path, "a", "b")
-    assert missing_trait.code == 1 and "give --trait to name the trait" in missing_trait.err and not path.exists()
     add(cli, path, "a", "b", "--trait", "calm")
     before = path.read_bytes()
     empty = add(cli, path, "a", "   ")
@@ -52,6 +72,17 @@ def test_add_refusals_leave_the_file_untouched(cli, tmp_path: Path) -> None:
     broken = tmp_path / "broken.json"
     broken.write_text("{")
     assert add(cli, broken, "a", "b").code == 1 and broken.read_text() == "{"
+    duplicated = tmp_path / "duplicated.json"
+    duplicated.write_text('{"trait_name": "calm", "trait_name": "wild", "pairs": [{"positive": "a", "negative": "b"}]}')
+    before = duplicated.read_bytes()
+    twice = add(cli, duplicated, "c", "d")
+    assert twice.code == 1 and 'gives the key "trait_name" twice' in twice.err
+    assert duplicated.read_bytes() == before
+
+
+def test_a_refused_add_to_a_new_directory_creates_nothing(cli, tmp_path: Path) -> None:
+    run = add(cli, tmp_path / "new" / "pairs.json", "a", " ")
+    assert run.code == 1 and not (tmp_path / "new").exists()
 
 
 def test_remove_and_its_two_refusals(cli, tmp_path: Path) -> None:
@@ -68,3 +99,14 @@ def test_remove_and_its_two_refusals(cli, tmp_path: Path) -> None:
     last = cli("pairs", "remove", "--pairs", path, "--index", "0")
     assert last.code == 1 and last.err.strip().endswith(f"pair set {path} contains no pairs")
     assert path.read_bytes() == before
+
+
+def test_a_file_of_another_kind_is_named_not_edited(cli, tmp_path: Path) -> None:
+    artifact = tmp_path / "calm.json"
+    assert cli("train", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", artifact, "--layers", "3").code == 0
+    before = artifact.read_bytes()
+    run = add(cli, artifact, "a", "b")
+    assert run.code == 1 and run.err.strip() == f"error: {artifact} is a steering artifact, not a pair set"
+    assert artifact.read_bytes() == before
+    train = cli("train", "--model", "ster:toy", "--pairs", artifact, "--output", tmp_path / "out.json")
+    assert train.code == 1 and "is a steering artifact, not a pair set" in train.err

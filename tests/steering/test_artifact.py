@@ -106,7 +106,7 @@ def test_provenance_mismatches_warn_but_run(cli, tmp_path: Path, artifact: dict)
     ({"trait_name": "calm", "pairs": [{"positive": "the sea is", "negative": " "}]},
      "pair set {path} contains an empty positive or negative prompt"),
     ("{", "pair set {path} is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2"),
-    ({"pairs": []}, "pair set {path} is not in the expected shape: trait_name: Field required"),
+    ({"trait_name": "calm"}, "pair set {path} is not in the expected shape: pairs: Field required"),
 ])
 @pytest.mark.parametrize("command", ["train", "optimize", "evaluate"])
 def test_bad_pair_sets_are_refused(cli, tmp_path: Path, artifact: dict, document, sentence: str, command: str) -> None:

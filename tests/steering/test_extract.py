@@ -91,7 +91,7 @@ def test_layer_selection(cli, tmp_path: Path, spec: str, layers: list[str]) -> N
 
 def test_the_read_stops_after_the_deepest_layer_and_skips_the_vocabulary() -> None:
     ctx = JobContext(lambda event: None)
-    request = ExtractRequest(model="ster:toy", input=Path("unused"), output=Path("unused"))
+    request = ExtractRequest(model="ster:toy", input=Path("unused-in"), output=Path("unused-out"))
     checkpoint = model_store(ctx).open(request, ctx)
     model = model_store(ctx).decoder(checkpoint, ctx)
 

@@ -17,16 +17,16 @@ from pathlib import Path
 from ster.engine.model.config import check_architecture, read_model_type
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import read_json
+from ster.engine.protocol.paths import DATA_DIR, EXAMPLES_DIR
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 TOY_DIR = DATA_DIR / "toy"
-EXAMPLES_DIR = DATA_DIR / "examples"
 RESERVED = {
     "ster:toy": (TOY_DIR, None),
     "ster:toy-chat": (TOY_DIR, EXAMPLES_DIR / "chat-template" / "tokenizer_config.json"),
 }
 """Reserved model names: the bundled toy checkpoint, and the same weights with the
-example chat template written in the toy's own vocabulary."""
+example chat template written in the toy's own vocabulary. The example files' reserved
+names (``ster:pairs``, ...) are in :mod:`ster.engine.protocol.paths`."""
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _HUB_FILES = [

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import dumps_pretty, first_error, read_json, write_atomic
+from ster.engine.protocol.kinds import PAIR_SET, document_kind, with_article
 
 
 class Pair(BaseModel):
@@ -29,7 +30,8 @@ class PairSet(BaseModel):
     """A named set of pairs."""
 
     model_config = ConfigDict(extra="forbid")
-    trait_name: str
+    trait_name: str = ""
+    """The trait the pairs collect; a set may leave it out (as the original allows), and is then unnamed."""
     pairs: list[Pair]
 
 
@@ -45,6 +47,9 @@ def check_pairs(pair_set: PairSet, path: Path | str) -> PairSet:
 def load_pairs(path: Path) -> PairSet:
     """Read and validate a pair-set file."""
     raw = read_json(path, "pair set")
+    kind = document_kind(raw)
+    if kind not in (None, PAIR_SET):
+        raise Refusal(f"{path} is {with_article(kind)}, not a pair set")
     try:
         pair_set = PairSet.model_validate(raw)
     except ValidationError as exc:

@@ -59,19 +59,20 @@ SCREENS: tuple[Screen, ...] = (
         'sea is quiet ." --negative "question : how is the sea ? answer : the sea is wild ."\n'
         "ster pairs inspect --pairs pairs.json then reports duplicates, refusals and balance.")),
     Screen(title="Import one", body=(
-        "If you already have a pair set, import it:\n"
+        "If you already have a pair set, import it (the bundled example is ster:pairs):\n"
         "  ster workspace import-pairs ./my-pairs.json   (or: ster onboarding --import-pairs ./my-pairs.json)\n"
         "Ster validates the whole file, keeps a canonical copy under $XDG_DATA_HOME/ster and makes it the "
         "active set, so train, optimize, evaluate and pairs inspect use it when --pairs is omitted. "
         "ster workspace show lists the sets; ster workspace select ID switches between them.")),
     Screen(title="Try the toy model", body=(
         "A tiny checkpoint ships with Ster, so the whole loop runs in seconds with no download. Select a "
-        "direction on its calm/alarmed pairs, then generate with it:\n"
-        "  ster optimize --model ster:toy --pairs ster/data/examples/pairs.json --output calm.json\n"
-        '  ster generate --model ster:toy --vector calm.json --strength 3 --prompt "question : tell me about '
-        'the town . answer :"\n'
-        "Drop --vector to see the unsteered answer; ster sweep shows which strength moves the text without "
-        "breaking it.")),
+        "direction on its calm/alarmed pairs (bundled as ster:pairs, a name that works from any directory), "
+        "then generate with it:\n"
+        "  ster optimize --model ster:toy --pairs ster:pairs --output runs/calm.ster.json\n"
+        '  ster generate --model ster:toy --vector runs/calm.ster.json --strength 3 --prompt "question : tell '
+        'me about the town . answer :"\n'
+        "Drop --vector to see the unsteered answer; ster sweep --prompts ster:prompts shows which strength "
+        "moves the text without breaking it.")),
     Screen(title="Synthesize a set", body=(
         "No pairs yet? ster pairs synthesize writes a whole set from a one-sentence trait description, "
         "generating both sides of every pair with a model:\n"
@@ -141,8 +142,8 @@ def _save_or_warn(state: OnboardingState, ctx: JobContext) -> None:
     """Progress that cannot be saved costs a replay later, not this run."""
     try:
         save(state)
-    except OSError as exc:
-        ctx.warn(f"onboarding progress could not be saved to {state_path()}: {exc.strerror or exc}")
+    except Refusal as exc:  # the write's own sentence names the file and the reason
+        ctx.warn(f"onboarding progress was not saved: {exc}")
 
 
 def _result(status: Literal["in_progress", "complete"], screens: list[Screen], state: OnboardingState,

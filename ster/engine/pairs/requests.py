@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import field_validator
 
@@ -33,6 +34,7 @@ class PairsInspectRequest(Request):
 class PairsAddRequest(Request):
     """``ster pairs add``: append one pair, creating the file and its directory when missing."""
 
+    outputs: ClassVar[tuple[str, ...]] = ("pairs",)
     pairs: Path
     positive: str
     negative: str
@@ -43,6 +45,7 @@ class PairsAddRequest(Request):
 class PairsSaveRequest(Request):
     """Write a whole pair set (the TUI's editor saving), validated first, atomically."""
 
+    outputs: ClassVar[tuple[str, ...]] = ("pairs",)
     pairs: Path
     pair_set: PairSet
 
@@ -50,6 +53,7 @@ class PairsSaveRequest(Request):
 class PairsRemoveRequest(Request):
     """``ster pairs remove``: drop the pair at a zero-based index."""
 
+    outputs: ClassVar[tuple[str, ...]] = ("pairs",)
     pairs: Path
     index: int
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from ster.engine.protocol.errors import Refusal
-from ster.engine.protocol.files import check_output_file
+from ster.engine.protocol.files import PAIR_SET, check_output_file
 from ster.engine.pairs.first_use import note_pair_set_written
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.pairs.inspect import Diversity, inspect_pairs
@@ -111,8 +111,8 @@ def slug(text: str) -> str:
 
 
 def synthesize_job(request: PairsSynthesizeRequest, ctx: JobContext) -> SynthesisReport:
+    check_output_file(request.output, PAIR_SET, ctx.log)  # before a model loads or a gateway is asked
     writer, identity = _writer(request, ctx)
-    check_output_file(request.output)
     opposite = request.opposite or clean_opposite(writer(opposite_prompt(request.trait))) or NEUTRAL
     ctx.log(f"writing pairs for \"{request.trait}\" against \"{opposite}\"")
     loop = _Loop(request, ctx, writer, opposite)

@@ -1,8 +1,11 @@
 """Reading input documents and writing outputs: the one place that touches result files.
 
+Every output is checked before its job runs (:func:`check_output_file`): it must be able
+to become a regular file, and it may replace only an older document of its own kind.
 Every write goes to a temporary file in the destination's own directory and is
 renamed over the destination only once it is complete, so a reader never sees half a
-file and a failed or cancelled job leaves nothing behind.
+file and a failed or cancelled job leaves nothing behind. A symlink keeps pointing where
+it did, and a replaced file keeps its permission bits.
 """
 
 from __future__ import annotations
@@ -10,8 +13,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,6 +23,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.kinds import (ACTIVATIONS, ARTIFACT, PAIR_SET, describe_existing,  # noqa: F401 (re-exported)
+                                        existing, with_article)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -34,21 +40,45 @@ _UMASK = _umask()
 
 
 def read_json(path: Path, what: str) -> Any:
-    """Parse a JSON file, refusing with one sentence when it is missing or malformed."""
+    """Parse a JSON file, refusing with one sentence when it is missing or malformed.
+
+    A UTF-8 byte-order mark is skipped. A key given twice in one object is refused (naming it)
+    rather than letting the last one win unseen, and nesting too deep to parse is refused too.
+    """
     if not path.exists():
         raise Refusal(f"{what} {path} does not exist")
     if path.is_dir():
         raise Refusal(f"{what} {path} is a directory, not a JSON file")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise Refusal(f"{what} {path} could not be read: {exc}") from None
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise Refusal(
             f"{what} {path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
+    except _DuplicateKey as exc:
+        raise Refusal(f'{what} {path} gives the key "{exc.key}" twice in one object, so which value '
+                      "is meant is ambiguous") from None
+    except RecursionError:
+        raise Refusal(f"{what} {path} nests its arrays or objects too deeply to be read") from None
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    document: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in document:
+            raise _DuplicateKey(key)
+        document[key] = value
+    return document
 
 
 def first_error(exc: ValidationError) -> str:
@@ -75,32 +105,88 @@ def load_document(path: Path, model: type[M], what: str) -> M:
         raise Refusal(f"{what} {path} is not in the expected shape: {first_error(exc)}") from None
 
 
-def check_output_file(path: Path, what: str = "output") -> None:
-    """Refuse an output path that cannot become a file, before any work is done."""
-    if path.is_dir():
-        raise Refusal(f"{what} {path} is a directory; give a file path")
-    parent = path.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise Refusal(f"{what} {path} cannot be written: {parent} is not a writable directory")
+def check_output_file(path: Path, kind: str | None = None, log: Callable[[str], None] | None = None,
+                      what: str = "output") -> None:
+    """Refuse an output path that cannot become a file of ``kind``, before any work is done.
+
+    A symlink is judged by the file it points to, which is what the write replaces. A
+    directory, FIFO, socket or device is refused, and so is a destination directory that
+    cannot hold a new file (checked by creating and removing one there). With a ``kind``,
+    an existing file is replaced only when it is an older document of that kind (said
+    through ``log``); anything else there would be destroyed, so it is refused.
+    """
+    found = existing(path)
+    if found is not None and not found.file:
+        raise Refusal(f"{what} {path} is {found.phrase}, not a regular file; give a file path")
+    _check_can_hold_a_file(path, what, written_path(path).parent)
+    if kind is None or found is None or found.empty:
+        return
+    if found.kind != kind:
+        raise Refusal(f"{what} {path} already holds {found.phrase}, which writing {with_article(kind)} there "
+                      "would destroy; give another path")
+    if log is not None:
+        log(f"replacing the {kind} at {path}")
+
+
+def written_path(path: Path) -> Path:
+    """The file a write to ``path`` replaces: the target of a symlink, else ``path`` itself."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def _check_can_hold_a_file(path: Path, what: str, directory: Path) -> None:
+    """Create and remove a file in ``directory``, or its nearest existing ancestor, which the write will go through."""
+    while not directory.exists():
+        directory = directory.parent
+    if not directory.is_dir():
+        raise Refusal(f"{what} {path} cannot be written: {directory} is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".ster-probe.", suffix=".tmp", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise Refusal(f"{what} {path} cannot be written: {directory} cannot hold a new file "
+                      f"({exc.strerror or exc})") from None
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename."""
+    """Write ``data`` to ``path`` through a temporary file and a rename.
+
+    A symlink at ``path`` stays a symlink: the file it points to is replaced, through a
+    temporary file in that file's own directory. An existing file keeps its permission bits.
+    An I/O failure is a refusal naming the path; nothing is left behind.
+    """
     payload = data.encode("utf-8") if isinstance(data, str) else data
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    target = written_path(path)
+    try:
+        mode = _mode_for(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise _not_written(path, exc) from None
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)
-        os.replace(tmp, path)
-    except BaseException:
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _not_written(path, exc) from None
         raise
+
+
+def _mode_for(target: Path) -> int:
+    """The permission bits the written file gets: those of the file it replaces, else the usual ones."""
+    try:
+        return stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        return 0o666 & ~_UMASK
+
+
+def _not_written(path: Path, exc: OSError) -> Refusal:
+    return Refusal(f"{path} could not be written: {exc.strerror or exc}")
 
 
 def dumps_pretty(document: Any) -> str:
@@ -116,16 +202,23 @@ def write_json(path: Path, document: BaseModel) -> None:
 
 def check_output_directory(path: Path, what: str = "output directory") -> None:
     """Refuse a directory output that exists with content or cannot be created."""
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise Refusal(f"{what} {path} already exists and is not empty; choose a new path")
-    check_output_file(path / "probe", what)
+    found = existing(path)
+    if found is not None and not (found.empty and not found.file):
+        raise Refusal(f"{what} {path} already exists and is not empty (it is {found.phrase}); choose a new path")
+    _check_can_hold_a_file(path, what, path)
 
 
 @contextmanager
 def atomic_directory(path: Path) -> Iterator[Path]:
-    """Yield a temporary sibling directory that becomes ``path`` only if the block succeeds."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    """Yield a temporary sibling directory that becomes ``path`` only if the block succeeds.
+
+    An I/O failure, in the block or in the rename, is a refusal naming the path; nothing is left behind.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    except OSError as exc:
+        raise _not_written(path, exc) from None
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_UMASK)
@@ -134,6 +227,8 @@ def atomic_directory(path: Path) -> Iterator[Path]:
         if path.is_dir():
             path.rmdir()  # only an empty directory reaches here; check_output_directory saw to it
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise _not_written(path, exc) from None
         raise

@@ -10,19 +10,40 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import math
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.paths import check_outputs, is_path_field, resolve_inputs
 
 R = TypeVar("R", bound=BaseModel)
 
 
 class Request(BaseModel):
-    """The base of every job request: frozen, and unknown fields are an error."""
+    """The base of every job request: frozen, and unknown fields are an error.
+
+    Path fields follow one rule (see :mod:`ster.engine.protocol.paths`): those in ``outputs``
+    are written, every other one is read. Inputs accept the bundled examples' reserved names;
+    an output that is bundled data or the same file as an input is refused here, before the job runs.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    outputs: ClassVar[tuple[str, ...]] = ("output",)
+    """The path fields this job writes."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named_inputs(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        paths = [name for name, field in cls.model_fields.items() if is_path_field(field.annotation)]
+        return resolve_inputs(data, paths, cls.outputs)
+
+    @model_validator(mode="after")
+    def _outputs_apart(self) -> Request:
+        check_outputs({name: getattr(self, name) for name in type(self).model_fields}, self.outputs)
+        return self
 
 
 def at_least_one(value: int, flag: str) -> int:

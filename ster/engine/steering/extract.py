@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from ster.engine.steering.activations import read_last_states
 from ster.engine.protocol.errors import Refusal
 from ster.engine.steering.floats import f32_values
-from ster.engine.protocol.files import check_output_file, first_error, load_document, write_json
+from ster.engine.protocol.files import ACTIVATIONS, check_output_file, first_error, load_document, write_json
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.steering.layers import LayerSpec
 from ster.engine.steering.requests import ExtractRequest
@@ -81,7 +81,7 @@ class ExtractResult(BaseModel):
 
 def extract_job(request: ExtractRequest, ctx: JobContext) -> ExtractResult:
     prompts = load_document(request.input, PromptSet, "input").prompts
-    check_output_file(request.output)
+    check_output_file(request.output, ACTIVATIONS, ctx.log)
     checkpoint = model_store(ctx).open(request, ctx)
     layers = LayerSpec.parse(request.layers).resolve(checkpoint.config.num_hidden_layers)
     sequences = [checkpoint.codec.encode_prompt(prompt) for prompt in prompts]

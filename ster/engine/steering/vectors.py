@@ -19,7 +19,7 @@ from ster.engine.steering.artifact import (ArtifactSummary, LayerVector, Steerin
                                   load_artifact, provenance_warnings, save_artifact, summarize)
 from ster.engine.steering.directions import METHODS, Method, fit, mean_norm, score
 from ster.engine.protocol.errors import Refusal
-from ster.engine.protocol.files import check_output_file
+from ster.engine.protocol.files import ARTIFACT, check_output_file
 from ster.engine.steering.floats import f32_values
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.steering.layers import LayerSpec
@@ -64,7 +64,7 @@ def _artifact(checkpoint: Checkpoint, pair_set: PairSet, method: str, vectors: l
 
 def train_job(request: TrainRequest, ctx: JobContext) -> ArtifactSummary:
     _, pair_set = load_pairs_or_active(request.pairs)
-    check_output_file(request.output)
+    check_output_file(request.output, ARTIFACT, ctx.log)
     checkpoint = model_store(ctx).open(request, ctx)
     layers = LayerSpec.parse(request.layers).resolve(checkpoint.config.num_hidden_layers)
     positives, negatives = read_pairs(ctx, checkpoint, pair_set, layers, request.batch_size)
@@ -108,7 +108,7 @@ def optimize_job(request: OptimizeRequest, ctx: JobContext) -> OptimizeResult:
     if total < 4:
         raise Refusal(f"optimize needs at least 4 pairs, so that some are held out to rank on; "
                       f"pair set {path} has {total}")
-    check_output_file(request.output)
+    check_output_file(request.output, ARTIFACT, ctx.log)
     checkpoint = model_store(ctx).open(request, ctx)
     layers = LayerSpec.parse(request.layers).resolve(checkpoint.config.num_hidden_layers)
     fit_count = (total * 8) // 10
