@@ -39,8 +39,9 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _sampling_flags(parser: argparse.ArgumentParser, max_new_tokens: int) -> None:
-    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
-                        help=f"most tokens to generate (default {max_new_tokens})")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help=f"most tokens to generate (default {max_new_tokens}, or fewer when the model's context "
+                             f"ends sooner; a larger value than the context allows is refused)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0.0)")
     parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold")
     parser.add_argument("--seed", type=int, default=42, help="seed of the sampler (default 42)")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import field_validator
 
@@ -21,9 +21,12 @@ class GenerateRequest(SampledRequest):
     """A steering artifact; without one the run is the unsteered baseline."""
     strength: float = 1.0
     """Multiplier of every direction in the artifact; negative steers the other way."""
-    max_new_tokens: int = 128
+    max_new_tokens: int | None = None
+    """Most tokens to generate; None means up to ``default_max_new_tokens``, as many as the model's
+    context leaves room for (an explicit value that runs past the context is refused)."""
+    default_max_new_tokens: ClassVar[int] = 128
 
-    _tokens = field_validator("max_new_tokens")(lambda cls, v: at_least_one(v, "--max-new-tokens"))
+    _tokens = field_validator("max_new_tokens")(lambda cls, v: _budget(v))
     _strength = field_validator("strength")(lambda cls, v: finite(v, "--strength"))
 
 
@@ -79,9 +82,11 @@ class SweepRequest(SampledRequest):
     prompt_texts: list[str] | None = None
     """The prompts themselves, instead of a file (exactly one of the two)."""
     strengths: list[float]
-    max_new_tokens: int = 48
+    max_new_tokens: int | None = None
+    """Most tokens per text; None means up to ``default_max_new_tokens``, as the context allows."""
+    default_max_new_tokens: ClassVar[int] = 48
 
-    _tokens = field_validator("max_new_tokens")(lambda cls, v: at_least_one(v, "--max-new-tokens"))
+    _tokens = field_validator("max_new_tokens")(lambda cls, v: _budget(v))
 
     @field_validator("strengths")
     @classmethod
@@ -97,6 +102,10 @@ class InspectRequest(Request):
     """``ster inspect``: validate and summarise an artifact without loading a model."""
 
     artifact: Path
+
+
+def _budget(value: int | None) -> int | None:
+    return value if value is None else at_least_one(value, "--max-new-tokens")
 
 
 def _layer_spec(value: str) -> str:
