@@ -158,6 +158,11 @@ def _add_pairs(commands: Any) -> None:
                        "banded LSH), sides that read as refusals, length balance, and diversity.", "pairs inspect")
     inspect.add_argument("--pairs", help="the pair set (default: the workspace's active set)")
     _dedupe_flags(inspect)
+    inspect.add_argument("--model", help="count each side in this model's tokens against its context "
+                                         "(reads its tokenizer and config, never its weights)")
+    inspect.add_argument("--revision", help="Hub branch, tag or commit of --model (Hub ids only)")
+    inspect.add_argument("--chat-template", choices=["auto", "off"], default="auto",
+                         help="encode the sides as train would: auto applies the model's template (default auto)")
     add = _command(sub, "add", "append one pair (creates the file)", "Append one pair to a pair set, creating "
                    "the file and its parent directory when missing.", "pairs add")
     add.add_argument("--pairs", required=True, help="the pair set file")
