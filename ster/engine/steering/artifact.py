@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = 1
 UNIT_TOLERANCE = 1e-3
 """A direction whose norm is further than this from 1 was not written by Ster (whose norms are 1 to 1e-7)."""
+GENERIC_CONSEQUENCE = "so it would read and steer text in a format it was not trained in"
+"""How the chat-template warning ends where no command is named (the TUI, loading an artifact)."""
 
 
 class LayerVector(BaseModel):
@@ -222,9 +224,6 @@ def _consequence(request: object) -> str:
     if isinstance(request, GenerateRequest):
         return "so it steers a prompt encoded in a format it was not trained in"
     return GENERIC_CONSEQUENCE
-
-
-GENERIC_CONSEQUENCE = "so it would read and steer text in a format it was not trained in"
 
 
 def provenance_sentences(fitted_precision: str | None, fitted_chat: str | None, precision: str,
