@@ -39,8 +39,9 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _sampling_flags(parser: argparse.ArgumentParser, max_new_tokens: int) -> None:
-    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
-                        help=f"most tokens to generate (default {max_new_tokens})")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help=f"most tokens to generate (default {max_new_tokens}, or fewer when the model's context "
+                             f"ends sooner; a larger value than the context allows is refused)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0.0)")
     parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold")
     parser.add_argument("--seed", type=int, default=42, help="seed of the sampler (default 42)")
@@ -152,6 +153,11 @@ def _add_pairs(commands: Any) -> None:
                        "banded LSH), sides that read as refusals, length balance, and diversity.", "pairs inspect")
     inspect.add_argument("--pairs", help="the pair set (default: the workspace's active set)")
     _dedupe_flags(inspect)
+    inspect.add_argument("--model", help="count each side in this model's tokens against its context "
+                                         "(reads its tokenizer and config, never its weights)")
+    inspect.add_argument("--revision", help="Hub branch, tag or commit of --model (Hub ids only)")
+    inspect.add_argument("--chat-template", choices=["auto", "off"], default="auto",
+                         help="encode the sides as train would: auto applies the model's template (default auto)")
     add = _command(sub, "add", "append one pair (creates the file)", "Append one pair to a pair set, creating "
                    "the file and its parent directory when missing.", "pairs add")
     add.add_argument("--pairs", required=True, help="the pair set file")

@@ -307,12 +307,12 @@ def test_keys_come_in_the_documented_order_and_the_report_is_deterministic_json(
     pairs = pair_set(("the sea is calm", "the sea is wild"), ("the sea is calm", "the sea is wild"))
     document = inspect_pairs(pairs).model_dump(mode="json")
     assert list(document) == ["trait_name", "pair_count", "duplicate_count", "refusal_count", "unbalanced_count",
-                              "diversity", "pairs"]
+                              "too_long_count", "context", "diversity", "pairs"]
     assert list(document["diversity"]) == ["unique_unigrams", "unique_bigrams", "avg_jaccard", "mean_simhash_hamming",
                                            "min_simhash_hamming"]
     assert list(document["pairs"][0]) == ["index", "positive", "negative", "positive_chars", "negative_chars",
                                           "positive_words", "negative_words", "duplicate", "positive_refusal",
-                                          "negative_refusal", "length_ratio"]
+                                          "negative_refusal", "length_ratio", "positive_tokens", "negative_tokens"]
     assert list(document["pairs"][1]["duplicate"]) == ["kind", "of"]
     assert json.dumps(document, allow_nan=False) == json.dumps(inspect_pairs(pairs).model_dump(mode="json"))
 
@@ -428,3 +428,65 @@ def test_large_sets_report_progress_and_stop_when_cancelled(tmp_path: Path, monk
     with pytest.raises(Cancelled):
         inspection.inspect_job(PairsInspectRequest(pairs=path), ctx)
     assert [e.message for e in events] == [f"inspecting 5 pairs from {path}"]
+
+
+# --- with a model: sides counted against its context -------------------------------------------------
+
+LONG = "the sea is calm . " * 30
+"""151 tokens on the toy, whose context is 128."""
+
+
+def test_with_a_model_each_side_is_counted_against_its_context(cli, tmp_path: Path) -> None:
+    path = write_set(tmp_path / "pairs.json", [("the sea is calm", "the sea is wild"), (LONG, "the sea is wild"),
+                                               ("the sea is calm", LONG + LONG)])
+    plain = cli("pairs", "inspect", "--pairs", path).json
+    assert (plain["too_long_count"], plain["context"]) == (None, None)
+    assert all(p["positive_tokens"] is None and p["negative_tokens"] is None for p in plain["pairs"])
+    run = cli("pairs", "inspect", "--pairs", path, "--model", "ster:toy")
+    assert run.code == 0, run.err
+    report = run.json
+    assert (report["too_long_count"], report["context"]) == (2, 128)
+    assert [(p["positive_tokens"], p["negative_tokens"]) for p in report["pairs"]] == [(5, 5), (151, 5), (5, 301)]
+    assert {k: v for k, v in report.items() if k not in ("too_long_count", "context", "pairs")} == {
+        k: v for k, v in plain.items() if k not in ("too_long_count", "context", "pairs")}
+    refused = cli("train", "--model", "ster:toy", "--pairs", path, "--output", tmp_path / "o.json")
+    assert refused.code == 1 and "pair 1's positive side is 151 tokens long" in refused.err
+
+
+def test_the_count_follows_the_chat_template_as_train_does(cli, tmp_path: Path) -> None:
+    path = write_set(tmp_path / "pairs.json", [("what is the river like ?", "the sea is wild")])
+    applied = cli("pairs", "inspect", "--pairs", path, "--model", "ster:toy-chat").json["pairs"][0]
+    off = cli("pairs", "inspect", "--pairs", path, "--model", "ster:toy-chat", "--chat-template", "off").json
+    assert applied["positive_tokens"] > off["pairs"][0]["positive_tokens"] == 7
+
+
+def test_a_bad_model_is_refused_before_the_pairs_are_read(cli, tmp_path: Path) -> None:
+    run = cli("pairs", "inspect", "--pairs", EXAMPLE, "--model", tmp_path / "nowhere")
+    assert run.code == 1
+    assert run.err.strip().splitlines()[-1] == f"error: model directory {tmp_path / 'nowhere'} does not exist"
+    assert "inspecting" not in run.err
+
+
+def test_counting_with_a_model_reads_no_weights_and_imports_no_torch(tmp_path: Path) -> None:
+    code = ("import sys; from ster.cli import main; "
+            "status = main(['pairs', 'inspect', '--pairs', sys.argv[1], '--model', 'ster:toy']); "
+            "heavy = sorted(m for m in ('torch', 'transformers', 'textual', 'safetensors') if m in sys.modules); "
+            "print('HEAVY', heavy, status, file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", code, str(EXAMPLE)], capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY [] 0" in proc.stderr and json.loads(proc.stdout)["too_long_count"] == 0
+
+
+@pytest.mark.real
+def test_smollm2_counts_sides_as_train_encodes_them(cli, tmp_path: Path, smol: Path) -> None:
+    from ster.engine.model.loading import ModelStore
+    from ster.engine.protocol.jobs import JobContext
+    from ster.engine.steering.requests import GenerateRequest
+
+    report = cli("pairs", "inspect", "--pairs", EXAMPLE, "--model", smol).json
+    codec = ModelStore().open(GenerateRequest(model=str(smol), prompt="x"), JobContext(lambda e: None)).codec
+    pairs = json.loads(EXAMPLE.read_text())["pairs"]
+    assert report["context"] == 8192 and report["too_long_count"] == 0
+    assert [(p["positive_tokens"], p["negative_tokens"]) for p in report["pairs"]] == [
+        (len(codec.encode_prompt(p["positive"])), len(codec.encode_prompt(p["negative"]))) for p in pairs]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ from tests.conftest import run_subprocess
 
 PAIRS = EXAMPLES_DIR / "pairs.json"
 PROMPT = "question : tell me about the town . answer :"
+TOY_PRINT = "22158bce652a"
+"""The first 12 hex digits of the bundled toy checkpoint's fingerprint."""
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +24,11 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("artifact") / "calm.json"
     assert main(["train", "--model", "ster:toy", "--pairs", str(PAIRS), "--output", str(out), "--layers", "1,2"]) == 0
     return json.loads(out.read_text())
+
+
+def unit(vector: list[float]) -> list[float]:
+    norm = math.hypot(*vector)
+    return [x / norm for x in vector]
 
 
 def write(path: Path, document: dict | str) -> Path:
@@ -35,9 +43,24 @@ def last_error(run) -> str:
 @pytest.mark.parametrize(("change", "sentence"), [
     (lambda a: {**a, "product": "wisent"}, '{path} was written by product "wisent", not by ster'),
     (lambda a: {**a, "schema_version": 9}, "{path} has schema version 9; this Ster reads version 1"),
-    (lambda a: {**a, "model": "meta-llama/Llama-3.2-1B"},
+    (lambda a: {**a, "model": "meta-llama/Llama-3.2-1B", "model_fingerprint": None},
      'artifact was trained for model "meta-llama/Llama-3.2-1B", current model is "ster:toy"'),
-    (lambda a: {**a, "hidden_size": 32, "vectors": [{**v, "vector": v["vector"][:32]} for v in a["vectors"]]},
+    (lambda a: {**a, "model": "meta-llama/Llama-3.2-1B", "model_fingerprint": "ster-fp1:" + "0" * 64},
+     'artifact was trained for model "meta-llama/Llama-3.2-1B", current model is "ster:toy", and their checkpoint '
+     f"fingerprints differ too (000000000000 and {TOY_PRINT})"),
+    (lambda a: {**a, "model_fingerprint": "ster-fp1:" + "0" * 64},
+     'artifact was trained for model "ster:toy" with checkpoint fingerprint 000000000000, but the checkpoint now at '
+     f'"ster:toy" has fingerprint {TOY_PRINT}: its weights or architecture changed since the direction was fitted'),
+    (lambda a: {**a, "vectors": [{**v, "vector": [x * 1e30 for x in v["vector"]]} for v in a["vectors"]]},
+     "{path}: layer 1's vector has norm 1e+30 where Ster writes unit directions, so it was written or edited "
+     "elsewhere"),
+    (lambda a: {**a, "vectors": [{**v, "vector": [0.0] * 64} for v in a["vectors"]]},
+     "{path}: layer 1's vector is all zeros, so it has no direction to steer along"),
+    (lambda a: {**a, "vectors": [{**v, "values": v["vector"]} for v in a["vectors"]]},
+     "steering artifact {path} is not in the expected shape: vectors.0: a layer carries both vector and values "
+     "(two names for one list); keep one"),
+    (lambda a: {**a, "hidden_size": 32,
+                "vectors": [{**v, "vector": unit(v["vector"][:32])} for v in a["vectors"]]},
      "artifact width 32 does not match model width 64"),
     (lambda a: {**a, "vectors": [{**a["vectors"][0], "layer": 7}]},
      "artifact has a vector for layer 7, but this model has layers 0..3"),
@@ -77,11 +100,35 @@ def test_inspect_summarises_without_vectors_or_torch(tmp_path: Path, artifact: d
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "NO TORCH" in proc.stderr
     summary = json.loads(proc.stdout)
-    assert list(summary) == ["schema_version", "product", "model", "model_revision", "trait_name", "method",
-                             "hidden_size", "precision", "chat_template", "metadata", "layers"]
+    assert list(summary) == ["schema_version", "product", "model", "model_revision", "model_fingerprint",
+                             "trait_name", "method", "hidden_size", "precision", "chat_template", "metadata", "layers"]
+    assert summary["model_fingerprint"].startswith(f"ster-fp1:{TOY_PRINT}")
     assert [list(layer) for layer in summary["layers"]][0] == ["layer", "width", "norm", "train_accuracy",
                                                                 "train_margin", "activation_norm"]
     assert all(abs(layer["norm"] - 1.0) < 1e-6 for layer in summary["layers"])
+
+
+def test_a_non_unit_direction_is_refused_by_inspect_too(cli, tmp_path: Path, artifact: dict) -> None:
+    halved = {**artifact, "vectors": [{**v, "vector": [x / 2 for x in v["vector"]]} for v in artifact["vectors"]]}
+    path = write(tmp_path / "half.json", halved)
+    run = cli("inspect", path)
+    assert run.code == 1 and run.out == ""
+    assert last_error(run) == (f"error: {path}: layer 1's vector has norm 0.5 where Ster writes unit directions, so "
+                               f"it was written or edited elsewhere")
+    nudged = {**artifact, "vectors": [{**v, "vector": [x * 1.0005 for x in v["vector"]]} for v in artifact["vectors"]]}
+    assert cli("inspect", write(tmp_path / "nudged.json", nudged)).code == 0  # within 1e-3 of unit length
+
+
+def test_vectors_stored_under_values_read_like_vector(cli, tmp_path: Path, artifact: dict) -> None:
+    renamed = {**artifact, "vectors": [{("values" if k == "vector" else k): x for k, x in v.items()}
+                                       for v in artifact["vectors"]]}
+    original, values = write(tmp_path / "vector.json", artifact), write(tmp_path / "values.json", renamed)
+    assert '"values"' in values.read_text() and '"vector"' not in values.read_text()
+    for command in (["inspect"], ["evaluate", "--model", "ster:toy", "--pairs", PAIRS, "--vector"],
+                    ["generate", "--model", "ster:toy", "--prompt", PROMPT, "--strength", "3", "--vector"]):
+        a, b = cli(*command, original), cli(*command, values)
+        assert a.code == b.code == 0, b.err
+        assert {**a.json, "vector": None} == {**b.json, "vector": None}
 
 
 def test_provenance_mismatches_warn_but_run(cli, tmp_path: Path, artifact: dict) -> None:
@@ -89,8 +136,8 @@ def test_provenance_mismatches_warn_but_run(cli, tmp_path: Path, artifact: dict)
     run = cli("evaluate", "--model", "ster:toy", "--pairs", PAIRS, "--vector", path, "--chat-template", "off",
               "--precision", "f16")
     assert run.code == 0
-    assert ("warning: this direction was trained with chat template absent and this run encodes off, so the number "
-            "below describes a format it was not trained in") in run.err
+    assert ("warning: this direction was trained with chat template absent and this run encodes off, so the "
+            "accuracy and margin below describe a format it was not trained in") in run.err
     assert ("warning: this direction was trained at precision f32 and this run maps the base weights at f16, so it "
             "is being read in a different space than it was fitted in") in run.err
     steered = cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--vector", path, "--precision", "bf16")
@@ -138,3 +185,23 @@ def test_sweep_strengths_must_be_numbers() -> None:
     run = run_subprocess("sweep", "--model", "ster:toy", "--vector", "v.json", "--prompts", "p.json",
                          "--strengths", "1,x")
     assert run.code == 1 and 'such as 0.4x; got "x"' in run.err
+
+
+def test_the_chat_template_warning_says_what_each_command_does_with_the_direction(cli, tmp_path: Path,
+                                                                                   artifact: dict) -> None:
+    path = write(tmp_path / "a.json", artifact)
+    prompts = write(tmp_path / "prompts.json", {"prompts": [PROMPT]})
+    start = "warning: this direction was trained with chat template absent and this run encodes off, "
+    runs = {
+        "generate": (cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--vector", path, "--chat-template",
+                         "off"), "so it steers a prompt encoded in a format it was not trained in"),
+        "sweep": (cli("sweep", "--model", "ster:toy", "--vector", path, "--prompts", prompts, "--strengths=-2,2",
+                      "--max-new-tokens", "4", "--chat-template", "off"),
+                  "so this sweep steers, and measures its effect, in a format it was not trained in"),
+        "evaluate": (cli("evaluate", "--model", "ster:toy", "--pairs", PAIRS, "--vector", path, "--chat-template",
+                         "off"), "so the accuracy and margin below describe a format it was not trained in"),
+    }
+    for command, (run, ending) in runs.items():
+        assert run.code == 0, (command, run.err)
+        assert start + ending in run.err.splitlines(), command
+    assert "the number below" not in "".join(run.err for run, _ in runs.values())

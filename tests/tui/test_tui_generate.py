@@ -185,7 +185,8 @@ def test_sweep_fills_the_table_and_marks_the_suggestion(calm: Path) -> None:
 
 def test_an_artifact_for_another_model_is_refused_and_the_pane_stays_usable(calm: Path, tmp_path: Path) -> None:
     other = tmp_path / "other.json"
-    other.write_text(json.dumps({**json.loads(calm.read_text()), "model": "someone/other-model"}))
+    other.write_text(json.dumps({**json.loads(calm.read_text()), "model": "someone/other-model",
+                                 "model_fingerprint": None}))
 
     async def scenario(app: RecordingApp, pilot: Pilot, pane: GeneratePane) -> None:
         await pilot.press("g")

@@ -1,10 +1,11 @@
 """Opening a checkpoint: resolution, config and tokenizer first, then the weights, kept between jobs.
 
-Opening is two steps on purpose. :meth:`ModelStore.open` reads only JSON and the
-tokenizer, so a job can refuse a bad layer or a broken chat template before a weight
-is read; :meth:`ModelStore.decoder` maps the weights, and keeps the decoder keyed by
-(model, revision, precision, device) so the second job on the same model — in the
-TUI, or a server — does not load it again.
+Opening is two steps on purpose. :meth:`ModelStore.open` reads only JSON, the
+tokenizer and the fingerprint's few windows of the weights files, so a job can refuse a
+bad layer, a broken chat template, a prompt longer than the context or an artifact
+fitted on another model before a weight is mapped; :meth:`ModelStore.decoder` maps the
+weights, and keeps the decoder keyed by (model, revision, precision, device) so the
+second job on the same model — in the TUI, or a server — does not load it again.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ster.engine.model.chat import DECISION_SENTENCES, ChatTemplate, decide, find_template, read_tokenizer_config, special_tokens
 from ster.engine.model.codec import TextCodec, eos_ids, load_tokenizer
 from ster.engine.model.config import LlamaConfig, load_config
+from ster.engine.model.fingerprint import checkpoint_fingerprint
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import read_json
 from ster.engine.model.requests import ChatMode, ModelRequest
@@ -36,10 +38,17 @@ class Checkpoint:
     config: LlamaConfig
     codec: TextCodec
     request: ModelRequest
+    fingerprint: str
+    """What the checkpoint is, wherever it lies (see :mod:`ster.engine.model.fingerprint`)."""
 
     @property
     def chat_template(self) -> str:
         return self.codec.decision
+
+    @property
+    def context(self) -> int:
+        """Positions the model has: config.json's ``max_position_embeddings``."""
+        return self.config.max_position_embeddings
 
 
 class ModelStore:
@@ -56,7 +65,7 @@ class ModelStore:
         config = load_config(source.config)
         codec = _codec(source, config, request.chat_template)
         ctx.log(DECISION_SENTENCES[codec.decision])
-        return Checkpoint(source, config, codec, request)
+        return Checkpoint(source, config, codec, request, checkpoint_fingerprint(config, source.weights))
 
     def decoder(self, checkpoint: Checkpoint, ctx: JobContext) -> Decoder:
         """The checkpoint's decoder at the requested precision and device, loading it once."""

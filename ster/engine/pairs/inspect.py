@@ -17,6 +17,12 @@ the pairs, in order, finds for each pair:
   counts the reported ratios above :data:`UNBALANCED_RATIO`.
 
 Diversity is measured over the positive sides (see :func:`diversity`).
+
+With a model (``--model``), each side is also counted in tokens exactly as ``train``
+encodes it (through the chat-template decision), from the checkpoint's tokenizer and
+config alone — its weights are never read, nor torch imported — and ``too_long_count``
+counts the pairs with a side longer than the model's context, which ``train``,
+``optimize`` and ``evaluate`` would refuse.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
+from ster.engine.model.context import count_tokens
+from ster.engine.model.loading import Checkpoint, model_store
+from ster.engine.model.requests import ModelRequest
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.pairs.model import Pair, PairSet
 from ster.engine.pairs.workspace import load_pairs_or_active
@@ -85,6 +94,9 @@ class PairReport(BaseModel):
     negative_refusal: RefusalFlag | None
     length_ratio: float
     """Longer side over shorter side, in characters."""
+    positive_tokens: int | None = None
+    """The side's length in the model's tokens, as ``train`` encodes it; null without ``--model``."""
+    negative_tokens: int | None = None
 
 
 class Diversity(BaseModel):
@@ -112,6 +124,10 @@ class PairsReport(BaseModel):
     """Pairs with at least one side flagged as a refusal."""
     unbalanced_count: int
     """Pairs whose length_ratio is above 3.0."""
+    too_long_count: int | None = None
+    """Pairs with a side of more tokens than ``context``; null without ``--model``."""
+    context: int | None = None
+    """The model's ``max_position_embeddings``; null without ``--model``."""
     diversity: Diversity
     pairs: list[PairReport]
 
@@ -137,6 +153,8 @@ def inspect_job(request: PairsInspectRequest, ctx: JobContext) -> PairsReport:
         path, pair_set = "the editor", request.pair_set
     else:
         path, pair_set = load_pairs_or_active(request.pairs)
+    checkpoint = None if request.model is None else model_store(ctx).open(
+        ModelRequest(model=request.model, revision=request.revision, chat_template=request.chat_template), ctx)
     total = len(pair_set.pairs)
     ctx.progress("inspect", f"inspecting {total} pairs from {path}", 0, total)
 
@@ -144,8 +162,22 @@ def inspect_job(request: PairsInspectRequest, ctx: JobContext) -> PairsReport:
         ctx.check_cancelled()
         ctx.progress("inspect", f"inspected {done}/{of} pairs", done, of)
 
-    return inspect_pairs(pair_set, dedupe_bits=request.dedupe_bits, dedupe_bands=request.dedupe_bands,
-                         refusal_threshold=request.refusal_threshold, progress=progress)
+    report = inspect_pairs(pair_set, dedupe_bits=request.dedupe_bits, dedupe_bands=request.dedupe_bands,
+                           refusal_threshold=request.refusal_threshold, progress=progress)
+    return report if checkpoint is None else count_against_context(report, checkpoint, ctx)
+
+
+def count_against_context(report: PairsReport, checkpoint: Checkpoint, ctx: JobContext) -> PairsReport:
+    """The report with each side's token count in the checkpoint's tokens, and the pairs too long for it."""
+    context, codec = checkpoint.context, checkpoint.codec
+    ctx.progress("count", f"counting both sides of {report.pair_count} pairs in {checkpoint.source.model}'s tokens")
+    pairs = []
+    for pair in report.pairs:
+        ctx.check_cancelled()
+        pairs.append(pair.model_copy(update={"positive_tokens": count_tokens(codec, pair.positive),
+                                             "negative_tokens": count_tokens(codec, pair.negative)}))
+    too_long = sum(max(p.positive_tokens or 0, p.negative_tokens or 0) > context for p in pairs)
+    return report.model_copy(update={"pairs": pairs, "too_long_count": too_long, "context": context})
 
 
 def inspect_pairs(pair_set: PairSet, *, dedupe_bits: int = 3, dedupe_bands: int = 8, refusal_threshold: float = 0.5,

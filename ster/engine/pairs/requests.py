@@ -13,7 +13,8 @@ from ster.engine.protocol.requests import Request, at_least_one, between, finite
 
 
 class PairsInspectRequest(Request):
-    """``ster pairs inspect``: duplicates, refusals, balance and diversity of a pair set; no model."""
+    """``ster pairs inspect``: duplicates, refusals, balance and diversity of a pair set, and with a model,
+    each side's length against its context; no weights are read."""
 
     pairs: Path | None = None
     """The pair set; the workspace's active set when omitted (and no ``pair_set`` is given)."""
@@ -25,6 +26,11 @@ class PairsInspectRequest(Request):
     """LSH bands the 64-bit fingerprint is cut into to find candidate near-duplicates."""
     refusal_threshold: float = 0.5
     """A side scoring at or above this reads as a refusal."""
+    model: str | None = None
+    """A checkpoint whose tokenizer and config count each side against the context; its weights stay unread."""
+    revision: str | None = None
+    chat_template: ChatMode = "auto"
+    """How the sides are encoded for the count, exactly as ``train`` would encode them."""
 
     _bits = field_validator("dedupe_bits")(lambda cls, v: between(v, 0, 63, "--dedupe-bits"))
     _bands = field_validator("dedupe_bands")(lambda cls, v: between(v, 1, 64, "--dedupe-bands"))

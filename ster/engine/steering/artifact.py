@@ -5,27 +5,41 @@ resolved revision, the precision and chat-template decision it was fitted under,
 trait and method, the hidden width, and per layer the direction, its training scores
 and ``activation_norm`` (the mean norm of the states it was fitted on, so a strength
 can be read against the layer's scale). Loading refuses, in one sentence each, a
-document of another product or schema, and — against a model — another model, another
-width, a layer the model lacks, or a non-finite value.
+document of another product or schema, a non-finite value, and a direction that is not
+unit length (Ster writes nothing else, so one is a file written or edited elsewhere);
+against a model it refuses another model, another width, or a layer the model lacks.
+
+A model is identified by what it is: the artifact records the checkpoint's fingerprint
+(:mod:`ster.engine.model.fingerprint`) beside the ``--model`` string. A matching
+fingerprint is accepted under any name (said in a log line); a different fingerprint is
+refused whatever the name, because the weights the direction was fitted on are not the
+ones at hand — including when the checkpoint at the recorded path has changed. An
+artifact without a fingerprint (written before it was recorded) is matched by name.
+Per-layer vectors are read under ``vector`` or ``values`` (the original's key).
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from ster.engine.model.config import LlamaConfig
+from ster.engine.model.fingerprint import SCHEME, short
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import first_error, read_json, write_json
-from ster.engine.steering.requests import InspectRequest
+from ster.engine.steering.requests import EvaluateRequest, GenerateRequest, InspectRequest, SweepRequest
 
 if TYPE_CHECKING:
+    from ster.engine.model.loading import Checkpoint
     from ster.engine.protocol.jobs import JobContext
 
 SCHEMA_VERSION = 1
+UNIT_TOLERANCE = 1e-3
+"""A direction whose norm is further than this from 1 was not written by Ster (whose norms are 1 to 1e-7)."""
+GENERIC_CONSEQUENCE = "so it would read and steer text in a format it was not trained in"
+"""How the chat-template warning ends where no command is named (the TUI, loading an artifact)."""
 
 
 class LayerVector(BaseModel):
@@ -39,6 +53,16 @@ class LayerVector(BaseModel):
     activation_norm: float | None = None
     """Mean norm of the residual states at this layer over the fitting pairs (both sides)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _values_key(cls, raw: Any) -> Any:
+        """Read the original's ``values`` as ``vector``; refuse a layer that carries both."""
+        if not isinstance(raw, dict) or "values" not in raw:
+            return raw
+        if "vector" in raw:
+            raise ValueError("a layer carries both vector and values (two names for one list); keep one")
+        return {("vector" if key == "values" else key): value for key, value in raw.items()}
+
 
 class SteeringArtifact(BaseModel):
     """The file ``ster train`` and ``ster optimize`` write."""
@@ -48,6 +72,8 @@ class SteeringArtifact(BaseModel):
     product: str = "ster"
     model: str
     model_revision: str | None = None
+    model_fingerprint: str | None = None
+    """What the checkpoint was (see :mod:`ster.engine.model.fingerprint`); null in older files."""
     trait_name: str
     method: str
     hidden_size: int
@@ -89,6 +115,7 @@ class ArtifactSummary(BaseModel):
     product: str
     model: str
     model_revision: str | None
+    model_fingerprint: str | None
     trait_name: str
     method: str
     hidden_size: int
@@ -100,7 +127,7 @@ class ArtifactSummary(BaseModel):
 
 def summarize(artifact: SteeringArtifact) -> ArtifactSummary:
     fields = artifact.model_dump(exclude={"vectors"})
-    layers = [LayerSummary(layer=v.layer, width=len(v.vector), norm=math.sqrt(math.fsum(x * x for x in v.vector)),
+    layers = [LayerSummary(layer=v.layer, width=len(v.vector), norm=_norm(v.vector),
                            train_accuracy=v.train_accuracy, train_margin=v.train_margin,
                            activation_norm=v.activation_norm) for v in artifact.vectors]
     return ArtifactSummary(**fields, layers=layers)
@@ -131,32 +158,82 @@ def _check_values(artifact: SteeringArtifact, path: Path | str) -> None:
                           f"but the artifact's hidden_size is {artifact.hidden_size}")
         if not all(math.isfinite(x) for x in entry.vector):
             raise Refusal(f"{path}: layer {entry.layer}'s vector holds a non-finite value")
+        norm = _norm(entry.vector)
+        if norm == 0:
+            raise Refusal(f"{path}: layer {entry.layer}'s vector is all zeros, so it has no direction to steer along")
+        if abs(norm - 1) > UNIT_TOLERANCE:
+            raise Refusal(f"{path}: layer {entry.layer}'s vector has norm {norm:.6g} where Ster writes unit "
+                          f"directions, so it was written or edited elsewhere")
 
 
-def check_against_model(artifact: SteeringArtifact, model: str, config: LlamaConfig) -> None:
-    """Refuse applying the artifact to a model it was not fitted for."""
-    if artifact.model != model:
-        raise Refusal(f'artifact was trained for model "{artifact.model}", current model is "{model}"')
-    if artifact.hidden_size != config.hidden_size:
-        raise Refusal(f"artifact width {artifact.hidden_size} does not match model width {config.hidden_size}")
+def _norm(vector: list[float]) -> float:
+    """Euclidean length in f64 without overflow (1e200 components give a finite norm, not inf)."""
+    return math.hypot(*vector)
+
+
+def check_against_model(artifact: SteeringArtifact, model: str, fingerprint: str, hidden_size: int,
+                        layers: int) -> str | None:
+    """Refuse applying the artifact to a model it was not fitted for; the log line when only its
+    fingerprint, not its name, says it is the same model."""
+    note = _check_identity(artifact, model, fingerprint)
+    if artifact.hidden_size != hidden_size:
+        raise Refusal(f"artifact width {artifact.hidden_size} does not match model width {hidden_size}")
     for entry in artifact.vectors:
-        if not 0 <= entry.layer < config.num_hidden_layers:
-            raise Refusal(f"artifact has a vector for layer {entry.layer}, but this model has layers "
-                          f"0..{config.num_hidden_layers - 1}")
+        if not 0 <= entry.layer < layers:
+            raise Refusal(f"artifact has a vector for layer {entry.layer}, but this model has layers 0..{layers - 1}")
+    return note
 
 
-def provenance_warnings(artifact: SteeringArtifact, precision: str, chat_template: str) -> list[str]:
-    """The spec's two warnings when a direction is read in a space it was not fitted in; none for null records."""
-    return provenance_sentences(artifact.precision, artifact.chat_template, precision, chat_template)
+def _check_identity(artifact: SteeringArtifact, model: str, fingerprint: str) -> str | None:
+    recorded, same_name = artifact.model_fingerprint, artifact.model == model
+    if recorded is None or not recorded.startswith(f"{SCHEME}:"):
+        if not same_name:
+            raise Refusal(f'artifact was trained for model "{artifact.model}", current model is "{model}"')
+        return None
+    if recorded == fingerprint:
+        return None if same_name else (f'artifact was trained for model "{artifact.model}"; "{model}" has the same '
+                                       f"checkpoint fingerprint ({short(fingerprint)}), so it is the same model")
+    if same_name:
+        raise Refusal(f'artifact was trained for model "{model}" with checkpoint fingerprint {short(recorded)}, but '
+                      f"the checkpoint now at \"{model}\" has fingerprint {short(fingerprint)}: its weights or "
+                      f"architecture changed since the direction was fitted")
+    raise Refusal(f'artifact was trained for model "{artifact.model}", current model is "{model}", and their '
+                  f"checkpoint fingerprints differ too ({short(recorded)} and {short(fingerprint)})")
+
+
+def open_artifact(ctx: JobContext, path: Path, checkpoint: Checkpoint) -> SteeringArtifact:
+    """Load an artifact, refuse it for another model, and warn when it is read out of its format."""
+    artifact = load_artifact(path)
+    config = checkpoint.config
+    note = check_against_model(artifact, checkpoint.source.model, checkpoint.fingerprint, config.hidden_size,
+                               config.num_hidden_layers)
+    if note is not None:
+        ctx.log(note)
+    for sentence in provenance_sentences(artifact.precision, artifact.chat_template, checkpoint.request.precision,
+                                         checkpoint.codec.decision, _consequence(checkpoint.request)):
+        ctx.warn(sentence)
+    return artifact
+
+
+def _consequence(request: object) -> str:
+    """What a chat-template mismatch means for the command that reads the artifact."""
+    if isinstance(request, EvaluateRequest):
+        return "so the accuracy and margin below describe a format it was not trained in"
+    if isinstance(request, SweepRequest):
+        return "so this sweep steers, and measures its effect, in a format it was not trained in"
+    if isinstance(request, GenerateRequest):
+        return "so it steers a prompt encoded in a format it was not trained in"
+    return GENERIC_CONSEQUENCE
 
 
 def provenance_sentences(fitted_precision: str | None, fitted_chat: str | None, precision: str,
-                         chat_template: str | None) -> list[str]:
-    """The warnings for a direction fitted at ``fitted_*`` and read at the run's settings."""
+                         chat_template: str | None, consequence: str = GENERIC_CONSEQUENCE) -> list[str]:
+    """The warnings for a direction fitted at ``fitted_*`` and read at the run's settings; none for null
+    records. ``consequence`` ends the chat-template sentence with what the mismatch means here."""
     warnings = []
     if fitted_chat is not None and chat_template is not None and fitted_chat != chat_template:
         warnings.append(f"this direction was trained with chat template {fitted_chat} and this run "
-                        f"encodes {chat_template}, so the number below describes a format it was not trained in")
+                        f"encodes {chat_template}, {consequence}")
     if fitted_precision is not None and fitted_precision != precision:
         warnings.append(f"this direction was trained at precision {fitted_precision} and this run maps the base "
                         f"weights at {precision}, so it is being read in a different space than it was fitted in")

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from ster.engine.model.context import encode_each
 from ster.engine.steering.activations import read_last_states
 from ster.engine.protocol.errors import Refusal
 from ster.engine.steering.floats import f32_values
@@ -84,7 +85,7 @@ def extract_job(request: ExtractRequest, ctx: JobContext) -> ExtractResult:
     check_output_file(request.output, ACTIVATIONS, ctx.log)
     checkpoint = model_store(ctx).open(request, ctx)
     layers = LayerSpec.parse(request.layers).resolve(checkpoint.config.num_hidden_layers)
-    sequences = [checkpoint.codec.encode_prompt(prompt) for prompt in prompts]
+    sequences = encode_each(checkpoint.codec, prompts, checkpoint.context, "prompt")
     decoder = model_store(ctx).decoder(checkpoint, ctx)
 
     def on_batch(done: int, total: int) -> None:

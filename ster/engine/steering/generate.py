@@ -8,6 +8,7 @@ from contextlib import nullcontext
 from pydantic import BaseModel
 
 from ster.engine.steering.artifact import SteeringArtifact
+from ster.engine.model.context import encode_within, generation_budget
 from ster.engine.model.decoding import Sampling, StopReason, decode
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.steering.requests import GenerateRequest
@@ -68,7 +69,9 @@ def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
     artifact = open_artifact(ctx, request.vector, checkpoint) if request.vector else None
     scales = scales_for(artifact, request.strength) if artifact else None
     codec = checkpoint.codec
-    prompt_ids = codec.encode_prompt(request.prompt)
+    prompt_ids = encode_within(codec, request.prompt, checkpoint.context, "the prompt")
+    max_new_tokens = generation_budget(len(prompt_ids), request.max_new_tokens, request.default_max_new_tokens,
+                                       checkpoint.context, ctx.log)
     decoder = model_store(ctx).decoder(checkpoint, ctx)
     stream = codec.stream()
 
@@ -79,11 +82,11 @@ def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
 
     steering = steer(decoder, plan(decoder, artifact.by_layer(), scales.absolute)) if artifact and scales else nullcontext()
     what = f"steered at strength {request.strength}" if artifact else "unsteered"
-    ctx.progress("generate", f"generating up to {request.max_new_tokens} tokens from a {len(prompt_ids)}-token "
+    ctx.progress("generate", f"generating up to {max_new_tokens} tokens from a {len(prompt_ids)}-token "
                              f"prompt, {what}")
     started = time.perf_counter()
     with steering:
-        generation = decode(decoder, prompt_ids, max_new_tokens=request.max_new_tokens,
+        generation = decode(decoder, prompt_ids, max_new_tokens=max_new_tokens,
                             sampling=Sampling(request.temperature, request.top_p, request.seed),
                             eos_ids=codec.eos_ids, on_token=on_token, check_cancelled=ctx.check_cancelled)
     elapsed = time.perf_counter() - started
@@ -94,7 +97,7 @@ def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
         text=codec.decode(generation.ids), tokens=count, prompt_tokens=len(prompt_ids),
         stop_reason=generation.stop_reason, chat_template=codec.decision, precision=request.precision,
         temperature=request.temperature, top_p=request.top_p, seed=request.seed,
-        max_new_tokens=request.max_new_tokens, vector=str(request.vector) if artifact else None,
+        max_new_tokens=max_new_tokens, vector=str(request.vector) if artifact else None,
         strength=request.strength.value if artifact else None,
         strength_unit=request.strength.unit if artifact else None,
         absolute_strength=scales.labelled(scales.absolute) if scales else None,

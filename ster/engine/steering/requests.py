@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import field_validator
 
@@ -23,9 +23,12 @@ class GenerateRequest(SampledRequest):
     strength: Strength = Strength(value=1.0)
     """How far along every direction of the artifact: ``3`` in the residual stream's units, or ``0.4x``
     times each layer's activation norm; negative steers the other way."""
-    max_new_tokens: int = 128
+    max_new_tokens: int | None = None
+    """Most tokens to generate; None means up to ``default_max_new_tokens``, as many as the model's
+    context leaves room for (an explicit value that runs past the context is refused)."""
+    default_max_new_tokens: ClassVar[int] = 128
 
-    _tokens = field_validator("max_new_tokens")(lambda cls, v: at_least_one(v, "--max-new-tokens"))
+    _tokens = field_validator("max_new_tokens")(lambda cls, v: _budget(v))
 
 
 class LayeredRead(ModelRequest):
@@ -81,9 +84,11 @@ class SweepRequest(SampledRequest):
     """The prompts themselves, instead of a file (exactly one of the two)."""
     strengths: list[Strength]
     """Absolute or relative (``0.4x``), all in one unit; 0 is always added, and they are swept in order."""
-    max_new_tokens: int = 48
+    max_new_tokens: int | None = None
+    """Most tokens per text; None means up to ``default_max_new_tokens``, as the context allows."""
+    default_max_new_tokens: ClassVar[int] = 48
 
-    _tokens = field_validator("max_new_tokens")(lambda cls, v: at_least_one(v, "--max-new-tokens"))
+    _tokens = field_validator("max_new_tokens")(lambda cls, v: _budget(v))
 
     @field_validator("strengths", mode="before")
     @classmethod
@@ -107,6 +112,10 @@ class InspectRequest(Request):
     """``ster inspect``: validate and summarise an artifact without loading a model."""
 
     artifact: Path
+
+
+def _budget(value: int | None) -> int | None:
+    return value if value is None else at_least_one(value, "--max-new-tokens")
 
 
 def _layer_spec(value: str) -> str:

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 from ster.engine.steering.artifact import SteeringArtifact
 from ster.engine.steering.activations import read_last_states
 from ster.engine.model.codec import TextCodec
+from ster.engine.model.context import encode_each, generation_budget
 from ster.engine.protocol.errors import Refusal
 from ster.engine.model.decoding import Sampling, StopReason, decode
 from ster.engine.steering.extract import PromptSet
@@ -141,7 +142,9 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
     checkpoint = model_store(ctx).open(request, ctx)
     artifact = open_artifact(ctx, request.vector, checkpoint)
     codec = checkpoint.codec
-    encoded = [codec.encode_prompt(prompt) for prompt in prompts]
+    encoded = encode_each(codec, prompts, checkpoint.context, "sweep prompt")
+    request = request.model_copy(update={"max_new_tokens": generation_budget(
+        max(map(len, encoded)), request.max_new_tokens, request.default_max_new_tokens, checkpoint.context, ctx.log)})
     model = model_store(ctx).decoder(checkpoint, ctx)
     directions = {layer: torch.tensor(v, dtype=torch.float64, device=model.lm_head.weight.device)
                   for layer, v in artifact.by_layer().items()}

@@ -8,15 +8,14 @@ so it costs about one ``train`` over the same layers.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import BaseModel
 import torch
 from torch import Tensor
 
+from ster.engine.model.context import encode_pairs
 from ster.engine.steering.activations import read_pair_states
-from ster.engine.steering.artifact import (ArtifactSummary, LayerVector, SteeringArtifact, check_against_model,
-                                  load_artifact, provenance_warnings, save_artifact, summarize)
+from ster.engine.steering.artifact import (ArtifactSummary, LayerVector, SteeringArtifact, open_artifact,
+                                  save_artifact, summarize)
 from ster.engine.steering.directions import METHODS, Method, fit, mean_norm, score
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import ARTIFACT, check_output_file
@@ -36,7 +35,7 @@ def read_pairs(ctx: JobContext, checkpoint: Checkpoint, pair_set: PairSet, layer
                batch_size: int) -> tuple[Tensor, Tensor]:
     """Positive and negative states [N, len(layers), D] of every pair."""
     codec = checkpoint.codec
-    encoded = [(codec.encode_prompt(p.positive), codec.encode_prompt(p.negative)) for p in pair_set.pairs]
+    encoded = encode_pairs(codec, [(p.positive, p.negative) for p in pair_set.pairs], checkpoint.context)
     decoder = model_store(ctx).decoder(checkpoint, ctx)
 
     def on_batch(done: int, total: int) -> None:
@@ -57,6 +56,7 @@ def layer_vector(layer: int, method: Method, positives: Tensor, negatives: Tenso
 def _artifact(checkpoint: Checkpoint, pair_set: PairSet, method: str, vectors: list[LayerVector],
               metadata: dict[str, str] | None = None) -> SteeringArtifact:
     return SteeringArtifact(model=checkpoint.source.model, model_revision=checkpoint.source.revision,
+                            model_fingerprint=checkpoint.fingerprint,
                             trait_name=pair_set.trait_name, method=method, hidden_size=checkpoint.config.hidden_size,
                             precision=checkpoint.request.precision, chat_template=checkpoint.codec.decision,
                             metadata=metadata or {}, vectors=vectors)
@@ -162,15 +162,6 @@ class EvaluateResult(BaseModel):
     chat_template: str
     precision: str
     layers: list[LayerScore]
-
-
-def open_artifact(ctx: JobContext, path: Path, checkpoint: Checkpoint) -> SteeringArtifact:
-    """Load an artifact, refuse it for the wrong model, and warn when it is read out of its format."""
-    artifact = load_artifact(path)
-    check_against_model(artifact, checkpoint.source.model, checkpoint.config)
-    for sentence in provenance_warnings(artifact, checkpoint.request.precision, checkpoint.codec.decision):
-        ctx.warn(sentence)
-    return artifact
 
 
 def evaluate_job(request: EvaluateRequest, ctx: JobContext) -> EvaluateResult:
