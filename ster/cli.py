@@ -14,13 +14,12 @@ Exit codes: 0 success, 1 refused, 2 usage error, 3 internal error, 130 cancelled
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ster import __version__
+from ster.engine.protocol.errors import ExitCode
 
 EXAMPLE_MODEL = "ster:toy"
 
@@ -261,45 +260,38 @@ def _request(args: argparse.Namespace) -> Any:
     return build_job_request(args.job, **fields)
 
 
-def run(name: str, request: Any, emit: Callable[[Any], None]) -> Any:
-    """Run a job on a worker thread so Ctrl-C cancels it cooperatively; return its final event."""
-    from ster.engine.protocol.jobs import run_job
+def _status(final: Any) -> int:
+    from ster.engine.protocol.errors import exit_code_for
 
-    cancel = threading.Event()
-    finished: list[Any] = []
-    worker = threading.Thread(target=lambda: finished.append(run_job(name, request, emit, cancel)), daemon=True)
-    worker.start()
-    try:
-        while worker.is_alive():
-            worker.join(0.1)
-    except KeyboardInterrupt:
-        cancel.set()
-        print("cancelling; press Ctrl-C again to stop at once", file=sys.stderr)
-        try:
-            worker.join()
-        except KeyboardInterrupt:
-            os._exit(130)
-    return finished[0]
+    return int(ExitCode.OK) if final.type == "result" else int(exit_code_for(final.kind))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``ster`` console script; returns the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "tui" or (args.command is None and argv is None and sys.stdin.isatty()
-                                 and sys.stdout.isatty()):
-        from pathlib import Path
+def _interrupted() -> int:
+    """Ctrl-C before the job started (parsing, imports, checking the request): one line, exit 130."""
+    print("interrupted before the job started; nothing was written", file=sys.stderr)
+    return int(ExitCode.CANCELLED)
 
-        from ster.tui.app import run_tui
 
-        pairs = getattr(args, "pairs", None)
-        return run_tui(getattr(args, "model", None), Path(pairs) if pairs else None)
-    if args.command is None:
-        parser.print_help()
-        return 0
+def _opens_tui(args: argparse.Namespace, argv: Sequence[str] | None) -> bool:
+    return args.command == "tui" or (args.command is None and argv is None and sys.stdin.isatty()
+                                     and sys.stdout.isatty())
+
+
+def _run_tui(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ster.tui.app import run_tui
+
+    pairs = getattr(args, "pairs", None)
+    return run_tui(getattr(args, "model", None), Path(pairs) if pairs else None)
+
+
+def _job(args: argparse.Namespace) -> int:
+    """Check the request, run the job in the foreground, and map its final event to the exit status."""
     from ster.console import renderer_for
-    from ster.engine.protocol.errors import ExitCode, SterError, exit_code_for
+    from ster.engine.protocol.errors import SterError
     from ster.engine.protocol.events import Error
+    from ster.foreground import Foreground
 
     render = renderer_for(json_mode=args.json)
     try:
@@ -307,6 +299,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SterError as exc:
         render(Error(kind=exc.kind, message=str(exc)))  # type: ignore[arg-type]
         return int(exc.exit_code)
-    final = run(args.job, request, render)
-    render.close()
-    return int(ExitCode.OK) if final.type == "result" else int(exit_code_for(final.kind))
+    with Foreground(render) as foreground:  # from here on, Ctrl-C cancels the job instead of raising
+        final = foreground.run(args.job, request, render)
+        render.close()
+    return _status(final)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``ster`` console script; returns the exit status."""
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        return _interrupted()
+    if _opens_tui(args, argv):
+        return _run_tui(args)
+    if args.command is None:
+        parser.print_help()
+        return int(ExitCode.OK)
+    try:
+        return _job(args)
+    except KeyboardInterrupt:  # only before Foreground took SIGINT over, or in the instant after it let go
+        return _interrupted()

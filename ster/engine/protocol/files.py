@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from ster.engine.protocol import inflight
 from ster.engine.protocol.errors import Refusal
 
 M = TypeVar("M", bound=BaseModel)
@@ -90,7 +90,7 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename."""
     payload = data.encode("utf-8") if isinstance(data, str) else data
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = inflight.temp_file(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
@@ -101,6 +101,8 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    finally:
+        inflight.unregister(tmp)
 
 
 def dumps_pretty(document: Any) -> str:
@@ -125,7 +127,7 @@ def check_output_directory(path: Path, what: str = "output directory") -> None:
 def atomic_directory(path: Path) -> Iterator[Path]:
     """Yield a temporary sibling directory that becomes ``path`` only if the block succeeds."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tmp = Path(inflight.temp_directory(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_UMASK)
@@ -137,3 +139,5 @@ def atomic_directory(path: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        inflight.unregister(tmp)
