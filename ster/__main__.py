@@ -1,15 +1,15 @@
 """``python -m ster`` runs the command-line interface.
 
-Ctrl-C while the interpreter is still importing the CLI ends with the same one line and
-exit status as Ctrl-C during parsing (see :func:`ster.cli.main`), not a traceback.
+Until :func:`ster.cli.main` takes Ctrl-C over, a Ctrl-C while the interpreter imports
+the CLI ends the same way as one during parsing: one line and exit 130, no traceback.
 """
 
-import sys
+import os
+import signal
 
-try:
-    from ster.cli import main
-except KeyboardInterrupt:
-    sys.stderr.write("interrupted before the job started; nothing was written\n")
-    raise SystemExit(130) from None
+signal.signal(signal.SIGINT, lambda *_: (os.write(2, b"interrupted before the job started; nothing was written\n"),
+                                         os._exit(130)))
+
+from ster.cli import main  # noqa: E402 - after the handler, on purpose
 
 raise SystemExit(main())

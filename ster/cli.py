@@ -20,6 +20,7 @@ from typing import Any
 
 from ster import __version__
 from ster.engine.protocol.errors import ExitCode
+from ster.foreground import Foreground
 
 EXAMPLE_MODEL = "ster:toy"
 
@@ -266,12 +267,6 @@ def _status(final: Any) -> int:
     return int(ExitCode.OK) if final.type == "result" else int(exit_code_for(final.kind))
 
 
-def _interrupted() -> int:
-    """Ctrl-C before the job started (parsing, imports, checking the request): one line, exit 130."""
-    print("interrupted before the job started; nothing was written", file=sys.stderr)
-    return int(ExitCode.CANCELLED)
-
-
 def _opens_tui(args: argparse.Namespace, argv: Sequence[str] | None) -> bool:
     return args.command == "tui" or (args.command is None and argv is None and sys.stdin.isatty()
                                      and sys.stdout.isatty())
@@ -286,12 +281,11 @@ def _run_tui(args: argparse.Namespace) -> int:
     return run_tui(getattr(args, "model", None), Path(pairs) if pairs else None)
 
 
-def _job(args: argparse.Namespace) -> int:
+def _job(args: argparse.Namespace, foreground: Foreground) -> int:
     """Check the request, run the job in the foreground, and map its final event to the exit status."""
     from ster.console import renderer_for
     from ster.engine.protocol.errors import SterError
     from ster.engine.protocol.events import Error
-    from ster.foreground import Foreground
 
     render = renderer_for(json_mode=args.json)
     try:
@@ -299,25 +293,24 @@ def _job(args: argparse.Namespace) -> int:
     except SterError as exc:
         render(Error(kind=exc.kind, message=str(exc)))  # type: ignore[arg-type]
         return int(exc.exit_code)
-    with Foreground(render) as foreground:  # from here on, Ctrl-C cancels the job instead of raising
-        final = foreground.run(args.job, request, render)
-        render.close()
+    final = foreground.run(args.job, request, render)
+    render.close()
     return _status(final)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``ster`` console script; returns the exit status."""
-    try:
+    """Entry point of the ``ster`` console script; returns the exit status.
+
+    Ctrl-C is :class:`~ster.foreground.Foreground`'s from parsing to the job's end; the
+    TUI, which reads Ctrl-C as a key, runs outside it.
+    """
+    with Foreground() as foreground:
         parser = build_parser()
         args = parser.parse_args(argv)
-    except KeyboardInterrupt:
-        return _interrupted()
-    if _opens_tui(args, argv):
-        return _run_tui(args)
-    if args.command is None:
-        parser.print_help()
-        return int(ExitCode.OK)
-    try:
-        return _job(args)
-    except KeyboardInterrupt:  # only before Foreground took SIGINT over, or in the instant after it let go
-        return _interrupted()
+        tui = _opens_tui(args, argv)
+        if not tui and args.command is None:
+            parser.print_help()
+            return int(ExitCode.OK)
+        if not tui:
+            return _job(args, foreground)
+    return _run_tui(args)
