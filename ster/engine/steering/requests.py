@@ -9,7 +9,7 @@ from pydantic import field_validator
 
 from ster.engine.model.requests import ModelRequest, SampledRequest
 from ster.engine.protocol.errors import Refusal
-from ster.engine.protocol.requests import Request, at_least_one, finite
+from ster.engine.protocol.requests import Request, at_least_one, comma_list, finite
 from ster.engine.steering.layers import LayerSpec
 
 
@@ -82,6 +82,7 @@ class SweepRequest(SampledRequest):
     max_new_tokens: int = 48
 
     _tokens = field_validator("max_new_tokens")(lambda cls, v: at_least_one(v, "--max-new-tokens"))
+    _split = field_validator("strengths", mode="before")(lambda cls, v: comma_list(v))
 
     @field_validator("strengths")
     @classmethod
