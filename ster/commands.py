@@ -21,7 +21,7 @@ DEVICES = ("cpu", "cuda", "mps", "metal", "auto")
 CHAT_MODES = ("auto", "off")
 METHODS = ("caa", "pca", "logistic")
 GENERATORS = ("local", "brama")
-LAYERS_HELP = "all, or a comma list of layers and half-open ranges: 2,5 or 12..24 or 1,4..7 (= 1,4,5,6)"
+LAYERS_HELP = "all, or a comma list of layers and half-open ranges, such as 2,5 or 12..24 or 1,4..7 (layers 1, 4, 5, 6)"
 
 
 def _choices(values: tuple[str, ...]) -> str:
@@ -58,7 +58,7 @@ def _sampling_flags(parser: argparse.ArgumentParser, max_new_tokens: int, temper
 
 
 def _layer_flags(parser: argparse.ArgumentParser, unit: str = "sequences") -> None:
-    parser.add_argument("--layers", default="all", metavar="LAYERS", help=f"{LAYERS_HELP} (default all)")
+    parser.add_argument("--layers", default="all", metavar="LAYERS", help=f"{LAYERS_HELP}; default all")
     parser.add_argument("--batch-size", default=8, metavar="N", help=f"{unit} per forward pass (default 8)")
 
 
@@ -151,22 +151,22 @@ def _dedupe_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dedupe-bands", default=8, metavar="N",
                         help="LSH bands the fingerprint is cut into to find near-duplicates, 1 to 64 (default 8)")
     parser.add_argument("--refusal-threshold", default=0.5, metavar="X",
-                        help="a side scoring at or above this reads as a refusal (default 0.5)")
+                        help="a side scoring at or above X, 0 to 1, reads as a refusal (default 0.5)")
 
 
 def _add_synthesize(commands: Any) -> None:
     synth = _command(commands, "synthesize", "write a pair set from a trait description",
                      "Generate a pair set from a one-sentence trait description, with a local model (default) "
                      "or a hosted model through the Brama gateway (BRAMA_URL, BRAMA_BEARER).", "pairs synthesize")
-    synth.add_argument("--trait", required=True, help="the trait, described in one sentence")
+    synth.add_argument("--trait", required=True, metavar="TEXT", help="the trait, described in one sentence")
     synth.add_argument("--count", required=True, metavar="N", help="pairs to keep")
     synth.add_argument("--output", required=True, metavar="FILE", help="where to write the pair set")
     synth.add_argument("--generator", default="local", metavar=_choices(GENERATORS),
                        help="who writes the text: a local model (--model) or Brama (--generator-model) "
                             "(default local)")
     synth.add_argument("--generator-model", metavar="ROUTE", help="the Brama alias or provider/model route")
-    synth.add_argument("--trait-name", help="the set's trait_name (default: derived from --trait)")
-    synth.add_argument("--opposite", help="the opposite trait (default: derived with one generation)")
+    synth.add_argument("--trait-name", metavar="NAME", help="the set's trait_name (default: derived from --trait)")
+    synth.add_argument("--opposite", metavar="TEXT", help="the opposite trait (default: derived with one generation)")
     synth.add_argument("--retry-multiplier", default=3, metavar="N",
                        help="give up after count x N attempts (default 3)")
     _dedupe_flags(synth)
