@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ster.commands import build_parser
-from ster.engine.protocol.errors import ExitCode, exit_code_for
+from ster.engine.protocol.errors import ExitCode, SterError, exit_code_for
 from ster.foreground import Foreground
 
 __all__ = ["build_parser", "main"]
@@ -58,7 +58,6 @@ def _run_tui(args: argparse.Namespace) -> int:
 def _job(args: argparse.Namespace, foreground: Foreground) -> int:
     """Check the request, run the job in the foreground, and map its final event to the exit status."""
     from ster.console import renderer_for
-    from ster.engine.protocol.errors import SterError
     from ster.engine.protocol.events import Error
 
     render = renderer_for(json_mode=args.json)

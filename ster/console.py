@@ -43,8 +43,12 @@ class _Serialised:
             self._show(event)
 
     def say(self, line: str) -> None:
-        with self.lock:
+        locked = self.lock.acquire(timeout=1.0)  # a worker stuck on a full pipe must not swallow the line
+        try:
             _write(self.err, line + "\n")
+        finally:
+            if locked:
+                self.lock.release()
 
     def abort(self, event: Error) -> None:
         if self.lock.acquire(timeout=1.0):

@@ -26,6 +26,7 @@ exited under a running torch kernel ("terminate called without an active excepti
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -59,6 +60,7 @@ class Foreground:
         self.done = threading.Event()
         """Set by the worker once the job has emitted its final event."""
         self._render: Any = None
+        self._abort: Callable[[], None] = lambda: None
         self._previous: Any = None
 
     def __enter__(self) -> Foreground:
@@ -111,6 +113,7 @@ class Foreground:
             return
         elif not self.cancel.is_set():
             self.cancel.set()
-            self._render.say(CANCELLING)
+            with contextlib.suppress(OSError):  # a closed stderr must not turn Ctrl-C into a traceback
+                self._render.say(CANCELLING)
         else:
             self._abort()

@@ -128,6 +128,19 @@ def test_ctrl_c_during_generate(attempt: int) -> None:
     assert_cancelled(interrupt(proc, token, random.uniform(0, 0.05)), [])
 
 
+def test_ctrl_c_without_json_says_two_sentences() -> None:
+    """Plain output: the Ctrl-C line, then the job's own ending; stdout (data only) stays empty."""
+    proc = spawn("-m", "ster", "generate", "--model", "ster:toy", "--prompt", "the sea is", *SAMPLED)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith("generating up to 100 tokens"):
+            break
+    time.sleep(random.uniform(0, 0.05))
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate()
+    assert (proc.returncode, out, err.splitlines()) == (130, "", [CANCELLING, CANCELLED])
+
+
 @pytest.mark.parametrize("attempt", range(3))
 def test_ctrl_c_during_sweep(attempt: int, workdir: Path) -> None:
     before = contents(workdir)
