@@ -198,9 +198,9 @@ def _add_pairs(commands: Any) -> None:
 
 def _add_workspace(commands: Any) -> None:
     workspace = commands.add_parser("workspace", help="import, activate, and inspect persistent pair sets",
-                                    description="Pair sets kept under $XDG_DATA_HOME/ster, one of them active: "
-                                                "train, optimize, evaluate and pairs inspect use it when --pairs "
-                                                "is omitted.")
+                                    description="Pair sets kept under $XDG_DATA_HOME/ster (else ~/.local/share/ster), "
+                                                "one of them active: train, optimize, evaluate and pairs inspect "
+                                                "use it when --pairs is omitted.")
     sub = workspace.add_subparsers(dest="workspace_command", metavar="<subcommand>", required=True)
     imports = _command(sub, "import-pairs", "keep a canonical copy of a pair set and make it active",
                        "Validate a pair set, copy it under $XDG_DATA_HOME/ster, and make it the active set.",

@@ -26,7 +26,8 @@ def test_metal_reaches_the_device_check(cli) -> None:
         pytest.skip("this machine has a Metal device")
     run = cli("generate", "--model", "ster:toy", "--prompt", "x", "--device", "metal")
     assert run.code == 1
-    assert run.err.splitlines()[-1] == "error: --device mps (metal) was asked for, but this torch build sees no Metal device"
+    sentence = "--device mps (metal) was asked for, but this torch build sees no Metal device"
+    assert run.err.splitlines()[-1] == f"error: {sentence}"
 
 
 def test_a_write_is_registered_only_while_it_is_in_flight(tmp_path: Path) -> None:

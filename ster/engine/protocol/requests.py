@@ -104,7 +104,9 @@ def _sentence(err: Any) -> str:
     if wording is None:
         return f"{flag}: {message}"
     got = err.get("input")
-    return f'{flag} {wording}; got "{got}"' if isinstance(got, str) and err["type"] != "missing" else f"{flag} {wording}"
+    if isinstance(got, str) and err["type"] != "missing":
+        return f'{flag} {wording}; got "{got[:40]}"'
+    return f"{flag} {wording}"
 
 
 def build_request(kind: type[R], /, **fields: Any) -> R:
