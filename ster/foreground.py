@@ -88,7 +88,8 @@ class Foreground:
         self._abort = self._aborter(render)
         self._render = render
         threading.Thread(target=work, name=f"ster {name}", daemon=True).start()
-        self.done.wait()
+        while not self.done.wait(0.1):  # waking now and then runs a handler whose signal reached another thread
+            pass
         if not finished:  # run_job reports every Exception; only a BaseException gets here
             return Error(kind="internal", message=f"internal error in {name}: the job ended without a final event")
         return finished[0]

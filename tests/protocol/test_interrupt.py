@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,15 +26,15 @@ from pathlib import Path
 import pytest
 
 from ster.cli import main
-from ster.engine.model.resolve import EXAMPLES_DIR
+from ster.engine.model.resolve import EXAMPLES_DIR, TOY_DIR
 from ster.foreground import CANCELLING, INTERRUPTED, STOPPED
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
-SAMPLED = ["--temperature", "50", "--seed", "4", "--max-new-tokens", "100"]
-"""On the toy, this sampling runs to all 100 tokens (checked by ``sampled_runs_long``), so a
-run interrupted after its first tokens still has most of its work ahead."""
+LONG = ["--max-new-tokens", "2000"]
+"""On the endless toy (see ``workdir``) greedy decoding runs to every one of these tokens, so a run
+interrupted after its first token has most of its work ahead on any machine."""
 
 CANCELLED = "cancelled before it finished; nothing was written"
 
@@ -99,15 +100,30 @@ def stage(name: str) -> Callable[[dict], bool]:
     return lambda event: event["type"] == "progress" and event["stage"] == name
 
 
+def endless_toy(target: Path) -> Path:
+    """The toy checkpoint with a 4096-position context and an end-of-text logit pinned at 0, so that
+    greedy decoding never stops early: a long job on a tiny model."""
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(TOY_DIR, target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
+    weights = load_file(str(target / "model.safetensors"))
+    weights["lm_head.weight"][config["eos_token_id"]] = 0.0
+    save_file(weights, str(target / "model.safetensors"))
+    return target
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A vector for sweep, a prompt file, and a 120-pair set (the example set, ten times)."""
+    """The endless toy, a vector fitted on it, a prompt file, and a 1200-pair set (the example set, 100 times)."""
     root = tmp_path_factory.mktemp("interrupt")
+    endless_toy(root / "endless")
     pairs = json.loads((EXAMPLES_DIR / "pairs.json").read_text())
-    (root / "pairs.json").write_text(json.dumps({**pairs, "pairs": pairs["pairs"] * 10}))
+    (root / "pairs.json").write_text(json.dumps({**pairs, "pairs": pairs["pairs"] * 100}))
     (root / "prompts.json").write_text(json.dumps({"prompts": ["the sea is", "question : tell me about the town ."]}))
-    code = main(["train", "--model", "ster:toy", "--pairs", str(EXAMPLES_DIR / "pairs.json"), "--layers", "2",
-                 "--output", str(root / "calm.json")])
+    code = main(["train", "--model", str(root / "endless"), "--pairs", str(EXAMPLES_DIR / "pairs.json"), "--layers",
+                 "2", "--output", str(root / "calm.json")])
     assert code == 0
     return root
 
@@ -116,26 +132,26 @@ def contents(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
 
 
-def test_sampled_runs_long(cli) -> None:
-    """The premise of the generate and sweep runs below: this sampling does not stop early."""
-    run = cli("generate", "--model", "ster:toy", "--prompt", "the sea is", *SAMPLED)
+def test_the_endless_toy_runs_long(cli, workdir: Path) -> None:
+    """The premise of the generate and sweep runs below: greedy decoding on the endless toy does not stop early."""
+    run = cli("generate", "--model", workdir / "endless", "--prompt", "the sea is", "--max-new-tokens", "300")
     assert run.code == 0 and run.json["stop_reason"] == "max_new_tokens", run.err
 
 
 @pytest.mark.parametrize("attempt", range(5))
-def test_ctrl_c_during_generate(attempt: int) -> None:
-    proc = start("generate", "--model", "ster:toy", "--prompt", "the sea is", *SAMPLED)
-    assert_cancelled(interrupt(proc, token, random.uniform(0, 0.05)), [])
+def test_ctrl_c_during_generate(attempt: int, workdir: Path) -> None:
+    proc = start("generate", "--model", workdir / "endless", "--prompt", "the sea is", *LONG)
+    assert_cancelled(interrupt(proc, token, random.uniform(0, 0.2)), [])
 
 
-def test_ctrl_c_without_json_says_two_sentences() -> None:
+def test_ctrl_c_without_json_says_two_sentences(workdir: Path) -> None:
     """Plain output: the Ctrl-C line, then the job's own ending; stdout (data only) stays empty."""
-    proc = spawn("-m", "ster", "generate", "--model", "ster:toy", "--prompt", "the sea is", *SAMPLED)
+    proc = spawn("-m", "ster", "generate", "--model", workdir / "endless", "--prompt", "the sea is", *LONG)
     assert proc.stderr is not None
     for line in proc.stderr:
-        if line.startswith("generating up to 100 tokens"):
+        if line.startswith("generating up to 2000 tokens"):
             break
-    time.sleep(random.uniform(0, 0.05))
+    time.sleep(random.uniform(0, 0.2))
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate()
     assert (proc.returncode, out, err.splitlines()) == (130, "", [CANCELLING, CANCELLED])
@@ -144,8 +160,8 @@ def test_ctrl_c_without_json_says_two_sentences() -> None:
 @pytest.mark.parametrize("attempt", range(3))
 def test_ctrl_c_during_sweep(attempt: int, workdir: Path) -> None:
     before = contents(workdir)
-    proc = start("sweep", "--model", "ster:toy", "--vector", workdir / "calm.json", "--prompts",
-                 workdir / "prompts.json", "--strengths=-4,-2,2,4", *SAMPLED)
+    proc = start("sweep", "--model", workdir / "endless", "--vector", workdir / "calm.json", "--prompts",
+                 workdir / "prompts.json", "--strengths=-4,-2,2,4", *LONG)
     run = interrupt(proc, token, random.uniform(0, 0.2))
     assert_cancelled(run, sorted(set(contents(workdir)) - set(before)))
 
@@ -154,7 +170,7 @@ def test_ctrl_c_during_sweep(attempt: int, workdir: Path) -> None:
 def test_ctrl_c_during_optimize(attempt: int, workdir: Path, tmp_path: Path) -> None:
     proc = start("optimize", "--model", "ster:toy", "--pairs", workdir / "pairs.json", "--batch-size", "1",
                  "--output", tmp_path / "calm.json")
-    assert_cancelled(interrupt(proc, stage("read"), random.uniform(0, 0.2)), contents(tmp_path))
+    assert_cancelled(interrupt(proc, stage("read"), random.uniform(0, 0.1)), contents(tmp_path))
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +184,7 @@ def toy_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("attempt", range(2))
 def test_ctrl_c_during_model_import(attempt: int, toy_gguf: Path, tmp_path: Path) -> None:
     proc = start("model", "import", toy_gguf, "--output", tmp_path / "toy")
-    assert_cancelled(interrupt(proc, stage("dequantize"), random.uniform(0, 0.5)), contents(tmp_path))
+    assert_cancelled(interrupt(proc, stage("dequantize"), random.uniform(0, 0.3)), contents(tmp_path))
 
 
 def test_the_toy_gguf_imports(cli, toy_gguf: Path, tmp_path: Path) -> None:
