@@ -3,11 +3,16 @@
 Stdout is data only: the result document, or in ``--json`` mode the NDJSON event
 stream. Everything meant for a person goes to stderr — a live progress display when
 stderr is a terminal, plain lines when it is a file or a pipe.
+
+Events arrive on the job's worker thread; :meth:`Renderer.say` and :meth:`Renderer.abort`
+are called from the main thread's Ctrl-C handler. Each renderer serialises its writes with
+a lock, and ``abort`` waits for it at most a second, because the process exits right after.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any, Protocol, TextIO
 
 from ster.engine.protocol.events import Error, Event, Log, Progress, Result, Token, Warning
@@ -16,41 +21,66 @@ from ster.engine.protocol.files import dumps_pretty
 
 class Renderer(Protocol):
     def __call__(self, event: Event) -> None: ...
+
+    def say(self, line: str) -> None:
+        """One line for the person at the terminal, on stderr, outside the event stream."""
+
+    def abort(self, event: Error) -> None:
+        """Show the last event of a process that exits at once, without waiting on a stuck writer."""
+
     def close(self) -> None: ...
 
 
-class JsonRenderer:
-    """Every event as one JSON object per line on stdout, flushed as it happens."""
-
-    def __init__(self, out: TextIO) -> None:
-        self.out = out
-
-    def __call__(self, event: Event) -> None:
-        self.out.write(event.to_json() + "\n")
-        self.out.flush()
-
-    def close(self) -> None:
-        return None
-
-
-class PlainRenderer:
-    """Sentences on stderr, one per line; the result as pretty JSON on stdout."""
+class _Serialised:
+    """Writes from the worker and from the Ctrl-C handler, one at a time."""
 
     def __init__(self, out: TextIO, err: TextIO) -> None:
         self.out, self.err = out, err
+        self.lock = threading.Lock()
 
     def __call__(self, event: Event) -> None:
-        if isinstance(event, Result):
-            self.out.write(dumps_pretty(event.data))
-            self.out.flush()
-        elif isinstance(event, Token):
-            return
-        else:
-            self.err.write(_line(event) + "\n")
-            self.err.flush()
+        with self.lock:
+            self._show(event)
+
+    def say(self, line: str) -> None:
+        locked = self.lock.acquire(timeout=1.0)  # a worker stuck on a full pipe must not swallow the line
+        try:
+            _write(self.err, line + "\n")
+        finally:
+            if locked:
+                self.lock.release()
+
+    def abort(self, event: Error) -> None:
+        if self.lock.acquire(timeout=1.0):
+            self._show(event)
 
     def close(self) -> None:
         return None
+
+    def _show(self, event: Event) -> None:
+        raise NotImplementedError
+
+
+def _write(stream: TextIO, text: str) -> None:
+    stream.write(text)
+    stream.flush()
+
+
+class JsonRenderer(_Serialised):
+    """Every event as one JSON object per line on stdout, flushed as it happens."""
+
+    def _show(self, event: Event) -> None:
+        _write(self.out, event.to_json() + "\n")
+
+
+class PlainRenderer(_Serialised):
+    """Sentences on stderr, one per line; the result as pretty JSON on stdout."""
+
+    def _show(self, event: Event) -> None:
+        if isinstance(event, Result):
+            _write(self.out, dumps_pretty(event.data))
+        elif not isinstance(event, Token):
+            _write(self.err, _line(event) + "\n")
 
 
 def _line(event: Event) -> str:
@@ -91,6 +121,14 @@ class TerminalRenderer:
             style = {"warning": "yellow", "error": "red"}.get(event.type, "dim")
             self.console.print(_line(event), style=style, markup=False)
 
+    def say(self, line: str) -> None:
+        self._end_stream()
+        self.console.print(line, style="yellow", markup=False)
+
+    def abort(self, event: Error) -> None:
+        """Written straight to the file, bypassing rich's lock; shows the cursor the live bar hid."""
+        _write(self.console.file, "\x1b[?25h\n" + _line(event) + "\n")
+
     def _advance(self, event: Progress) -> None:
         if not self.tasks:
             self.bar.start()
@@ -120,7 +158,7 @@ def renderer_for(json_mode: bool, out: TextIO | None = None, err: TextIO | None 
     """The renderer for this process: NDJSON, a live terminal display, or plain lines."""
     out, err = out or sys.stdout, err or sys.stderr
     if json_mode:
-        return JsonRenderer(out)
+        return JsonRenderer(out, err)
     if err.isatty():
         return TerminalRenderer(out, err)
     return PlainRenderer(out, err)

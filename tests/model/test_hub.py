@@ -5,6 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from ster.engine.model.resolve import TOY_DIR
 from tests.conftest import run_subprocess
 
@@ -68,6 +70,13 @@ def test_a_cached_repository_of_another_family_is_refused(tmp_path: Path) -> Non
     assert run.code == 1 and 'model_type "mistral", which Ster cannot load' in run.err
 
 
-def test_revision_with_a_local_directory_is_refused(cli, toy_copy: Path) -> None:
-    run = cli("generate", "--model", toy_copy, "--prompt", "the sea is", "--revision", "main")
-    assert run.code == 1 and f"--revision names a Hub commit; {toy_copy} is a local directory" in run.err
+@pytest.mark.parametrize("local", ["copy", "ster:toy"])
+def test_revision_with_a_local_checkpoint_is_recorded_with_a_warning(cli, toy_copy: Path, local: str) -> None:
+    model = str(toy_copy) if local == "copy" else local
+    what = "a local directory" if local == "copy" else "the bundled toy checkpoint"
+    run = cli("--json", "generate", "--model", model, "--prompt", "the sea is", "--max-new-tokens", "2",
+              "--revision", "v1.0")
+    assert run.code == 0, run.out
+    warning = f"--revision v1.0 is recorded as model_revision but not checked: {model} is {what}, not a Hub repository"
+    assert {"type": "warning", "message": warning} in run.events
+    assert run.events[-1]["data"]["model_revision"] == "v1.0"

@@ -122,7 +122,8 @@ def test_a_body_without_the_envelope_is_quoted(cli, tmp_path: Path, gateway: Gat
 
 @pytest.mark.parametrize(("env", "sentence"), [
     ({"BRAMA_URL": "http://brama.example.com"},
-     "BRAMA_URL must be an https:// base or an explicit http:// loopback address"),
+     "BRAMA_URL must be an https:// base or an explicit http:// loopback address, because Brama answers plain http "
+     "elsewhere with 426 secure_transport_required"),
     ({"BRAMA_BEARER": ""}, "BRAMA_BEARER is unset or empty; export Ster's own Brama bearer before running this command"),
 ])
 def test_environment_refusals_come_before_any_request(cli, tmp_path: Path, gateway: Gateway,

@@ -71,3 +71,31 @@ def test_json_mode_ends_with_the_error_event(cli) -> None:
     assert events[-1]["type"] == "error" and events[-1]["kind"] == "refused"
     assert "does not exist" in events[-1]["message"]
     assert "Traceback" not in run.err
+
+
+def _commands(parser, path=()):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*path, name)
+                yield from _commands(sub, (*path, name))
+
+
+def test_every_help_text_renders(cli) -> None:
+    from ster.commands import build_parser
+
+    commands = list(_commands(build_parser()))
+    assert len(commands) > 20
+    for command in commands:
+        run = cli(*command, "--help")
+        assert run.code == 0 and run.out.startswith(f"usage: ster {' '.join(command)}"), command
+        assert "%%" not in run.out and "%(" not in run.out, command
+
+
+def test_the_help_says_what_exists(cli) -> None:
+    top = " ".join(cli("--help").out.split())
+    assert "LoRA" not in top and "steer generation" in top
+    optimize = " ".join(cli("optimize", "--help").out.split())
+    assert "on the first 80% of the pairs" in optimize

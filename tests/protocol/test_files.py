@@ -197,8 +197,8 @@ def test_a_write_through_a_symlink_replaces_its_target_and_keeps_the_link(tmp_pa
     link = link_dir / "artifact.json"
     link.symlink_to(os.path.relpath(target, link_dir))
     used: list[str] = []
-    mkstemp = files.tempfile.mkstemp
-    monkeypatch.setattr(files.tempfile, "mkstemp", lambda **kw: used.append(kw["dir"]) or mkstemp(**kw))
+    temp_file = files.inflight.temp_file
+    monkeypatch.setattr(files.inflight, "temp_file", lambda **kw: used.append(kw["dir"]) or temp_file(**kw))
     write_atomic(link, "new")
     assert link.is_symlink() and os.readlink(link) == os.path.relpath(target, link_dir)
     assert target.read_text() == "new"

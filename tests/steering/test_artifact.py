@@ -184,7 +184,8 @@ def test_pca_on_one_pair_is_refused(cli, tmp_path: Path) -> None:
 def test_sweep_strengths_must_be_numbers() -> None:
     run = run_subprocess("sweep", "--model", "ster:toy", "--vector", "v.json", "--prompts", "p.json",
                          "--strengths", "1,x")
-    assert run.code == 1 and 'such as 0.4x; got "x"' in run.err
+    assert run.code == 1 and run.err == ('error: --strengths must be a number such as 3 or a multiple of each '
+                                         'layer\'s activation norm such as 0.4x; got "x"\n')
 
 
 def test_the_chat_template_warning_says_what_each_command_does_with_the_direction(cli, tmp_path: Path,

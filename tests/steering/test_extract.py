@@ -112,7 +112,8 @@ def test_the_read_stops_after_the_deepest_layer_and_skips_the_vocabulary() -> No
 @pytest.mark.parametrize(("spec", "sentence"), [
     ("7", "layer 7 is out of range: this model has 4 layers, numbered 0..3"),
     ("2..9", "layer 4 is out of range: this model has 4 layers, numbered 0..3"),
-    ("two", '--layers takes all, a comma list such as 2,5, or a half-open range such as 2..6; got "two"'),
+    ("two", '--layers takes all, a comma list such as 2,5, or a half-open range such as 2..6, or a mix such as '
+            '1,4..7; got "two"'),
     ("3..1", "layer range 3..1 is empty: a..b selects a up to but not including b"),
 ])
 def test_bad_layers_are_refused_and_nothing_is_written(cli, tmp_path: Path, spec: str, sentence: str) -> None:

@@ -62,6 +62,8 @@ class ModelStore:
         """Resolve the model and read everything but its weights; report the chat-template decision."""
         ctx.progress("resolve", f"resolving model {request.model}")
         source = resolve_model(request.model, request.revision)
+        if source.warning:
+            ctx.warn(source.warning)
         config = load_config(source.config)
         codec = _codec(source, config, request.chat_template)
         ctx.log(DECISION_SENTENCES[codec.decision])
@@ -108,16 +110,17 @@ DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 
 
 def resolve_device(name: str) -> torch.device:
-    """``cpu``, ``cuda``, ``mps``, or ``auto`` (the first accelerator present, else cpu)."""
+    """``cpu``, ``cuda``, ``mps`` (or ``metal``), or ``auto`` (the first accelerator present, else cpu)."""
     import torch
 
+    name = "mps" if name == "metal" else name
     cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
     if name == "auto":
         return torch.device("cuda" if cuda else "mps" if mps else "cpu")
     if name == "cuda" and not cuda:
         raise Refusal("--device cuda was asked for, but this torch build sees no CUDA device")
     if name == "mps" and not mps:
-        raise Refusal("--device mps was asked for, but this torch build sees no Metal device")
+        raise Refusal("--device mps (metal) was asked for, but this torch build sees no Metal device")
     return torch.device(name)
 
 

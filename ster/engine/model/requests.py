@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import field_validator
+from pydantic import BeforeValidator, field_validator
 
-from ster.engine.protocol.requests import Request, nucleus
+from ster.engine.protocol.requests import Request, nucleus, seed, temperature
+
+DEVICE_ALIASES = {"metal": "mps"}
+"""Other spellings of a device: ``metal`` is what the original calls Apple's GPU, torch calls it ``mps``."""
+
+
+def _device_alias(value: Any) -> Any:
+    return DEVICE_ALIASES.get(value, value) if isinstance(value, str) else value
+
 
 Precision = Literal["f32", "f16", "bf16"]
-Device = Literal["cpu", "cuda", "mps", "auto"]
+Device = Annotated[Literal["cpu", "cuda", "mps", "auto"], BeforeValidator(_device_alias)]
+"""Where the model runs; ``metal`` is accepted and normalised to ``mps``."""
 ChatMode = Literal["auto", "off"]
 
 
@@ -25,6 +33,7 @@ class ModelRequest(Request):
     precision: Precision = "f32"
     """The dtype the frozen base weights are held at."""
     device: Device = "cpu"
+    """``cpu``, ``cuda``, ``mps`` (also spelled ``metal``), or ``auto`` for the first accelerator present."""
     chat_template: ChatMode = "auto"
     """``auto`` applies the model's own chat template when it publishes one; ``off`` encodes raw text."""
 
@@ -37,15 +46,11 @@ class SampledRequest(ModelRequest):
     top_p: float | None = None
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
     seed: int = 42
+    """An unsigned 64-bit number, 0 to 2^64-1: what a torch generator takes."""
 
-    @field_validator("temperature")
-    @classmethod
-    def _temperature(cls, value: float) -> float:
-        if not math.isfinite(value) or value < 0:
-            raise ValueError("--temperature must be a finite number of at least 0")
-        return value
-
+    _temperature = field_validator("temperature")(lambda cls, v: temperature(v))
     _top_p = field_validator("top_p")(lambda cls, v: nucleus(v))
+    _seed = field_validator("seed")(lambda cls, v: seed(v))
 
 
 class ModelImportRequest(Request):

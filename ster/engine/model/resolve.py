@@ -2,8 +2,9 @@
 
 Resolution reads directory listings and config.json only. It refuses the wrong
 family and a missing file before any weight is opened, and it records the model's
-identity — the string as given, and the resolved Hub commit (None for a local
-directory) — which is what every artifact stores.
+identity — the string as given, and the resolved Hub commit (for a local directory,
+the ``--revision`` given, if any, recorded with a warning) — which is what every
+artifact stores.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ster.engine.model.config import check_architecture, read_model_type
@@ -48,7 +49,8 @@ class ModelSource:
     model: str
     """The ``--model`` string exactly as given."""
     revision: str | None
-    """The resolved Hub commit, or None for a local directory or the bundled toy."""
+    """The resolved Hub commit; for a local directory or the bundled toy, the ``--revision`` given
+    (recorded, not checked), else None."""
     root: Path
     config: Path
     tokenizer: Path
@@ -56,25 +58,33 @@ class ModelSource:
     chat_template_file: Path | None
     generation_config: Path | None
     weights: tuple[Path, ...]
+    warning: str | None = None
+    """A sentence the job that opens this checkpoint emits as a warning (a revision that was not checked)."""
 
 
 def resolve_model(model: str, revision: str | None = None) -> ModelSource:
     """Find a checkpoint's files and check its family, refusing in one sentence."""
     if model in RESERVED:
-        if revision is not None:
-            raise Refusal(f"--revision names a Hub commit; {model} is the bundled toy checkpoint")
         root, tokenizer_config = RESERVED[model]
-        return _from_directory(model, None, root, tokenizer_config)
+        source = _from_directory(model, revision, root, tokenizer_config)
+        return _unchecked_revision(source, "the bundled toy checkpoint")
     path = Path(model).expanduser()
     if path.is_dir():
-        if revision is not None:
-            raise Refusal(f"--revision names a Hub commit; {model} is a local directory")
-        return _from_directory(model, None, path)
+        return _unchecked_revision(_from_directory(model, revision, path), "a local directory")
     if path.exists():
         raise Refusal(f"model {model} is a file; --model takes a checkpoint directory or a Hub id")
     if not _HUB_ID.match(model) or ".." in model:
         raise Refusal(f"model directory {model} does not exist")
     return _from_hub(model, revision)
+
+
+def _unchecked_revision(source: ModelSource, what: str) -> ModelSource:
+    """A revision given with a checkpoint that has none is kept as the record says, with a warning."""
+    if source.revision is None:
+        return source
+    warning = (f"--revision {source.revision} is recorded as model_revision but not checked: {source.model} is "
+               f"{what}, not a Hub repository")
+    return replace(source, warning=warning)
 
 
 def _from_directory(model: str, revision: str | None, root: Path, tokenizer_config: Path | None = None) -> ModelSource:

@@ -70,7 +70,8 @@ class BramaClient:
         parts = urlsplit(base)
         secure = parts.scheme == "https" and bool(parts.hostname)
         if not secure and not (parts.scheme == "http" and _loopback(parts.hostname or "")):
-            raise Refusal("BRAMA_URL must be an https:// base or an explicit http:// loopback address")
+            raise Refusal("BRAMA_URL must be an https:// base or an explicit http:// loopback address, because "
+                          "Brama answers plain http elsewhere with 426 secure_transport_required")
         bearer = os.environ.get("BRAMA_BEARER", "").strip()
         if not bearer:
             raise Refusal("BRAMA_BEARER is unset or empty; export Ster's own Brama bearer before running this command")

@@ -9,7 +9,7 @@ from pydantic import field_validator
 
 from ster.engine.model.requests import ChatMode, Device, Precision
 from ster.engine.pairs.model import PairSet
-from ster.engine.protocol.requests import Request, at_least_one, between, finite, nucleus
+from ster.engine.protocol.requests import Request, at_least_one, between, not_negative, nucleus, seed, temperature
 
 
 class PairsInspectRequest(Request):
@@ -34,7 +34,7 @@ class PairsInspectRequest(Request):
 
     _bits = field_validator("dedupe_bits")(lambda cls, v: between(v, 0, 63, "--dedupe-bits"))
     _bands = field_validator("dedupe_bands")(lambda cls, v: between(v, 1, 64, "--dedupe-bands"))
-    _threshold = field_validator("refusal_threshold")(lambda cls, v: finite(v, "--refusal-threshold"))
+    _threshold = field_validator("refusal_threshold")(lambda cls, v: _threshold(v))
 
 
 class PairsAddRequest(Request):
@@ -62,6 +62,8 @@ class PairsRemoveRequest(Request):
     outputs: ClassVar[tuple[str, ...]] = ("pairs",)
     pairs: Path
     index: int
+
+    _index = field_validator("index")(lambda cls, v: not_negative(v, "--index"))
 
 
 class PairsSynthesizeRequest(Request):
@@ -98,6 +100,23 @@ class PairsSynthesizeRequest(Request):
     _bits = field_validator("dedupe_bits")(lambda cls, v: between(v, 0, 63, "--dedupe-bits"))
     _bands = field_validator("dedupe_bands")(lambda cls, v: between(v, 1, 64, "--dedupe-bands"))
     _top_p = field_validator("top_p")(lambda cls, v: nucleus(v))
+    _temperature = field_validator("temperature")(lambda cls, v: temperature(v))
+    _seed = field_validator("seed")(lambda cls, v: seed(v))
+    _threshold = field_validator("refusal_threshold")(lambda cls, v: _threshold(v))
+
+    @field_validator("generator")
+    @classmethod
+    def _generator(cls, value: str) -> str:
+        if value not in ("local", "brama"):
+            raise ValueError(f'unknown generator "{value}"; expected local or brama')
+        return value
+
+
+def _threshold(value: float) -> float:
+    """Refusal scores lie between 0 and 1, so a threshold outside them would flag every side or none."""
+    if not 0 <= value <= 1:
+        raise ValueError("--refusal-threshold must be between 0 and 1")
+    return value
 
 
 class WorkspaceImportRequest(Request):

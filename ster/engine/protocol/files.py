@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import stat
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from ster.engine.protocol import inflight
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.kinds import (ACTIVATIONS, ARTIFACT, PAIR_SET, describe_existing,  # noqa: F401 (re-exported)
                                         existing, with_article)
@@ -140,9 +140,10 @@ def _check_can_hold_a_file(path: Path, what: str, directory: Path) -> None:
     if not directory.is_dir():
         raise Refusal(f"{what} {path} cannot be written: {directory} is not a directory")
     try:
-        fd, probe = tempfile.mkstemp(prefix=".ster-probe.", suffix=".tmp", dir=directory)
+        fd, probe = inflight.temp_file(prefix=".ster-probe.", suffix=".tmp", dir=directory)
         os.close(fd)
         os.unlink(probe)
+        inflight.unregister(probe)
     except OSError as exc:
         raise Refusal(f"{what} {path} cannot be written: {directory} cannot hold a new file "
                       f"({exc.strerror or exc})") from None
@@ -160,7 +161,7 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     try:
         mode = _mode_for(target)
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, tmp = inflight.temp_file(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
         raise _not_written(path, exc) from None
     try:
@@ -175,6 +176,8 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         if isinstance(exc, OSError):
             raise _not_written(path, exc) from None
         raise
+    finally:
+        inflight.unregister(tmp)
 
 
 def _mode_for(target: Path) -> int:
@@ -216,7 +219,7 @@ def atomic_directory(path: Path) -> Iterator[Path]:
     """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        tmp = Path(inflight.temp_directory(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     except OSError as exc:
         raise _not_written(path, exc) from None
     try:
@@ -232,3 +235,5 @@ def atomic_directory(path: Path) -> Iterator[Path]:
         if isinstance(exc, OSError):
             raise _not_written(path, exc) from None
         raise
+    finally:
+        inflight.unregister(tmp)

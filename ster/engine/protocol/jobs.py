@@ -113,7 +113,9 @@ def run_job(
     ctx = JobContext(emit, cancel or threading.Event(), models)
     final: Event
     try:
-        document = job_function(name)(request, ctx)
+        job = job_function(name)  # may import torch: seconds, during which Ctrl-C may already have come
+        ctx.check_cancelled()
+        document = job(request, ctx)
         final = Result(command=name, data=document.model_dump(mode="json"))
     except SterError as exc:
         final = Error(kind=exc.kind, message=str(exc), details=getattr(exc, "details", None))  # type: ignore[arg-type]

@@ -46,9 +46,19 @@ class Request(BaseModel):
         return self
 
 
+SEED_MAX = 2**64 - 1
+"""The largest seed a torch generator takes; a seed is an unsigned 64-bit number."""
+
+
 def at_least_one(value: int, flag: str) -> int:
     if value < 1:
         raise ValueError(f"{flag} must be at least 1")
+    return value
+
+
+def not_negative(value: int, flag: str) -> int:
+    if value < 0:
+        raise ValueError(f"{flag} must be 0 or more")
     return value
 
 
@@ -70,14 +80,65 @@ def finite(value: float, flag: str) -> float:
     return value
 
 
+def seed(value: int) -> int:
+    return between(value, 0, SEED_MAX, "--seed")
+
+
+def temperature(value: float) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("--temperature must be a finite number of at least 0")
+    return value
+
+
+def comma_list(value: Any) -> Any:
+    """A flag's comma list (``-8,-4,4,8``) split into its items; a list is left to the field's own check."""
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",")]
+    return value
+
+
+_WORDING = {
+    "int_parsing": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "int_type": "must be a whole number",
+    "float_parsing": "must be a number",
+    "float_type": "must be a number",
+    "bool_parsing": "must be true or false",
+    "list_type": "must be a comma list",
+    "missing": "is required",
+}
+
+
+def _sentence(err: Any) -> str:
+    """One sentence for a pydantic error: the flag, what it must be, and what it got."""
+    message = str(err["msg"]).removeprefix("Value error, ")
+    loc = err["loc"]
+    flag = "--" + str(loc[0]).replace("_", "-") if loc else "a field"
+    if err["type"] == "value_error":  # a check's own sentence; one that starts "must" is about the field
+        return f"{flag} {message}" if message.startswith("must ") else message
+    if err["type"] == "literal_error":
+        wording = f"must be {err['ctx']['expected']}"
+    elif len(loc) > 1 and err["type"] in ("float_parsing", "float_type"):
+        wording = "must be a comma list of numbers"
+    else:
+        wording = _WORDING.get(err["type"])
+    if wording is None:
+        return f"{flag}: {message}"
+    got = err.get("input")
+    if isinstance(got, str) and err["type"] != "missing":
+        return f'{flag} {wording}; got "{got[:40]}"'
+    return f"{flag} {wording}"
+
+
 def build_request(kind: type[R], /, **fields: Any) -> R:
-    """Validate a request, refusing the first bad field in one sentence."""
+    """Validate a request, refusing the first bad field in one sentence.
+
+    Values may arrive as text (the CLI passes every flag's value as typed) or typed
+    (the TUI's forms, a server): pydantic parses text in its lax mode, and the sentence
+    names the flag, what it must be and what it got (``--seed must be a whole number;
+    got "x"``).
+    """
     try:
         return kind.model_validate(fields)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        message = str(err["msg"]).removeprefix("Value error, ")
-        if err["type"] != "value_error":
-            flag = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "a field"
-            message = f"{flag}: {message}"
-        raise Refusal(message) from None
+        raise Refusal(_sentence(exc.errors()[0])) from None

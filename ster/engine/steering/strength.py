@@ -29,7 +29,7 @@ DEFAULT_STRENGTH = "0.4x"
 DEFAULT_SWEEP = "-0.8x,-0.4x,0.4x,0.8x"
 """The strengths a sweep walks when none are given: provisional until measured on SmolLM2."""
 
-SPELLING = "a number such as 3 (absolute) or a multiple of the layer's activation norm such as 0.4x"
+SPELLING = "a number such as 3 or a multiple of each layer's activation norm such as 0.4x"
 
 
 class Strength(BaseModel):
@@ -44,13 +44,13 @@ class Strength(BaseModel):
     def _parse(cls, raw: Any) -> Any:
         """Accept a number, the text spelling (``"3"``, ``"-0.4x"``), or the model's own fields."""
         if isinstance(raw, bool):
-            raise ValueError(f"a strength is {SPELLING}")
+            raise ValueError(f"must be {SPELLING}; got {raw}")
         if isinstance(raw, int | float):
             raw = {"value": raw}
         elif isinstance(raw, str):
             raw = _from_text(raw)
         if isinstance(raw, dict) and isinstance(raw.get("value"), int | float) and not math.isfinite(raw["value"]):
-            raise ValueError(f"a strength must be finite, got {raw['value']}")
+            raise ValueError(f"must be a finite number; got {raw['value']}")
         return raw
 
     @property
@@ -87,7 +87,7 @@ def _from_text(text: str) -> dict[str, Any]:
     try:
         value = float(number)
     except ValueError:
-        raise ValueError(f'a strength is {SPELLING}; got "{text}"') from None
+        raise ValueError(f'must be {SPELLING}; got "{text}"') from None
     return {"value": value, "unit": "relative" if relative else "absolute"}
 
 

@@ -1,0 +1,282 @@
+"""The command tree: every command, flag and help text of ``ster``, and nothing else.
+
+Building it imports only the standard library, so ``ster --help`` stays fast. Flags
+take their values as text: argparse checks the command's shape (known commands and
+flags, required flags present, each value-taking flag given a value, exit 2), and the
+job's request model checks every value (a refusal in one sentence, exit 1). The choices
+a flag offers are listed in its help so that they stay visible; the request models hold
+the same lists (tested in ``tests/protocol/test_bad_values.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ster import __version__
+
+EXAMPLE_MODEL = "ster:toy"
+PRECISIONS = ("f32", "f16", "bf16")
+DEVICES = ("cpu", "cuda", "mps", "metal", "auto")
+CHAT_MODES = ("auto", "off")
+METHODS = ("caa", "pca", "logistic")
+GENERATORS = ("local", "brama")
+LAYERS_HELP = "all, or a comma list of layers and half-open ranges, such as 2,5 or 12..24 or 1,4..7 (layers 1, 4, 5, 6)"
+
+
+def _choices(values: tuple[str, ...]) -> str:
+    return "{" + ",".join(values) + "}"
+
+
+def _model_flags(parser: argparse.ArgumentParser, required: bool = True, route: str = "") -> None:
+    group = parser.add_argument_group("model" + route)
+    group.add_argument("--model", required=required, metavar="MODEL",
+                       help="checkpoint directory, Hugging Face Hub id, or ster:toy / ster:toy-chat (bundled)")
+    group.add_argument("--revision", metavar="REV", help="Hub branch, tag or commit; with a local directory it is "
+                                                         "only recorded, with a warning")
+    group.add_argument("--precision", default="f32", metavar=_choices(PRECISIONS),
+                       help="dtype the frozen weights are held at (default f32)")
+    group.add_argument("--device", default="cpu", metavar=_choices(DEVICES),
+                       help="where the model runs; metal is another name for mps, auto takes the first accelerator "
+                            "present (default cpu)")
+    group.add_argument("--chat-template", default="auto", metavar=_choices(CHAT_MODES),
+                       help="auto applies the model's own chat template when it has one (default auto)")
+
+
+def _sampling_flags(parser: argparse.ArgumentParser, max_new_tokens: int, temperature: float = 0.0,
+                    top_p: float | None = None, within_context: bool = True) -> None:
+    group = parser.add_argument_group("sampling")
+    if within_context:  # omitted, the job fits the default into what the model's context leaves
+        group.add_argument("--max-new-tokens", default=None, metavar="N",
+                           help=f"most tokens to generate (default {max_new_tokens}, or fewer when the model's "
+                                f"context ends sooner; a larger value than the context allows is refused)")
+    else:
+        group.add_argument("--max-new-tokens", default=max_new_tokens, metavar="N",
+                           help=f"most tokens to generate (default {max_new_tokens})")
+    group.add_argument("--temperature", default=temperature, metavar="T",
+                       help=f"0 decodes greedily, above 0 samples (default {temperature})")
+    group.add_argument("--top-p", default=top_p, metavar="P",
+                       help="nucleus sampling: keep the likeliest tokens up to probability P, above 0 and at most 1 "
+                            f"(default {'off' if top_p is None else top_p})")
+    group.add_argument("--seed", default=42, metavar="N",
+                       help="seed of the sampler, 0 to 2^64-1; used when the temperature is above 0 (default 42)")
+
+
+def _layer_flags(parser: argparse.ArgumentParser, unit: str = "sequences") -> None:
+    parser.add_argument("--layers", default="all", metavar="LAYERS", help=f"{LAYERS_HELP}; default all")
+    parser.add_argument("--batch-size", default=8, metavar="N", help=f"{unit} per forward pass (default 8)")
+
+
+def _fit_flags(parser: argparse.ArgumentParser, pairs_help: str) -> None:
+    _model_flags(parser)
+    parser.add_argument("--pairs", metavar="FILE", help=f"{pairs_help} (default: the workspace's active set)")
+    parser.add_argument("--output", required=True, metavar="FILE", help="where to write the steering artifact")
+    _layer_flags(parser, "pairs")
+
+
+def _command(commands: Any, name: str, help_text: str, description: str,
+             job: str | None = None) -> argparse.ArgumentParser:
+    parser = commands.add_parser(name, help=help_text, description=description)
+    parser.set_defaults(job=job or name)
+    parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print every event as one JSON object per line on stdout")
+    return parser
+
+
+def _add_generate(commands: Any) -> None:
+    parser = _command(commands, "generate", "generate text, steered or not",
+                      "Decode from one prompt with a KV cache: greedy at temperature 0, seeded sampling above "
+                      "it; with --vector, strength x direction is added after each of the artifact's layers at "
+                      "every step. Stops at the tokenizer's end of text or after --max-new-tokens.")
+    _model_flags(parser)
+    parser.add_argument("--prompt", required=True, help="the prompt text")
+    parser.add_argument("--vector", metavar="FILE", help="a steering artifact; omit it for the unsteered baseline")
+    parser.add_argument("--strength", default="1", metavar="S",
+                        help="how far along the direction: a number in the residual stream's units (3), or a "
+                             "multiple of each layer's activation norm (0.4x); negative steers the other way "
+                             "(write --strength=-0.4x); default 1")
+    _sampling_flags(parser, 128)
+
+
+def _add_extract(commands: Any) -> None:
+    parser = _command(commands, "extract", "export hidden states for a prompt set",
+                      "For each prompt, the last token's residual-stream state after each selected block, "
+                      "written as a versioned JSON document.")
+    _model_flags(parser)
+    parser.add_argument("--input", required=True, metavar="FILE", help='JSON file {"prompts": ["...", ...]}')
+    parser.add_argument("--output", required=True, metavar="FILE", help="where to write the activation document")
+    _layer_flags(parser, "prompts")
+
+
+def _add_train(commands: Any) -> None:
+    parser = _command(commands, "train", "fit one direction per selected layer",
+                      "Fit one unit direction per selected layer from a contrastive pair set and write it as a "
+                      "steering artifact; prints the artifact's summary with training scores.")
+    _fit_flags(parser, 'pair set {"trait_name": ..., "pairs": [...]}')
+    parser.add_argument("--method", default="caa", metavar=_choices(METHODS),
+                        help="mean difference, principal direction, or logistic probe (default caa)")
+
+
+def _add_optimize(commands: Any) -> None:
+    parser = _command(commands, "optimize", "choose method and layer on an 80/20 holdout",
+                      "Fit every method at every selected layer on the first 80% of the pairs, rank them on the "
+                      "rest by accuracy then margin, publish the table, and write the winner refitted on all pairs.")
+    _fit_flags(parser, "pair set with at least 4 pairs")
+
+
+def _add_evaluate(commands: Any) -> None:
+    parser = _command(commands, "evaluate", "measure a steering artifact on a pair set",
+                      "Per layer of the artifact: pair-ordering accuracy and mean projection margin.")
+    _model_flags(parser)
+    parser.add_argument("--pairs", metavar="FILE", help="pair set to measure on (default: the workspace's active set)")
+    parser.add_argument("--vector", required=True, metavar="FILE", help="the steering artifact")
+    parser.add_argument("--batch-size", default=8, metavar="N", help="pairs per forward pass (default 8)")
+
+
+def _add_sweep(commands: Any) -> None:
+    parser = _command(commands, "sweep", "find the strength where steering starts and where it breaks",
+                      "Generate at each strength (0 always included) for each prompt; report per strength the "
+                      "effect (how far the text moved along the direction, re-read unsteered) and degeneracy, "
+                      "and suggest the largest fluent strength of each sign.")
+    _model_flags(parser)
+    parser.add_argument("--vector", required=True, metavar="FILE", help="the steering artifact")
+    parser.add_argument("--prompts", required=True, metavar="FILE", help='JSON file {"prompts": ["...", ...]}')
+    parser.add_argument("--strengths", required=True, metavar="LIST",
+                        help="comma list, all absolute (--strengths=-8,-4,4,8) or all relative to each layer's "
+                             "activation norm (--strengths=-0.4x,0.4x); write = before a leading minus")
+    _sampling_flags(parser, 48)
+
+
+def _add_inspect(commands: Any) -> None:
+    parser = _command(commands, "inspect", "validate a steering artifact and summarise it",
+                      "Validate an artifact and print its summary (no vector values) without loading a model.")
+    parser.add_argument("artifact", metavar="FILE", help="the steering artifact")
+
+
+def _dedupe_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dedupe-bits", default=3, metavar="N",
+                        help="near-duplicates differ in at most N of their 64 SimHash bits, 0 to 63 (default 3)")
+    parser.add_argument("--dedupe-bands", default=8, metavar="N",
+                        help="LSH bands the fingerprint is cut into to find near-duplicates, 1 to 64 (default 8)")
+    parser.add_argument("--refusal-threshold", default=0.5, metavar="X",
+                        help="a side scoring at or above X, 0 to 1, reads as a refusal (default 0.5)")
+
+
+def _add_synthesize(commands: Any) -> None:
+    synth = _command(commands, "synthesize", "write a pair set from a trait description",
+                     "Generate a pair set from a one-sentence trait description, with a local model (default) "
+                     "or a hosted model through the Brama gateway (BRAMA_URL, BRAMA_BEARER).", "pairs synthesize")
+    synth.add_argument("--trait", required=True, metavar="TEXT", help="the trait, described in one sentence")
+    synth.add_argument("--count", required=True, metavar="N", help="pairs to keep")
+    synth.add_argument("--output", required=True, metavar="FILE", help="where to write the pair set")
+    synth.add_argument("--generator", default="local", metavar=_choices(GENERATORS),
+                       help="who writes the text: a local model (--model) or Brama (--generator-model) "
+                            "(default local)")
+    synth.add_argument("--generator-model", metavar="ROUTE", help="the Brama alias or provider/model route")
+    synth.add_argument("--trait-name", metavar="NAME", help="the set's trait_name (default: derived from --trait)")
+    synth.add_argument("--opposite", metavar="TEXT", help="the opposite trait (default: derived with one generation)")
+    synth.add_argument("--retry-multiplier", default=3, metavar="N",
+                       help="give up after count x N attempts (default 3)")
+    _dedupe_flags(synth)
+    _model_flags(synth, required=False, route=" (--generator local)")
+    _sampling_flags(synth, 96, 0.9, 0.95, within_context=False)
+
+
+def _add_pairs(commands: Any) -> None:
+    pairs = commands.add_parser("pairs", help="author, inspect, and synthesize contrastive pair sets",
+                                description="Contrastive pair sets: matched texts that show a trait and do not.")
+    sub = pairs.add_subparsers(dest="pairs_command", metavar="<subcommand>", required=True)
+    inspect = _command(sub, "inspect", "find duplicates, refusals, lopsided pairs and low diversity; no model",
+                       "Inspect a pair set without loading a model: exact and near duplicates (SimHash with "
+                       "banded LSH), sides that read as refusals, length balance, and diversity.", "pairs inspect")
+    inspect.add_argument("--pairs", metavar="FILE", help="the pair set (default: the workspace's active set)")
+    _dedupe_flags(inspect)
+    inspect.add_argument("--model", metavar="MODEL", help="count each side in this model's tokens against its "
+                                                          "context (reads its tokenizer and config, never its weights)")
+    inspect.add_argument("--revision", metavar="REV", help="Hub branch, tag or commit of --model (Hub ids only)")
+    inspect.add_argument("--chat-template", default="auto", metavar=_choices(CHAT_MODES),
+                         help="encode the sides as train would: auto applies the model's template (default auto)")
+    add = _command(sub, "add", "append one pair (creates the file)", "Append one pair to a pair set, creating "
+                   "the file and its parent directory when missing.", "pairs add")
+    add.add_argument("--pairs", required=True, metavar="FILE", help="the pair set file")
+    add.add_argument("--positive", required=True, metavar="TEXT", help="the text that shows the trait")
+    add.add_argument("--negative", required=True, metavar="TEXT", help="the matched text that does not")
+    add.add_argument("--trait", metavar="NAME", help="set or replace the set's trait name")
+    remove = _command(sub, "remove", "remove the pair at an index", "Remove one pair by its zero-based index.",
+                      "pairs remove")
+    remove.add_argument("--pairs", required=True, metavar="FILE", help="the pair set file")
+    remove.add_argument("--index", required=True, metavar="N", help="zero-based index of the pair")
+    _add_synthesize(sub)
+
+
+def _add_workspace(commands: Any) -> None:
+    workspace = commands.add_parser("workspace", help="import, activate, and inspect persistent pair sets",
+                                    description="Pair sets kept under $XDG_DATA_HOME/ster (else ~/.local/share/ster), "
+                                                "one of them active: train, optimize, evaluate and pairs inspect "
+                                                "use it when --pairs is omitted.")
+    sub = workspace.add_subparsers(dest="workspace_command", metavar="<subcommand>", required=True)
+    imports = _command(sub, "import-pairs", "keep a canonical copy of a pair set and make it active",
+                       "Validate a pair set, copy it under $XDG_DATA_HOME/ster, and make it the active set.",
+                       "workspace import-pairs")
+    imports.add_argument("source", metavar="FILE", help="the pair set to import")
+    imports.add_argument("--name", help="the id of the copy (default: the file name)")
+    _command(sub, "show", "list the imported sets and the active one", "List the imported pair sets.",
+             "workspace show")
+    select = _command(sub, "select", "make an imported set the active one", "Activate an imported set.",
+                      "workspace select")
+    select.add_argument("id", help="the set's id")
+    remove = _command(sub, "remove", "forget an imported set", "Remove an imported set and its copy.",
+                      "workspace remove")
+    remove.add_argument("id", help="the set's id")
+
+
+def _add_onboarding(commands: Any) -> None:
+    parser = _command(commands, "onboarding", "show or replay the first-use walkthrough",
+                      "The first-use walkthrough: what a pair set is and how to get one. It ends when a pair set "
+                      "is imported or written.")
+    parser.add_argument("--reset", action="store_true", help="start the walkthrough over")
+    parser.add_argument("--import-pairs", metavar="FILE", help="import this pair set into the workspace")
+    parser.add_argument("--name", help="the id of the imported copy")
+
+
+def _add_model(commands: Any) -> None:
+    model = commands.add_parser("model", help="convert a GGUF file into a checkpoint directory",
+                                description="Checkpoints in a form every command loads.")
+    model_commands = model.add_subparsers(dest="model_command", metavar="<subcommand>", required=True)
+    gguf = _command(model_commands, "import", "convert a Llama GGUF file into a checkpoint directory",
+                    "Dequantize a Llama GGUF checkpoint into config.json, tokenizer.json, tokenizer_config.json "
+                    "(with its chat template) and model.safetensors.", "model import")
+    gguf.add_argument("gguf", metavar="FILE.gguf", help="the GGUF file")
+    gguf.add_argument("--output", required=True, metavar="DIR", help="the directory to create (new, or empty)")
+
+
+STEERING = (_add_train, _add_optimize, _add_evaluate, _add_generate, _add_extract, _add_sweep, _add_inspect)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command tree. Building it imports nothing beyond the standard library."""
+    parser = argparse.ArgumentParser(
+        prog="ster",
+        description="Read hidden states out of Llama-family models, fit steering directions from contrastive "
+                    "pairs, and steer generation with them. Run ster alone on a terminal for the full-screen app.",
+        epilog=f'Try: ster generate --model {EXAMPLE_MODEL} --prompt "question : what is the river like ? answer :"',
+    )
+    parser.add_argument("--version", action="version", version=f"ster {__version__}")
+    parser.add_argument("--json", action="store_true", help="print every event as one JSON object per line on stdout")
+    commands = parser.add_subparsers(dest="command", metavar="<command>")
+    for add in STEERING:
+        add(commands)
+    vector = commands.add_parser("vector", help="the steering commands again, as ster vector <command>")
+    vector_commands = vector.add_subparsers(dest="vector_command", metavar="<command>", required=True)
+    for add in STEERING:
+        add(vector_commands)
+    tui = commands.add_parser("tui", help="open the full-screen app (also: ster with no arguments on a terminal)",
+                              description="The full-screen app: author pairs, train and select a direction, "
+                                          "compare steered with unsteered generation.")
+    tui.add_argument("--model", default="ster:toy", help="the model to start with (default ster:toy)")
+    tui.add_argument("--pairs", metavar="FILE", help="the pair set to open")
+    _add_pairs(commands)
+    _add_workspace(commands)
+    _add_onboarding(commands)
+    _add_model(commands)
+    return parser
