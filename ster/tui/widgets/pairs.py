@@ -24,8 +24,11 @@ from ster.engine.pairs.model import Pair, PairSet
 from ster.tui.messages import JobEvent, JobFinished
 from ster.tui.runner import JobHandle
 from ster.tui.widgets.pair_report import detail_text, distinct_parts, flag_cells, summary_text
+from ster.tui.words import in_our_words
 
 FIXED_COLUMNS = (("#", 4), ("duplicate", 20), ("refusal", 22), ("ratio", 6))
+NARROW_COLUMNS = (("#", 3), ("duplicate", 12), ("refusal", 14), ("ratio", 5))
+"""Below 110 columns the flag columns give their width to the two texts (a cut flag still names its kind)."""
 NEW_SET = "trait"
 
 
@@ -272,7 +275,7 @@ class PairsPane(Vertical):
     def on_job_event(self, message: JobEvent) -> None:
         event = message.event
         if event.type == "warning":
-            self._say(f"warning: {event.message}", "yellow")
+            self._say(f"warning: {in_our_words(event.message)}", "yellow")
         elif event.type == "progress" and message.handle.name == "pairs synthesize":
             self._synthesis_progress(event)
 
@@ -294,7 +297,7 @@ class PairsPane(Vertical):
             if handle is self._inspection:
                 self._inspection = None  # the summary then says the flags are unknown
             self._redraw(self._highlighted())
-            self._say(final.message, "red")
+            self._say(in_our_words(final.message), "red")
             return
         request, data = handle.request, final.data  # type: ignore[union-attr]
         {"pairs inspect": self._inspected, "pairs save": self._saved, "workspace import-pairs": self._imported,
@@ -330,8 +333,9 @@ class PairsPane(Vertical):
     def _use_path(self, path: Path) -> None:
         """The set now belongs to this file, and the other tabs train and evaluate on it."""
         self.path = path
-        self.app.settings.pairs = path  # type: ignore[attr-defined]
-        self.app.refresh_status()  # type: ignore[attr-defined]
+        settings = self.app.settings  # type: ignore[attr-defined]
+        settings.pairs, settings.trait = path, self.pair_set.trait_name
+        self.app.settings_changed("pairs")  # type: ignore[attr-defined]
 
     def _redraw(self, cursor: int | None = None) -> None:
         self._show_summary()
@@ -351,9 +355,9 @@ class PairsPane(Vertical):
     def _fill_table(self, cursor: int | None = None) -> None:
         table = self.query_one(DataTable)
         table.clear(columns=True)
-        text_width = max(12, (self.size.width - sum(w + 2 for _, w in FIXED_COLUMNS) - 4) // 2)
-        for label, width in (FIXED_COLUMNS[0], ("positive", text_width), ("negative", text_width),
-                             *FIXED_COLUMNS[1:]):
+        fixed = NARROW_COLUMNS if self.size.width < 110 else FIXED_COLUMNS
+        text_width = max(10, (self.size.width - sum(w + 2 for _, w in fixed) - 6) // 2)
+        for label, width in (fixed[0], ("positive", text_width), ("negative", text_width), *fixed[1:]):
             table.add_column(label, width=width, key=label)
         reported = (self.report or {}).get("pairs") if self.live is None else None
         for index, pair in enumerate(self.live if self.live is not None else self.pair_set.pairs):
