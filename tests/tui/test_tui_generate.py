@@ -239,8 +239,8 @@ def test_an_artifact_for_another_model_is_refused_before_anything_is_generated(c
         assert str(line.get_style_at_offset(app.console, 0).color.name) == "red"
         assert [h.state for h in generations(app)] == ["refused"]  # the baseline never ran
         assert not [final for final in app.finals if final.type == "result" and final.command == "generate"]
-        assert pane.panel("steered").border_title.endswith("(refused)")
-        assert pane.panel("baseline").border_title == "unsteered (not run)" and pane.panel("baseline").text == ""
+        assert pane.panel("steered").border_title.startswith("(refused) steered 0.4x")
+        assert pane.panel("baseline").border_title == "(not run) unsteered" and pane.panel("baseline").text == ""
         app.settings.use_artifact(calm, None)
         await pilot.press("g")
         await settle(app, pilot)
@@ -298,8 +298,8 @@ def test_a_cancelled_generation_marks_its_panels(calm: Path) -> None:
         store.release.set()
         await settle(app, pilot)
         assert [h.state for h in generations(app)] == ["cancelled"]
-        assert pane.panel("steered").border_title == "steered 0.4x · calm (caa, layer 3) (cancelled)"
-        assert pane.panel("baseline").border_title == "unsteered (not run)"
+        assert pane.panel("steered").border_title == "(cancelled) steered 0.4x · calm (caa, layer 3)"
+        assert pane.panel("baseline").border_title == "(not run) unsteered"
         assert message(pane) == ""
         progress = pane.query_one(JobProgress).plain
         assert "cancelled at" in progress and "100%" not in progress
@@ -375,7 +375,7 @@ def test_a_model_switch_marks_the_sweep_and_the_texts_as_older(calm: Path) -> No
         await pilot.pause()
         caption = str(pane.query_one("#caption", Static).content)
         assert caption.startswith("older sweep (the model has changed since): swept calm (caa, layer 3) on ster:toy")
-        assert pane.panel("steered").border_title.endswith("(older: the model has changed since)")
-        assert pane.panel("baseline").border_title == "unsteered (older: the model has changed since)"
+        assert pane.panel("steered").border_title.startswith("(older) steered 0.4x")
+        assert pane.panel("baseline").border_title == "(older) unsteered"
 
     drive(Settings(vector=calm), scenario)

@@ -129,7 +129,7 @@ class GenerateJobs:
     def _mark_old(self, why: str) -> None:
         for role in ("baseline", "steered"):
             if self.panel(role).text and role not in self.jobs:
-                self.panel(role).mark(f"older: {why}")
+                self.panel(role).mark("older")
         if self.query_one(SweepTable).rows_data and "sweep" not in self.jobs:
             self.query_one("#caption", Static).update(Text.assemble((f"older sweep ({why}): ", "yellow"),
                                                                     self.caption))

@@ -68,9 +68,10 @@ class TextPanel(VerticalScroll):
     def retitle(self, title: str) -> None:
         self.title = self.border_title = title
 
-    def mark(self, suffix: str) -> None:
-        """Add a word to the title (cancelled, refused, or why the text is now older than the settings)."""
-        self.border_title = f"{self.title} ({suffix})"
+    def mark(self, state: str) -> None:
+        """Put a word before the title (cancelled, refused, or why the text is now older than the settings),
+        where a narrow panel does not cut it off."""
+        self.border_title = f"({state}) {self.title}"
 
     def note(self, note: str, style: str = "dim") -> None:
         """A line in place of the text, for a panel that has none yet (queued, not run)."""

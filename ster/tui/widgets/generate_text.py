@@ -51,7 +51,7 @@ class GenerateText:
         if not baseline.text and not steered.text:
             return ""
         prompt = self.prompt_used  # type: ignore[attr-defined]
-        parts = [f"prompt: {prompt}", f"[{baseline.border_title}]\n{baseline.text}"]
+        parts = [f"prompt: {prompt}", f"[{baseline.title}]\n{baseline.text}"]
         if steered.text:
-            parts.append(f"[{steered.border_title}]\n{steered.text}")
+            parts.append(f"[{steered.title}]\n{steered.text}")
         return "\n\n".join(parts) + "\n"
