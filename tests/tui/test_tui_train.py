@@ -151,3 +151,14 @@ def test_before_its_first_event_a_job_says_it_is_importing_the_engine(monkeypatc
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     assert "importing torch" in first_step("optimize").message
     assert first_step("pairs inspect").message == "starting"  # a job without a model imports no torch
+
+
+def test_without_a_pair_set_train_says_where_to_get_one_in_the_apps_words() -> None:
+    from ster.tui.words import NO_PAIRS
+
+    async def scenario(app: SterApp, pilot: Pilot, pane: TrainPane) -> None:
+        await pilot.press("t")
+        await settle(pilot, app)
+        assert message(pane) == NO_PAIRS and "--pairs" not in message(pane)
+
+    drive(scenario, Settings())
