@@ -102,7 +102,8 @@ class TrainPane(FieldErrors, Vertical):
         return default_artifact(settings.trait, method, settings.model)
 
     def _default_output(self) -> None:
-        self.query_one("#output", Field).placeholder = f"{shown(self._default_path('train'))} (o: …optimized…)"
+        self.query_one("#output", Field).placeholder = (f"{shown(self._default_path('train'))}, or "
+                                                        f"{self._default_path('optimize').name} for o")
 
     def on_select_changed(self) -> None:
         self._default_output()

@@ -32,8 +32,8 @@ class TrainResults(Vertical):
     TrainResults #results-title { height: auto; padding: 0 1; }
     TrainResults #results-title.-old { color: $text-muted; }
     TrainResults Horizontal { height: 1fr; }
-    TrainResults DataTable { width: 1fr; height: 1fr; }
-    TrainResults #plot-box { width: auto; max-width: 60%; height: 1fr; }
+    TrainResults DataTable { width: auto; min-width: 30; max-width: 60%; height: 1fr; margin-right: 2; }
+    TrainResults #plot-box { width: 1fr; height: 1fr; }
     """
 
     def __init__(self, **kwargs: Any) -> None:
