@@ -19,7 +19,7 @@ from textual.widget import Widget
 from textual.widgets import Header, TabbedContent, TabPane, Tabs
 
 from ster.tui.messages import JobEvent, JobFinished, JobStarted, SettingsChanged
-from ster.tui.runner import JobHandle, JobRunner
+from ster.tui.runner import JobHandle, JobRunner, final_state
 from ster.tui.settings import Settings
 from ster.tui.widgets.footer import KeyBar
 from ster.tui.widgets.generate import GeneratePane
@@ -30,7 +30,6 @@ from ster.tui.widgets.train import TrainPane
 
 TABS = (("pairs", "Pairs", PairsPane), ("train", "Train", TrainPane), ("generate", "Generate", GeneratePane),
         ("jobs", "Jobs", JobsPane))
-FINAL_STATE = {"result": "done", "refused": "refused", "cancelled": "cancelled", "internal": "failed"}
 
 
 class SterApp(App[None]):
@@ -142,7 +141,7 @@ class SterApp(App[None]):
         handle, final = message.handle, message.final
         if handle.id == 0:
             return  # a request refused before it became a job
-        handle.state = FINAL_STATE["result" if final.type == "result" else final.kind]  # type: ignore[assignment]
+        handle.state = final_state(final)
         handle.ended_at = self.clock() if handle.started_at is not None else None
         handle.last_message = "finished" if final.type == "result" else final.message  # type: ignore[union-attr]
         self._record(handle, final)

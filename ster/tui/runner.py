@@ -25,6 +25,13 @@ if TYPE_CHECKING:
     from ster.engine.protocol.events import Event
 
 State = Literal["queued", "running", "done", "refused", "cancelled", "failed"]
+ENDED: dict[str, State] = {"result": "done", "refused": "refused", "cancelled": "cancelled", "internal": "failed"}
+"""A final event (a result, or an error's kind) → the state the job ends in."""
+
+
+def final_state(final: Event) -> State:
+    """The state a job ends in, from its final event."""
+    return ENDED["result" if final.type == "result" else final.kind]  # type: ignore[union-attr]
 
 
 @dataclass(eq=False)

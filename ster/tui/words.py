@@ -16,8 +16,8 @@ import re
 
 from ster.engine.protocol.errors import Refusal
 
-LABELS = {"strength": "strength", "strengths": "sweep", "max-new-tokens": "max tokens", "temperature": "temp (temperature)",
-          "seed": "seed", "top-p": "top p", "layers": "layers", "output": "artifact", "vector": "artifact",
+LABELS = {"strength": "strength", "strengths": "sweep", "max-new-tokens": "max tokens",
+          "temperature": "temp (temperature)", "seed": "seed", "top-p": "top p", "layers": "layers", "output": "artifact", "vector": "artifact",
           "pairs": "pair set", "count": "pairs to keep", "batch-size": "batch size", "prompt": "prompt",
           "trait": "trait", "model": "model"}
 """CLI flag (without its dashes) → the label of the form field that sets it."""

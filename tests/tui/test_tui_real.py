@@ -36,7 +36,8 @@ def test_the_default_strength_moves_smollm2s_text_and_the_panels_say_what_was_ap
             steered, baseline = pane.panel("steered"), pane.panel("baseline")
             assert pane.query_one("#strength").value == DEFAULT_STRENGTH  # type: ignore[attr-defined]
             assert steered.text and baseline.text and steered.text != baseline.text
-            assert steered.border_title == f"steered {DEFAULT_STRENGTH} · calm.caa.smollm2-135m-instruct (caa, layer 12)"
-            assert "artifact calm.caa.smollm2-135m-instruct (caa, layer 12)" in app.query_one(StatusLine).plain
+            applied = "calm.caa.smollm2-135m-instruct (caa, layer 12)"
+            assert steered.border_title == f"steered {DEFAULT_STRENGTH} · {applied}"
+            assert f"artifact {applied}" in app.query_one(StatusLine).plain
 
     asyncio.run(scenario())

@@ -117,7 +117,8 @@ def test_results_show_what_the_last_job_did_and_older_ones_are_marked(tmp_path: 
         pane.query_one("#output", Input).value = str(tmp_path / "c.json")
         await pilot.press("escape", "t")
         await settle(pilot, app)
-        assert title(pane) == "older result (the last train was refused): train: pca at layer 2, fitted on the whole set"
+        assert title(pane) == ("older result (the last train was refused): "
+                               "train: pca at layer 2, fitted on the whole set")
         assert message(pane) == "layer 9 is out of range: this model has 4 layers, numbered 0..3"
         app._model_chosen({"model": "ster:toy-chat", "precision": "f32", "device": "cpu", "chat_template": "auto"})
         await pilot.pause()

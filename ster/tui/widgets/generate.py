@@ -27,6 +27,7 @@ from ster.tui.widgets.generate_jobs import ROLES, GenerateJobs
 from ster.tui.widgets.generate_parts import SweepTable, TextPanel
 from ster.tui.widgets.generate_text import GenerateText
 from ster.tui.widgets.progress import JobProgress
+from ster.tui.widgets.wrapped import Wrapped
 from ster.tui.words import format_number, parse_strength, parse_strengths, parse_temperature, parse_whole
 
 PROMPT = "question : tell me about the town . answer :"
@@ -89,13 +90,13 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
                                                id="strengths"),
                                 "x: × activation norm; 0 is always added")
         yield JobProgress("g generates, w sweeps", id="progress")
-        yield Static("", id="message")
+        yield Wrapped("", id="message")
         with Horizontal(id="panels"):
             yield TextPanel("unsteered", "g generates the prompt without steering here…", id="baseline")
             yield TextPanel("steered", "…and here with the Train tab's artifact, at the strength above "
                                        "(] and [ change it)", id="steered")
-        yield Static(Text("w sweeps the strengths above on this prompt", style="dim"), id="caption")
-        yield Static("", id="fluent-rule")
+        yield Wrapped(Text("w sweeps the strengths above on this prompt", style="dim"), id="caption")
+        yield Wrapped("", id="fluent-rule")
         yield SweepTable(id="sweep")
 
     # --- actions ------------------------------------------------------------------------------
@@ -132,10 +133,10 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         del fields["strength"]
         handle = self._start("sweep", "sweep", fields)
         if handle:
-            self.query_one(SweepTable).begin(list(handle.request.strengths))  # type: ignore[attr-defined]
-            self.query_one("#caption", Static).update(f"sweeping {settings.artifact_label()} at "
-                                                      f"{len(handle.request.strengths)} strengths "  # type: ignore[attr-defined]
-                                                      "(0 included)…")
+            strengths = list(handle.request.strengths)  # type: ignore[attr-defined]
+            self.query_one(SweepTable).begin(strengths)
+            self.query_one("#caption", Static).update(f"sweeping {settings.artifact_label()} at {len(strengths)} "
+                                                      "strengths (0 included)…")
             self.query_one("#fluent-rule", Static).update("")
 
     def action_step(self, direction: int, fine: bool) -> None:

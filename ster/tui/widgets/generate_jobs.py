@@ -14,8 +14,8 @@ from rich.text import Text
 from textual.widgets import Static
 
 from ster.tui.messages import JobEvent, JobFinished, JobStarted, SettingsChanged
-from ster.tui.runner import JobHandle
-from ster.tui.widgets.generate_parts import FAILED, SweepTable, TextPanel, fluent_rule, other_unit, sweep_caption
+from ster.tui.runner import ENDED, JobHandle, final_state
+from ster.tui.widgets.generate_parts import SweepTable, TextPanel, fluent_rule, other_unit, sweep_caption
 from ster.tui.widgets.progress import JobProgress
 from ster.tui.words import format_number, in_our_words
 
@@ -65,7 +65,7 @@ class GenerateJobs:
         if role is None:
             return
         self.jobs.pop(role, None)
-        state = "done" if final.type == "result" else FAILED[final.kind]  # type: ignore[union-attr]
+        state = final_state(final)
         self.query_one(JobProgress).ended(handle, state, getattr(final, "message", ""))
         if role != "sweep":
             self.panel(role).remove_class("running")
@@ -84,15 +84,15 @@ class GenerateJobs:
     def _failed(self, role: str, kind: str, sentence: str) -> None:
         """A refusal or failure goes to the message line in red; the affected output is marked."""
         if role == "steered":
-            self._not_run(f"the steered run was {FAILED[kind]}, so nothing was generated")
+            self._not_run(f"the steered run was {ENDED[kind]}, so nothing was generated")
         if kind != "cancelled":
             self.add(sentence, "red")
         if role == "sweep":
-            self.query_one("#caption", Static).update(Text(f"sweep {FAILED[kind]}", "magenta" if kind == "cancelled"
+            self.query_one("#caption", Static).update(Text(f"sweep {ENDED[kind]}", "magenta" if kind == "cancelled"
                                                            else "red"))
             return
         panel = self.panel(role)
-        panel.mark(FAILED[kind])
+        panel.mark(ENDED[kind])
         if not panel.text:
             panel.note(*(("nothing generated", "dim") if kind == "cancelled" else (sentence, "red")))
 

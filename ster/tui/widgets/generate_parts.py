@@ -9,7 +9,6 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
-FAILED = {"refused": "refused", "cancelled": "cancelled", "internal": "failed"}
 SWEEP_COLUMNS = (("strength", 8), ("other", 8), ("effect", 8), ("dist-2", 6), ("run", 3), ("tokens", 6),
                  ("judged", 10))
 """The sweep table's short columns and widths; "other" is the strength in the other unit; the output takes the rest."""
@@ -176,7 +175,8 @@ def sweep_cells(row: dict[str, Any], strength: Any, suggested: bool, width: int)
                "tokens": f"{row['mean_tokens']:.1f}"}
     output = one_line(" | ".join(o["text"] for o in row["outputs"]), width)
     return {**{key: Text(n, style=style, justify="right") for key, n in numbers.items()},
-            "judged": Text(judged, style=style or ("red" if not row["fluent"] else "")), OUTPUT: Text(output, style=style)}
+            "judged": Text(judged, style=style or ("red" if not row["fluent"] else "")),
+            OUTPUT: Text(output, style=style)}
 
 
 def sweep_caption(data: dict[str, Any], artifact: str) -> Text:

@@ -23,6 +23,7 @@ from textual.widgets import DataTable, Static
 from ster.engine.pairs.model import Pair, PairSet
 from ster.tui.messages import JobEvent, JobFinished
 from ster.tui.runner import JobHandle
+from ster.tui.widgets.wrapped import Wrapped
 from ster.tui.widgets.pair_report import detail_text, distinct_parts, flag_cells, summary_text
 from ster.tui.words import in_our_words
 
@@ -70,10 +71,10 @@ class PairsPane(Vertical):
         self._opened_note = ""
 
     def compose(self) -> ComposeResult:
-        yield Static("", id="summary")
-        yield Static("", id="message")
+        yield Wrapped("", id="summary")
+        yield Wrapped("", id="message")
         yield DataTable(cursor_type="row", zebra_stripes=True, id="pairs-table")
-        yield Static("", id="detail")
+        yield Wrapped("", id="detail")
 
     def on_mount(self) -> None:
         path: Path | None = self.app.settings.pairs  # type: ignore[attr-defined]

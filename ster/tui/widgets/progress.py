@@ -22,7 +22,7 @@ from ster.tui.progress import Step
 from ster.tui.runner import JobHandle
 from ster.tui.words import in_our_words
 
-ENDED = {"done": ("done", "green"), "refused": ("refused", "red"), "cancelled": ("cancelled", "magenta"),
+LOOK = {"done": ("done", "green"), "refused": ("refused", "red"), "cancelled": ("cancelled", "magenta"),
          "failed": ("failed", "bold red")}
 
 
@@ -69,7 +69,7 @@ class JobProgress(Static):
         if handle is not self.handle:
             return
         self.state = state
-        word, _ = ENDED[state]
+        word, _ = LOOK[state]
         self.note = word if state != "cancelled" else f"{word} at {self.step.fraction:.0%}: {in_our_words(sentence)}"
         if state == "done":
             self.step = Step("", "", 1.0)
@@ -100,8 +100,8 @@ class JobProgress(Static):
 
     def _words(self) -> Text:
         text = Text(self.what, style="bold")
-        if self.state in ENDED:
-            return text.append(f" · {self.note}", style=ENDED[self.state][1])
+        if self.state in LOOK:
+            return text.append(f" · {self.note}", style=LOOK[self.state][1])
         if self.note:
             return text.append(f" · {self.note}", style="dim")
         if self.step.stage and not self.step.message.startswith(self.step.stage):

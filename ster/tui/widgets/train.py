@@ -21,9 +21,11 @@ from textual.widgets import DataTable, Label, Select, Static
 from ster.engine.steering.artifact import provenance_sentences
 from ster.tui.messages import JobEvent, JobFinished, JobStarted, SettingsChanged
 from ster.tui.paths import default_artifact, shown
+from ster.tui.runner import final_state
 from ster.tui.widgets.fields import Field, FieldErrors, FormRow, labelled
 from ster.tui.widgets.progress import JobProgress
 from ster.tui.widgets.train_results import TrainResults
+from ster.tui.widgets.wrapped import Wrapped
 from ster.tui.words import in_our_words, parse_layers
 
 METHODS = ("caa", "pca", "logistic")
@@ -57,7 +59,7 @@ class TrainPane(FieldErrors, Vertical):
         with FormRow():
             yield from labelled("evaluate on", Field(placeholder="the Pairs tab's saved set", id="eval-pairs"))
         yield JobProgress("t trains, o optimizes; the artifact is what the Generate tab applies", id="progress")
-        yield Static("", id="message")
+        yield Wrapped("", id="message")
         yield TrainResults(id="results")
 
     def on_mount(self) -> None:
@@ -160,7 +162,7 @@ class TrainPane(FieldErrors, Vertical):
 
     def on_job_finished(self, message: JobFinished) -> None:
         handle, final = message.handle, message.final
-        state = "done" if final.type == "result" else {"internal": "failed"}.get(final.kind, final.kind)  # type: ignore[union-attr]
+        state = final_state(final)
         self.query_one(JobProgress).ended(handle, state, getattr(final, "message", ""))
         if final.type == "error":
             self.query_one(TrainResults).mark_old(f"the last {handle.name} was {state}")

@@ -20,6 +20,7 @@ from textual.widgets import DataTable, Static
 from ster.tui.paths import shown
 from ster.tui.settings import layer_words
 from ster.tui.widgets.layer_plot import LayerPlot
+from ster.tui.widgets.wrapped import Wrapped
 
 SORTS = ("search order", "holdout accuracy", "holdout margin", "layer")
 
@@ -45,7 +46,7 @@ class TrainResults(Vertical):
         self.sort_note = ""
 
     def compose(self) -> ComposeResult:
-        yield Static(self.title, id="results-title")
+        yield Wrapped(self.title, id="results-title")
         with Horizontal():
             yield DataTable(cursor_type="row", zebra_stripes=True, id="candidates")
             with Vertical(id="plot-box"):
