@@ -4,8 +4,9 @@
 the Train tab's artifact, then, once it has succeeded, the unsteered baseline. Steered
 goes first because it is the one that can be refused (an artifact for another model, a
 relative strength on an artifact without norms), and it is refused before it decodes a
-token, so nothing is generated for a run that cannot happen. ``w`` sweeps the listed strengths (0 is always
-added) into a table of effect and degeneracy; enter on a row shows its outputs whole.
+token, so nothing is generated for a run that cannot happen. ``w`` sweeps the listed
+strengths (0 is always added) into a table of effect and degeneracy; enter on a row
+shows its outputs whole.
 Strengths are relative to each layer's activation norm by default (``0.4x``); the step
 keys move in the field's own unit. ``c`` copies and ``s`` saves what the pane shows.
 """
