@@ -125,9 +125,10 @@ class SweepTable(DataTable):
         self.strengths = {f"{s.signed()}/0": str(s) for s in strengths}
         self.rows_data, self.result = {}, None
         for strength in strengths:
-            cells = {"strength": shown_signed(strength), "judged": "baseline" if strength.value == 0 else "",
-                     OUTPUT: ""}
-            self.add_row(*(cells.get(str(key.value), "…") for key in self.columns), key=f"{strength.signed()}/0")
+            cells = {"strength": Text(shown_signed(strength), justify="right"),
+                     "judged": "baseline" if strength.value == 0 else "", OUTPUT: ""}
+            self.add_row(*(cells.get(str(key.value), Text("…", justify="right")) for key in self.columns),
+                         key=f"{strength.signed()}/0")
 
     def stream(self, label: str, delta: str) -> None:
         if label in self.texts:
