@@ -7,6 +7,7 @@ sees every job message to keep the status line and the Jobs tab current.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,12 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Footer, Header, TabbedContent, TabPane, Tabs
+from textual.widgets import Header, TabbedContent, TabPane, Tabs
 
-from ster.tui.messages import JobEvent, JobFinished, JobStarted
-from ster.tui.runner import JobHandle, JobRunner
+from ster.tui.messages import JobEvent, JobFinished, JobStarted, SettingsChanged
+from ster.tui.runner import JobHandle, JobRunner, final_state
 from ster.tui.settings import Settings
+from ster.tui.widgets.footer import KeyBar
 from ster.tui.widgets.generate import GeneratePane
 from ster.tui.widgets.jobs import JobsPane
 from ster.tui.widgets.pairs import PairsPane
@@ -28,7 +30,6 @@ from ster.tui.widgets.train import TrainPane
 
 TABS = (("pairs", "Pairs", PairsPane), ("train", "Train", TrainPane), ("generate", "Generate", GeneratePane),
         ("jobs", "Jobs", JobsPane))
-FINAL_STATE = {"result": "done", "refused": "refused", "cancelled": "cancelled", "internal": "failed"}
 
 
 class SterApp(App[None]):
@@ -37,17 +38,24 @@ class SterApp(App[None]):
     TITLE = "Ster"
     SUB_TITLE = "activation steering"
     CSS_PATH = Path(__file__).parent / "app.tcss"
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]
+    """Below 30 rows the title bar gives its row to the panes."""
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
+    """Below 110 columns the panes stack what they show side by side on a wide screen."""
     BINDINGS = [
-        Binding("1", "show_tab('pairs')", "Pairs", tooltip="Author and inspect the pair set"),
-        Binding("2", "show_tab('train')", "Train", tooltip="Fit and select a direction"),
-        Binding("3", "show_tab('generate')", "Generate", tooltip="Steered against unsteered text"),
-        Binding("4", "show_tab('jobs')", "Jobs", tooltip="Every job's events; cancel"),
-        Binding("m", "model", "Model", tooltip="Switch the model or how it is loaded"),
-        Binding("ctrl+x", "cancel_job", "Cancel job", tooltip="Cancel the running job"),
-        Binding("escape", "leave_field", "Leave field", show=False, tooltip="Move focus out of a text field"),
+        Binding("1", "show_tab('pairs')", "Pairs", show=False, tooltip="Author and inspect the pair set"),
+        Binding("2", "show_tab('train')", "Train", show=False, tooltip="Fit and select a direction"),
+        Binding("3", "show_tab('generate')", "Generate", show=False, tooltip="Steered against unsteered text"),
+        Binding("4", "show_tab('jobs')", "Jobs", show=False, tooltip="Every job's events; cancel"),
         Binding("question_mark,f1", "help", "Help", tooltip="Every key"),
-        Binding("q,ctrl+q", "quit", "Quit", tooltip="Quit (asks first while a job runs)"),
+        Binding("m", "model", "Model", tooltip="Switch the model or how it is loaded"),
+        Binding("ctrl+x", "cancel_job", "Cancel", tooltip="Cancel the running job"),
+        Binding("escape", "leave_field", "Leave field", show=False, tooltip="Move focus out of a text field"),
+        Binding("q", "quit", "Quit", tooltip="Quit (asks first while a job runs or edits are unsaved)"),
+        Binding("ctrl+q", "quit", "Quit", show=False, tooltip="Quit, from anywhere (even a text field)"),
     ]
+    clock = staticmethod(time.monotonic)
+    """When jobs start and end (the Jobs tab's "took"); tests replace it to make durations fixed."""
 
     def __init__(self, settings: Settings | None = None, models: Any = None) -> None:
         super().__init__()
@@ -59,10 +67,10 @@ class SterApp(App[None]):
         yield Header()
         yield StatusLine(id="status")
         with TabbedContent(initial="pairs", id="tabs"):
-            for tab_id, title, pane in TABS:
-                with TabPane(title, id=tab_id):
+            for number, (tab_id, title, pane) in enumerate(TABS, 1):
+                with TabPane(f"{number} {title}", id=tab_id):
                     yield pane(id=f"{tab_id}-pane")
-        yield Footer()
+        yield KeyBar()
 
     def on_mount(self) -> None:
         # The tab bar takes no focus: tabs switch with 1-4, and a focused bar would swallow nothing,
@@ -74,10 +82,19 @@ class SterApp(App[None]):
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         self._focus_tab(event.pane.id or "")
 
+    def on_resize(self) -> None:
+        self.refresh_status()
+
     def refresh_status(self) -> None:
-        running = [h for h in self.runner.handles if h.state == "running"]
-        job = f"{running[0].name}: {running[0].last_message}" if running else ""
-        self.query_one(StatusLine).show(self.settings, job[:60])
+        active = self.runner.active()
+        running = [h for h in active if h.state == "running"] or active
+        self.query_one(StatusLine).show(self.settings, running[0] if running else None)
+
+    def settings_changed(self, *changed: str) -> None:
+        """Tell every pane that the model, pair set or artifact changed, and show it in the status line."""
+        for _, _, pane in TABS:
+            self.query_one(pane).post_message(SettingsChanged(frozenset(changed)))
+        self.refresh_status()
 
     # --- jobs -------------------------------------------------------------------------------------
 
@@ -87,12 +104,13 @@ class SterApp(App[None]):
         from ster.engine.protocol.errors import SterError
         from ster.engine.protocol.events import Error
         from ster.engine.protocol.jobs import build_job_request
+        from ster.tui.words import in_our_words
 
         try:
             request = build_job_request(job, **fields)
         except SterError as exc:
             owner.post_message(JobFinished(JobHandle(0, job, None, owner, state="refused"),  # type: ignore[arg-type]
-                                           Error(kind="refused", message=str(exc))))
+                                           Error(kind="refused", message=in_our_words(str(exc)))))
             return None
         handle = self.runner.start(job, request, owner)
         self.query_one(JobsPane).record(handle)
@@ -100,13 +118,19 @@ class SterApp(App[None]):
         return handle
 
     def on_job_started(self, message: JobStarted) -> None:
-        message.handle.state = "running"
+        message.handle.state, message.handle.started_at = "running", self.clock()
+        message.handle.step = message.first
         self._record(message.handle)
 
     def on_job_event(self, message: JobEvent) -> None:
         event = message.event
-        if event.type != "token":
-            message.handle.last_message = getattr(event, "message", "")
+        if message.step is not None:
+            message.handle.step = message.step
+        if event.type == "token":
+            if message.step is not None:
+                self.refresh_status()
+            return
+        message.handle.last_message = getattr(event, "message", "")
         if event.type == "log" and event.message.startswith(("applying the model's own", "this model publishes",
                                                              "chat template off")):
             self.settings.chat_decision = ("applied" if event.message.startswith("applying") else
@@ -117,7 +141,8 @@ class SterApp(App[None]):
         handle, final = message.handle, message.final
         if handle.id == 0:
             return  # a request refused before it became a job
-        handle.state = FINAL_STATE["result" if final.type == "result" else final.kind]  # type: ignore[assignment]
+        handle.state = final_state(final)
+        handle.ended_at = self.clock() if handle.started_at is not None else None
         handle.last_message = "finished" if final.type == "result" else final.message  # type: ignore[union-attr]
         self._record(handle, final)
         if self._quitting and not self.runner.active():
@@ -159,9 +184,10 @@ class SterApp(App[None]):
         if values:
             if values["model"] != self.settings.model or values["chat_template"] != self.settings.chat_template:
                 self.settings.chat_decision = None
+            changed = [name for name, value in values.items() if getattr(self.settings, name) != value]
             for name, value in values.items():
                 setattr(self.settings, name, value)
-            self.refresh_status()
+            self.settings_changed(*(["model"] if changed else []))
             self.notify(f"model {values['model']} at {values['precision']} on {values['device']}")
 
     def action_help(self) -> None:

@@ -13,24 +13,29 @@ from textual.message import Message
 
 if TYPE_CHECKING:
     from ster.engine.protocol.events import Event
+    from ster.tui.progress import Step
     from ster.tui.runner import JobHandle
 
 
 class JobStarted(Message):
     """The job left the queue and is running."""
 
-    def __init__(self, handle: JobHandle) -> None:
+    def __init__(self, handle: JobHandle, first: Step) -> None:
         super().__init__()
         self.handle = handle
+        self.first = first
+        """What the job does before its first event (see :func:`ster.tui.progress.first_step`)."""
 
 
 class JobEvent(Message):
     """One engine event (progress, token, warning or log) of a running job."""
 
-    def __init__(self, handle: JobHandle, event: Event) -> None:
+    def __init__(self, handle: JobHandle, event: Event, step: Step | None = None) -> None:
         super().__init__()
         self.handle = handle
         self.event = event
+        self.step = step
+        """Where the job stands after this event, when the event moved it (see :mod:`ster.tui.progress`)."""
 
 
 class JobFinished(Message):
@@ -40,3 +45,13 @@ class JobFinished(Message):
         super().__init__()
         self.handle = handle
         self.final = final
+
+
+class SettingsChanged(Message, bubble=False):
+    """The app sent this to every pane: the model, the pair set or the artifact changed, so results made
+    with the old ones are now old."""
+
+    def __init__(self, changed: frozenset[str]) -> None:
+        super().__init__()
+        self.changed = changed
+        """Which settings changed: ``model``, ``pairs``, ``artifact``."""

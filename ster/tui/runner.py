@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from ster.tui.messages import JobEvent, JobFinished, JobStarted
+from ster.tui.progress import Step, Track, first_step
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -24,6 +25,13 @@ if TYPE_CHECKING:
     from ster.engine.protocol.events import Event
 
 State = Literal["queued", "running", "done", "refused", "cancelled", "failed"]
+ENDED: dict[str, State] = {"result": "done", "refused": "refused", "cancelled": "cancelled", "internal": "failed"}
+"""A final event (a result, or an error's kind) → the state the job ends in."""
+
+
+def final_state(final: Event) -> State:
+    """The state a job ends in, from its final event."""
+    return ENDED["result" if final.type == "result" else final.kind]  # type: ignore[union-attr]
 
 
 @dataclass(eq=False)
@@ -37,10 +45,22 @@ class JobHandle:
     cancel: threading.Event = field(default_factory=threading.Event)
     state: State = "queued"
     last_message: str = ""
+    step: Step | None = None
+    """Where the running job stands, as its latest message said."""
+    started_at: float | None = None
+    ended_at: float | None = None
+    """When the job left the queue and when it ended, by the app's clock."""
+    track: Track | None = field(default=None, repr=False)
+    """The job's progress reader; only its worker thread advances it."""
 
     @property
     def active(self) -> bool:
         return self.state in ("queued", "running")
+
+    @property
+    def took(self) -> float | None:
+        """Seconds from start to end, once ended."""
+        return None if self.started_at is None or self.ended_at is None else self.ended_at - self.started_at
 
 
 class JobRunner:
@@ -63,7 +83,8 @@ class JobRunner:
         return self._models
 
     def start(self, name: str, request: BaseModel, owner: Widget) -> JobHandle:
-        handle = JobHandle(next(self._ids), name, request, owner)
+        handle = JobHandle(next(self._ids), name, request, owner,
+                           track=Track(name, getattr(request, "max_new_tokens", None) if name == "generate" else None))
         self.handles.append(handle)
         self.app.run_worker(lambda: self._work(handle), name=f"job-{handle.id}", group=f"job-{handle.id}",
                             description=f"ster {name}", exit_on_error=False, exclusive=True, thread=True)
@@ -78,14 +99,15 @@ class JobRunner:
             if handle.cancel.is_set():
                 final: Event = Error(kind="cancelled", message="cancelled before it started; nothing was written")
             else:
-                handle.owner.post_message(JobStarted(handle))
+                handle.owner.post_message(JobStarted(handle, first_step(handle.name)))
                 final = run_job(handle.name, handle.request, lambda event: self._post(handle, event), handle.cancel,
                                 models)
         handle.owner.post_message(JobFinished(handle, final))
 
     def _post(self, handle: JobHandle, event: Event) -> None:
         if event.type not in ("result", "error"):  # the final event travels in JobFinished
-            handle.owner.post_message(JobEvent(handle, event))
+            step = handle.track.advance(event) if handle.track else None
+            handle.owner.post_message(JobEvent(handle, event, step))
 
     def active(self) -> list[JobHandle]:
         return [handle for handle in self.handles if handle.active]

@@ -19,10 +19,37 @@ class Settings:
     """The decision the last job on this model reported (applied, absent or off)."""
     pairs: Path | None = None
     """The pair set the Pairs pane holds and the other panes train and evaluate on."""
+    trait: str | None = None
+    """The trait name of that pair set, once the Pairs pane has read it (names the default artifact)."""
     vector: Path | None = None
     """The steering artifact the Generate pane applies."""
+    artifact: dict[str, Any] | None = None
+    """What the engine reported about ``vector`` (its trait, method, model and layers); None until it has."""
 
     def model_fields(self) -> dict[str, Any]:
         """The model flags of a job request."""
         return {"model": self.model, "precision": self.precision, "device": self.device,
                 "chat_template": self.chat_template}
+
+    def use_artifact(self, path: Path, summary: dict[str, Any] | None) -> None:
+        """The artifact the Generate pane applies from now on, with the engine's summary of it."""
+        self.vector, self.artifact = path, summary
+
+    def artifact_label(self) -> str:
+        """The artifact as the status line and the steered panel name it: ``calm.caa.toy (caa, layer 3)``."""
+        if self.vector is None:
+            return "none"
+        name = self.vector.name.removesuffix(".json").removesuffix(".ster")
+        if not self.artifact:
+            return name
+        layers = [entry["layer"] for entry in self.artifact["layers"]]
+        return f"{name} ({self.artifact['method']}, {layer_words(layers)})"
+
+
+def layer_words(layers: list[int]) -> str:
+    """``layer 3``, ``layers 2, 5``, or ``layers 2–6`` for a run of consecutive layers."""
+    if len(layers) == 1:
+        return f"layer {layers[0]}"
+    if len(layers) > 2 and layers == list(range(layers[0], layers[-1] + 1)):
+        return f"layers {layers[0]}–{layers[-1]}"
+    return "layers " + ", ".join(map(str, layers))

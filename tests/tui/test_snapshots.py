@@ -1,25 +1,33 @@
-"""Snapshot tests: each pane in a deterministic state at 130x36, stored under snapshots/ at the repository root.
+"""Snapshot tests: each tab in a deterministic state, at 80×24 (the smallest size the app is built
+for) and at 130×36, stored under snapshots/ at the repository root.
 
-Model numbers are not bitwise stable across CPUs, so the panes here are driven by canned
-engine events delivered through the same messages a job's worker posts; Pilot tests on
-the real engine check the numbers. Update with ``pytest tests/test_snapshots.py --snapshot-update``.
+Model numbers are not bitwise stable across CPUs, so the panes that show them are driven by
+canned engine events delivered through the same messages a job's worker posts; Pilot tests on
+the real engine check the numbers. The toy's generated text is stable by construction, so the
+side-by-side texts come from the real engine. Update with
+``pytest tests/tui/test_snapshots.py --snapshot-update``, and look at the SVGs before committing.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
+import pytest
 from textual.pilot import Pilot
 
-from ster.engine.protocol.events import Log, Progress, Result
-from ster.engine.steering.requests import OptimizeRequest
 from ster.engine.model.resolve import EXAMPLES_DIR as EXAMPLES
+from ster.engine.protocol.events import Error, Log, Progress, Result
+from ster.engine.protocol.jobs import build_job_request
+from ster.engine.steering.requests import OptimizeRequest
 from ster.tui.app import SterApp
 from ster.tui.messages import JobEvent, JobFinished, JobStarted
+from ster.tui.progress import Step, Track
 from ster.tui.runner import JobHandle
 from ster.tui.settings import Settings
 
-SIZE = (130, 36)
+SMALL, LARGE = (80, 24), (130, 36)
 CANDIDATES = [
     {"layer": layer, "method": method, "holdout_accuracy": acc, "holdout_margin": margin, "selected": selected}
     for layer, method, acc, margin, selected in [
@@ -37,91 +45,150 @@ OPTIMIZED = {
                 "activation_norm": 10.3}],
     "selection": {"holdout": {"fit_pairs": 9, "holdout_pairs": 3}, "candidates": CANDIDATES},
 }
+SWEPT: dict[str, Any] = json.loads((Path(__file__).parent / "canned_sweep.json").read_text())
+"""A sweep of the toy's calm direction at -0.8x..0.8x, numbers rounded (from ``ster sweep``)."""
+
+
+class StillApp(SterApp):
+    """The app with a clock that does not move, so the Jobs tab's durations are the same every run."""
+
+    clock = staticmethod(lambda: 100.0)
+
+
+@pytest.fixture(autouse=True)
+def fixed_data_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Train tab names the default artifact under the data directory: keep that path the same."""
+    monkeypatch.setenv("XDG_DATA_HOME", "/data")
+
+
+def deliver(pane: Any, handle: JobHandle, events: list[Any], final: Any) -> None:
+    """A job's life as its worker would post it: started, each event with its progress step, the end."""
+    track = Track(handle.name)
+    pane.post_message(JobStarted(handle, Step("", "starting", 0.0)))
+    for event in events:
+        pane.post_message(JobEvent(handle, event, track.advance(event)))
+    pane.post_message(JobFinished(handle, final))
 
 
 def canned_optimize(app: SterApp) -> JobHandle:
-    """Deliver an optimize job's life to the Train pane, as its worker would."""
+    """Deliver an optimize job's life to the Train pane."""
     pane = app.query_one("#train-pane")
-    request = OptimizeRequest(model="ster:toy", output=Path("calm.ster.json"))
-    handle = JobHandle(1, "optimize", request, pane)
+    handle = JobHandle(1, "optimize", OptimizeRequest(model="ster:toy", output=Path("calm.ster.json")), pane)
     app.runner.handles.append(handle)
-    pane.post_message(JobStarted(handle))
-    for event in [Progress(stage="resolve", message="resolving model ster:toy"),
-                  Log(message="this model publishes no chat template, so prompts and completions are encoded as "
-                              "raw text"),
-                  Log(message="fitting each candidate on 9 pairs and ranking on a 3-pair holdout"),
-                  Progress(stage="read", message="reading pair 12/12", current=12, total=12)]:
-        pane.post_message(JobEvent(handle, event))
-    pane.post_message(JobFinished(handle, Result(command="optimize", data=OPTIMIZED)))
+    deliver(pane, handle, [
+        Progress(stage="resolve", message="resolving model ster:toy"),
+        Log(message="this model publishes no chat template, so prompts and completions are encoded as raw text"),
+        Log(message="fitting each candidate on 9 pairs and ranking on a 3-pair holdout"),
+        Progress(stage="read", message="reading pair 12/12", current=12, total=12),
+    ], Result(command="optimize", data=OPTIMIZED))
     return handle
 
 
-def test_train_pane_after_optimize(snap_compare) -> None:
-    """You should see the Train tab: the candidate table with layer 3 caa highlighted and ticked,
-    the per-layer plot with layer 3 marked, and the 'wrote calm.ster.json' line in green."""
-
-    async def run_before(pilot: Pilot) -> None:
-        await pilot.press("2")
-        canned_optimize(pilot.app)  # type: ignore[arg-type]
-        await pilot.pause(0.2)
-        await pilot.wait_for_scheduled_animations()
-
-    assert snap_compare(SterApp(Settings()), terminal_size=SIZE, run_before=run_before)
+def canned_refusal(app: SterApp) -> None:
+    """A train job refused for a layer the model does not have."""
+    pane = app.query_one("#train-pane")
+    request = build_job_request("train", model="ster:toy", layers="9", output=Path("never.json"))
+    handle = JobHandle(2, "train", request, pane)
+    app.runner.handles.append(handle)
+    deliver(pane, handle, [Progress(stage="resolve", message="resolving model ster:toy")],
+            Error(kind="refused", message="layer 9 is out of range: this model has 4 layers, numbered 0..3"))
 
 
-def test_jobs_pane_with_a_finished_job(snap_compare) -> None:
-    """You should see the Jobs tab: one optimize job, done, and its events in the log below."""
-
-    async def run_before(pilot: Pilot) -> None:
-        canned_optimize(pilot.app)  # type: ignore[arg-type]
-        await pilot.pause(0.2)
-        await pilot.press("4")
-        await pilot.pause(0.2)
-        await pilot.wait_for_scheduled_animations()
-
-    assert snap_compare(SterApp(Settings()), terminal_size=SIZE, run_before=run_before)
-
-
-def test_help_screen(snap_compare) -> None:
-    """You should see the help screen over the app: the keys that work everywhere, then per tab."""
-    assert snap_compare(SterApp(Settings()), terminal_size=SIZE, press=["question_mark"])
+def canned_sweep(app: SterApp, vector: Path) -> None:
+    """Deliver a sweep's life to the Generate pane, as `w` would have started it."""
+    pane = app.query_one("#generate-pane")
+    request = build_job_request("sweep", model="ster:toy", vector=vector, strengths="-0.8x,-0.4x,0.4x,0.8x",
+                                prompt_texts=["question : tell me about the town . answer :"])
+    handle = JobHandle(9, "sweep", request, pane)
+    app.runner.handles.append(handle)
+    pane.jobs["sweep"] = handle  # type: ignore[attr-defined]
+    pane.query_one("#sweep").begin(list(request.strengths))  # type: ignore[attr-defined]
+    deliver(pane, handle, [Progress(stage="sweep", message="strength +0.8x: prompt 1/1", current=5, total=5)],
+            Result(command="sweep", data={**SWEPT, "vector": str(vector)}))
 
 
-async def finish_jobs(pilot: Pilot) -> None:
+async def settled(pilot: Pilot) -> None:
+    """Wait for every job to end, then for the screen to stop changing (a loaded machine lags a refresh)."""
     for _ in range(600):
         await pilot.pause(0.05)
         if not pilot.app.runner.active():  # type: ignore[attr-defined]
             break
-    await pilot.pause(0.2)
-    await pilot.wait_for_scheduled_animations()
+    for _ in range(5):
+        await pilot.pause(0.1)
+        await pilot.wait_for_scheduled_animations()
 
 
-def test_pairs_pane_with_the_example_set(snap_compare, monkeypatch) -> None:
+@pytest.mark.parametrize("size", [SMALL, LARGE], ids=["80x24", "130x36"])
+def test_train_pane_after_optimize(snap_compare, size: tuple[int, int]) -> None:
+    """You should see the Train tab: the results title (12 candidates, caa at layer 3 selected), the
+    candidate table with layer 3 caa in green and ticked, 'optimize · done' at 100%, and 'wrote
+    calm.ster.json' in green; at 130 columns the per-layer plot beside the table with layer 3 marked."""
+
+    async def run_before(pilot: Pilot) -> None:
+        await pilot.pause()
+        await pilot.press("2")
+        canned_optimize(pilot.app)  # type: ignore[arg-type]
+        await settled(pilot)
+
+    assert snap_compare(StillApp(Settings(trait="calm")), terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", [SMALL, LARGE], ids=["80x24", "130x36"])
+def test_jobs_pane_newest_first(snap_compare, size: tuple[int, int]) -> None:
+    """You should see the Jobs tab: the refused train job (#2) above the optimize job (#1, done), each
+    with its duration and last message, the cursor on #2, and their events in the log below."""
+
+    async def run_before(pilot: Pilot) -> None:
+        canned_optimize(pilot.app)  # type: ignore[arg-type]
+        canned_refusal(pilot.app)  # type: ignore[arg-type]
+        await pilot.pause(0.2)
+        await pilot.press("4")
+        await settled(pilot)
+
+    assert snap_compare(StillApp(Settings()), terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", [SMALL, LARGE], ids=["80x24", "130x36"])
+def test_help_screen(snap_compare, size: tuple[int, int]) -> None:
+    """You should see the help screen inside the screen: what Ster does, what 0.4x and effect mean, then
+    the keys that work everywhere; its own key bar says escape closes it."""
+    assert snap_compare(SterApp(Settings()), terminal_size=size, press=["question_mark"])
+
+
+@pytest.mark.parametrize("size", [SMALL, LARGE], ids=["80x24", "130x36"])
+def test_pairs_pane_with_the_example_set(snap_compare, monkeypatch, size: tuple[int, int]) -> None:
     """You should see the Pairs tab: the toy's 12 calm/alarmed pairs, no flags, the set summary above,
     and the first pair in full below (the inspection is pure text, so this runs the real job)."""
     monkeypatch.chdir(EXAMPLES)  # the pane shows the path: keep it the same wherever the checkout is
-    settings = Settings(pairs=Path("pairs.json"))
 
     async def run_before(pilot: Pilot) -> None:
-        await finish_jobs(pilot)
+        await settled(pilot)
 
-    assert snap_compare(SterApp(settings), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(SterApp(Settings(pairs=Path("pairs.json"))), terminal_size=size, run_before=run_before)
 
 
-def test_generate_pane_side_by_side(snap_compare, tmp_path: Path) -> None:
-    """You should see the Generate tab: unsteered 'the town is flooding and we flee.' beside steered
-    'the town is gentle and we rest.' at strength 3 (the toy is deterministic by construction)."""
+@pytest.mark.parametrize("size", [SMALL, LARGE], ids=["80x24", "130x36"])
+def test_generate_pane_side_by_side_and_a_sweep(snap_compare, tmp_path: Path, monkeypatch,
+                                                size: tuple[int, int]) -> None:
+    """You should see the Generate tab: steered 'the town is gentle and we rest.' (titled 'steered
+    0.4x · calm (caa, layer 3)') beside unsteered 'the town is flooding and we flee.', then the
+    sweep table of five strengths with +0.8x and -0.8x suggested, and the caption saying what effect
+    means (residual-stream units, + toward calm)."""
     from ster.cli import main
 
-    vector = tmp_path / "calm.json"
+    monkeypatch.chdir(tmp_path)
     assert main(["optimize", "--model", "ster:toy", "--pairs", str(EXAMPLES / "pairs.json"), "--output",
-                 str(vector)]) == 0
+                 "calm.json"]) == 0
+    vector = Path("calm.json")
 
     async def run_before(pilot: Pilot) -> None:
-        await pilot.pause()
+        await pilot.pause()  # the app shows the Pairs tab once mounted; switch after that
         await pilot.press("3")
         await pilot.pause()
+        pilot.app.query_one("#strength").value = "0.4x"  # type: ignore[attr-defined]
         await pilot.press("g")
-        await finish_jobs(pilot)
+        await settled(pilot)
+        canned_sweep(pilot.app, vector)  # type: ignore[arg-type]
+        await settled(pilot)
 
-    assert snap_compare(SterApp(Settings(vector=vector)), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(SterApp(Settings(vector=vector)), terminal_size=size, run_before=run_before)

@@ -15,6 +15,7 @@ from textual.widgets import DataTable, Input, Static
 from ster.engine.model.resolve import EXAMPLES_DIR
 from ster.tui.app import SterApp
 from ster.tui.settings import Settings
+from ster.tui.widgets.status import StatusLine
 from tests.conftest import REPO
 from tests.tui.tui_helpers import screen_text, settle, until
 
@@ -47,7 +48,9 @@ def test_optimize_shows_exactly_one_selected_candidate(tmp_path: Path) -> None:
             assert cell_text(table, selected[0], 0) == str(written["vectors"][0]["layer"])
             assert cell_text(table, selected[0], 1) == written["method"]
             assert app.settings.vector == tmp_path / "calm.json"
-            assert "chosen over 12 candidates on a 3-pair holdout" in message(app, "train")
+            title = str(app.query_one("#results-title", Static).render())
+            assert "12 candidates ranked on a 3-pair holdout; selected" in title
+            assert f"wrote {tmp_path / 'calm.json'}" in message(app, "train")
             await pilot.press("s")  # sort by holdout accuracy: the selected row stays highlighted
             assert sum(cell_text(table, row, 4) == "✓" for row in range(12)) == 1
     asyncio.run(scenario())
@@ -67,7 +70,7 @@ def test_a_refused_job_shows_its_sentence_and_the_pane_stays_usable(tmp_path: Pa
             app.query_one("#layers", Input).value = "two"  # refused while the request is built
             await pilot.press("escape", "t")
             await settle(pilot, app)
-            assert '--layers takes all, a comma list such as 2,5' in message(app, "train")
+            assert message(app, "train").startswith('layers takes all, a comma list such as 2,5')
             app.query_one("#layers", Input).value = "3"
             await pilot.press("escape", "t")
             await settle(pilot, app)
@@ -141,7 +144,7 @@ def test_help_lists_every_tab_and_the_model_dialog_switches_models() -> None:
             await pilot.press("enter")
             await pilot.pause(0.1)
             assert app.settings.model == "ster:toy-chat"
-            assert "ster:toy-chat" in str(app.query_one("#status", Static).render())
+            assert "ster:toy-chat" in app.query_one(StatusLine).plain
     asyncio.run(scenario())
 
 

@@ -8,15 +8,21 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label
 
+from ster.tui.widgets.fields import Field
+from ster.tui.widgets.footer import KeyBar
+
 DIALOG_CSS = """
 .dialog {
     width: 72;
+    max-width: 100%;
     height: auto;
+    max-height: 100%;
     border: thick $accent;
     background: $surface;
     padding: 1 2;
 }
-.dialog Horizontal { height: auto; margin-top: 1; }
+.dialog > Label { width: 100%; }
+.dialog > Horizontal { height: auto; margin-top: 1; }
 .dialog Button { margin-right: 2; }
 .dialog .error { color: $error; }
 """
@@ -36,8 +42,9 @@ class Confirm(ModalScreen[bool]):
         with Vertical(classes="dialog"):
             yield Label(self.question)
             with Horizontal():
-                yield Button(f"{self.yes} (y)", variant="error", id="yes")
-                yield Button(f"{self.no} (n)", id="no")
+                yield Button(f"{self.yes} (y)", variant="error", id="yes", compact=True)
+                yield Button(f"{self.no} (n)", id="no", compact=True)
+        yield KeyBar(app_keys=False)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id == "yes")
@@ -59,10 +66,11 @@ class AskText(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label(self.question)
-            yield Input(self.value, placeholder=self.placeholder, id="answer")
+            yield Field(self.value, placeholder=self.placeholder, id="answer")
             with Horizontal():
-                yield Button("OK (enter)", variant="primary", id="ok")
-                yield Button("Cancel (esc)", id="cancel")
+                yield Button("OK (enter)", variant="primary", id="ok", compact=True)
+                yield Button("Cancel (esc)", id="cancel", compact=True)
+        yield KeyBar(app_keys=False)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value.strip() or None)

@@ -10,10 +10,17 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from ster.tui.widgets.footer import KeyBar
+
 INTRO = (
     "Ster steers a language model: write contrastive pairs (Pairs), fit and select a direction (Train), then "
     "compare steered with unsteered text and sweep strengths (Generate). Every action runs as an engine job; "
-    "the Jobs tab shows their events and cancels them. The command palette (ctrl+p) lists every action too."
+    "the Jobs tab shows their events and cancels them. The command palette (ctrl+p) lists every action too.\n\n"
+    "Strength: 0.4x pushes along the direction by 0.4 times the layer's activation norm (the typical size of "
+    "the residual stream there), so the same number means about as much on any model; a bare number such as 3 "
+    "is an absolute push in the residual stream's own units. Negative steers the other way. In a sweep, effect "
+    "is how far the generated text itself moved along the direction, read back by the unsteered model, minus "
+    "the unsteered text's: in the residual stream's units, positive toward the trait."
 )
 
 
@@ -22,7 +29,8 @@ class HelpScreen(ModalScreen[None]):
 
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen VerticalScroll { width: 90; height: 80%; border: thick $accent; background: $surface; padding: 1 2; }
+    HelpScreen VerticalScroll { width: 90; max-width: 100%; height: 1fr; max-height: 40; margin: 1 0;
+                                border: thick $accent; background: $surface; padding: 0 1; }
     """
     BINDINGS = [Binding("escape,q,question_mark,f1", "dismiss", "Close")]
 
@@ -34,10 +42,13 @@ class HelpScreen(ModalScreen[None]):
         with VerticalScroll():
             yield Static(Text(INTRO))
             for title, bindings in self.sections:
-                table = Table(title=title, title_justify="left", show_header=False, box=None, expand=True)
-                table.add_column(width=14, style="bold")
-                table.add_column()
+                table = Table(title=title, title_justify="left", title_style="bold", show_header=False, box=None)
+                table.add_column(min_width=8, style="bold cyan", no_wrap=True)
+                table.add_column(style="bold", no_wrap=True)
+                table.add_column(style="dim")
                 for binding in bindings:
-                    table.add_row(binding.key.replace("question_mark", "?"), binding.description)
+                    table.add_row(binding.key.replace("question_mark", "?").replace(",", ", "), binding.description,
+                                  binding.tooltip if binding.tooltip != binding.description else "")
                 yield Static(table)
             yield Static(Text("escape closes this screen", style="dim"))
+        yield KeyBar(app_keys=False)

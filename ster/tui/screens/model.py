@@ -6,9 +6,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Select
+from textual.widgets import Button, Label, Select
 
 from ster.tui.screens.dialogs import DIALOG_CSS
+from ster.tui.widgets.fields import Field
+from ster.tui.widgets.footer import KeyBar
 from ster.tui.settings import Settings
 
 
@@ -26,17 +28,18 @@ class ModelDialog(ModalScreen[dict[str, str] | None]):
         s = self.settings
         with Vertical(classes="dialog"):
             yield Label("Model: a checkpoint directory, a Hugging Face Hub id, or ster:toy / ster:toy-chat")
-            yield Input(s.model, id="model")
+            yield Field(s.model, id="model")
             with Horizontal():
                 yield Select([(p, p) for p in ("f32", "f16", "bf16")], value=s.precision, allow_blank=False,
-                             id="precision")
+                             compact=True, id="precision")
                 yield Select([(d, d) for d in ("cpu", "cuda", "mps", "auto")], value=s.device, allow_blank=False,
-                             id="device")
+                             compact=True, id="device")
                 yield Select([("chat template auto", "auto"), ("chat template off", "off")], value=s.chat_template,
-                             allow_blank=False, id="chat_template")
+                             allow_blank=False, compact=True, id="chat_template")
             with Horizontal():
-                yield Button("Use (enter)", variant="primary", id="ok")
-                yield Button("Cancel (esc)", id="cancel")
+                yield Button("Use (enter)", variant="primary", id="ok", compact=True)
+                yield Button("Cancel (esc)", id="cancel", compact=True)
+        yield KeyBar(app_keys=False)
 
     def on_input_submitted(self) -> None:
         self._done()
@@ -48,7 +51,7 @@ class ModelDialog(ModalScreen[dict[str, str] | None]):
             self.dismiss(None)
 
     def _done(self) -> None:
-        model = self.query_one("#model", Input).value.strip()
+        model = self.query_one("#model", Field).value.strip()
         if not model:
             self.notify("give a model", severity="error")
             return

@@ -14,6 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, TextArea
 
 from ster.tui.screens.dialogs import DIALOG_CSS
+from ster.tui.widgets.footer import KeyBar
 
 PairTexts = tuple[str, str]
 """(positive, negative) without surrounding whitespace: a TextArea makes a stray trailing newline easy."""
@@ -25,7 +26,7 @@ class PairEditor(ModalScreen[PairTexts | None]):
     DEFAULT_CSS = """
     PairEditor { align: center middle; }
     PairEditor .dialog { width: 100; max-width: 95%; }
-    PairEditor TextArea { height: 7; }
+    PairEditor TextArea { height: 6; background: $boost; }
     PairEditor .side { margin-top: 1; }
     """ + DIALOG_CSS
     BINDINGS = [
@@ -41,13 +42,14 @@ class PairEditor(ModalScreen[PairTexts | None]):
         with Vertical(classes="dialog"):
             yield Label(self.title_text)
             yield Label("positive: the text that shows the trait", classes="side")
-            yield TextArea(self.positive, id="positive")
+            yield TextArea(self.positive, id="positive", compact=True)
             yield Label("negative: the same text without it", classes="side")
-            yield TextArea(self.negative, id="negative")
+            yield TextArea(self.negative, id="negative", compact=True)
             yield Label("", classes="error", id="error")
             with Horizontal():
-                yield Button("Save (ctrl+s)", variant="primary", id="save")
-                yield Button("Cancel (esc)", id="cancel")
+                yield Button("Save (ctrl+s)", variant="primary", id="save", compact=True)
+                yield Button("Cancel (esc)", id="cancel", compact=True)
+        yield KeyBar(app_keys=False)
 
     def on_mount(self) -> None:
         """Start typing where an edit most often goes: after the existing text."""

@@ -11,9 +11,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Select
+from textual.widgets import Button, Label, Select
 
 from ster.tui.screens.dialogs import DIALOG_CSS
+from ster.tui.widgets.fields import Field
+from ster.tui.widgets.footer import KeyBar
 
 REQUIRED = ("trait", "count", "output")
 """The fields the form will not return empty; the route is needed only on the Brama route."""
@@ -25,8 +27,8 @@ class SynthesizeDialog(ModalScreen[dict[str, str] | None]):
     DEFAULT_CSS = """
     SynthesizeDialog { align: center middle; }
     SynthesizeDialog .dialog { width: 90; max-width: 95%; }
-    SynthesizeDialog .row Label { width: 18; padding: 1 1 0 0; }
-    SynthesizeDialog .row Input { width: 1fr; }
+    SynthesizeDialog .row Label { width: 18; padding: 0 1 0 0; }
+    SynthesizeDialog .row Field { width: 1fr; }
     SynthesizeDialog .row Select { width: 1fr; }
     SynthesizeDialog .dialog .row { margin-top: 0; }
     """ + DIALOG_CSS
@@ -42,24 +44,25 @@ class SynthesizeDialog(ModalScreen[dict[str, str] | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label("Synthesize a pair set from a one-sentence trait description")
-            yield from _row("trait", Input(placeholder="e.g. calm and reassuring", id="trait"))
-            yield from _row("pairs to keep", Input("8", type="integer", id="count"))
+            yield from _row("trait", Field(placeholder="e.g. calm and reassuring", id="trait"))
+            yield from _row("pairs to keep", Field("8", type="integer", id="count"))
             yield from _row("generator", Select([(f"local ({self.local_model})", "local"), ("brama", "brama")],
-                                                value="local", allow_blank=False, id="generator"))
-            yield from _row("brama route", Input(placeholder="provider/model, e.g. openai/gpt-5-mini",
+                                                value="local", allow_blank=False, compact=True, id="generator"))
+            yield from _row("brama route", Field(placeholder="provider/model, e.g. openai/gpt-5-mini",
                                                  id="generator_model", disabled=True))
-            yield from _row("write to", Input(self.output, id="output"))
+            yield from _row("write to", Field(self.output, id="output"))
             yield Label("", classes="error", id="error")
             with Horizontal():
-                yield Button("Start (ctrl+s)", variant="primary", id="start")
-                yield Button("Cancel (esc)", id="cancel")
+                yield Button("Start (ctrl+s)", variant="primary", id="start", compact=True)
+                yield Button("Cancel (esc)", id="cancel", compact=True)
+        yield KeyBar(app_keys=False)
 
     def on_mount(self) -> None:
-        self.query_one("#trait", Input).focus()
+        self.query_one("#trait", Field).focus()
 
     def on_select_changed(self, event: Select.Changed) -> None:
         """The route box only means something on the Brama route; the local one uses the app's model."""
-        self.query_one("#generator_model", Input).disabled = event.value != "brama"
+        self.query_one("#generator_model", Field).disabled = event.value != "brama"
 
     def on_input_submitted(self) -> None:
         self.action_start()
@@ -68,7 +71,7 @@ class SynthesizeDialog(ModalScreen[dict[str, str] | None]):
         self.run_action("start" if event.button.id == "start" else "cancel")
 
     def action_start(self) -> None:
-        values = {name: self.query_one(f"#{name}", Input).value.strip() for name in (*REQUIRED, "generator_model")}
+        values = {name: self.query_one(f"#{name}", Field).value.strip() for name in (*REQUIRED, "generator_model")}
         values["generator"] = str(self.query_one("#generator", Select).value)
         missing = [name for name in REQUIRED if not values[name]]
         if missing:
@@ -80,7 +83,7 @@ class SynthesizeDialog(ModalScreen[dict[str, str] | None]):
         self.dismiss(None)
 
 
-def _row(label: str, field: Input | Select[str]) -> ComposeResult:
+def _row(label: str, field: Field | Select[str]) -> ComposeResult:
     """One labelled field on a line."""
     with Horizontal(classes="row"):
         yield Label(label)

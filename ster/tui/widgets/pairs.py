@@ -23,13 +23,18 @@ from textual.widgets import DataTable, Static
 from ster.engine.pairs.model import Pair, PairSet
 from ster.tui.messages import JobEvent, JobFinished
 from ster.tui.runner import JobHandle
+from ster.tui.widgets.pair_files import PairFiles
+from ster.tui.widgets.wrapped import Wrapped
 from ster.tui.widgets.pair_report import detail_text, distinct_parts, flag_cells, summary_text
+from ster.tui.words import in_our_words
 
 FIXED_COLUMNS = (("#", 4), ("duplicate", 20), ("refusal", 22), ("ratio", 6))
+NARROW_COLUMNS = (("#", 3), ("duplicate", 12), ("refusal", 14), ("ratio", 5))
+"""Below 110 columns the flag columns give their width to the two texts (a cut flag still names its kind)."""
 NEW_SET = "trait"
 
 
-class PairsPane(Vertical):
+class PairsPane(PairFiles, Vertical):
     """One pair set in memory, its inspect report as a table, and the jobs that read and write it."""
 
     DEFAULT_CSS = """
@@ -67,10 +72,10 @@ class PairsPane(Vertical):
         self._opened_note = ""
 
     def compose(self) -> ComposeResult:
-        yield Static("", id="summary")
-        yield Static("", id="message")
+        yield Wrapped("", id="summary")
+        yield Wrapped("", id="message")
         yield DataTable(cursor_type="row", zebra_stripes=True, id="pairs-table")
-        yield Static("", id="detail")
+        yield Wrapped("", id="detail")
 
     def on_mount(self) -> None:
         path: Path | None = self.app.settings.pairs  # type: ignore[attr-defined]
@@ -161,108 +166,6 @@ class PairsPane(Vertical):
         table = self.query_one(DataTable)
         return table.cursor_row if self.live is None and self.pair_set.pairs and table.row_count else None
 
-    # --- files: open, save, save as, import ----------------------------------------------------------
-
-    def action_open(self) -> None:
-        self._unless_unsaved("open another file", lambda: self._ask_path("Pair set to open", self._open_answer))
-
-    def _open_answer(self, answer: str | None) -> None:
-        if answer:
-            self._open(Path(answer).expanduser())
-
-    def _open(self, path: Path, note: str = "") -> None:
-        self._opened_note = note
-        self._inspection = self._start("pairs inspect", pairs=path)
-        self._say(f"opening {path}…", "dim")
-
-    def action_save(self) -> None:
-        if self.path is None:
-            self.action_save_as()
-        elif not self._busy():
-            self._save_to(self.path)
-
-    def action_save_as(self) -> None:
-        if not self._busy():
-            self._ask_path("Save the pair set as", self._save_as_answer)
-
-    def _save_as_answer(self, answer: str | None) -> None:
-        from ster.tui.screens.dialogs import Confirm
-
-        if not answer:
-            return
-        path = Path(answer).expanduser()
-        if path == self.path or not path.is_file():
-            self._save_to(path)
-            return
-        self.app.push_screen(Confirm(f"{path} exists. Replace it with this set?", "Replace", "Keep it"),
-                             lambda yes: yes and self._save_to(path))
-
-    def _save_to(self, path: Path) -> None:
-        self._start("pairs save", pairs=path, pair_set=self.pair_set)
-
-    def action_import(self) -> None:
-        from ster.tui.screens.dialogs import AskText
-
-        if self.path is None or self.dirty:
-            why = "has no file yet" if self.path is None else "has unsaved changes"
-            self._say(f"import copies the saved file, and this set {why}: save it first (s)", "red")
-            return
-        self.app.push_screen(AskText("Keep it in the workspace under the id", self.path.stem,
-                                     "lowercase letters, digits, '.', '_' and '-'"), self._import_answer)
-
-    def _import_answer(self, name: str | None) -> None:
-        if name and self.path is not None:
-            self._start("workspace import-pairs", source=self.path, name=name)
-
-    def _ask_path(self, question: str, then: Any) -> None:
-        from ster.tui.screens.dialogs import AskText
-
-        self.app.push_screen(AskText(question, str(self.path or "pairs.json"), "a .json file"), then)
-
-    def _unless_unsaved(self, doing: str, proceed: Any) -> None:
-        """Ask before a step that replaces an edited set; go straight on when it is saved."""
-        from ster.tui.screens.dialogs import Confirm
-
-        if self._busy():
-            return
-        if not self.dirty:
-            proceed()
-            return
-        self.app.push_screen(Confirm(f"This set has unsaved changes. Drop them and {doing}?", "Drop them",
-                                     "Keep editing"), lambda yes: yes and proceed())
-
-    # --- synthesis: kept pairs appear as they arrive; the written file is opened at the end ----------
-
-    def action_synthesize(self) -> None:
-        from ster.tui.screens.synthesize import SynthesizeDialog
-
-        settings = self.app.settings  # type: ignore[attr-defined]
-        output = str((self.path.parent if self.path else Path()) / "synthesized.json")
-        self._unless_unsaved("synthesize a new set", lambda: self.app.push_screen(
-            SynthesizeDialog(settings.model, output), self._synthesize_answer))
-
-    def _synthesize_answer(self, form: dict[str, str] | None) -> None:
-        from ster.tui.screens.dialogs import Confirm
-
-        if not form:
-            return
-        output = Path(form["output"]).expanduser()
-        if not output.exists():
-            self._synthesize(form)
-            return
-        self.app.push_screen(Confirm(f"{output} exists. Replace it with the synthesized set?", "Replace", "Keep it"),
-                             lambda yes: yes and self._synthesize(form))
-
-    def _synthesize(self, form: dict[str, str]) -> None:
-        fields: dict[str, Any] = {"trait": form["trait"], "count": form["count"], "generator": form["generator"],
-                                  "output": Path(form["output"]).expanduser(),
-                                  "generator_model": form["generator_model"] or None}
-        if form["generator"] == "local":
-            fields.update(self.app.settings.model_fields())  # type: ignore[attr-defined]
-        if self._start("pairs synthesize", **fields) is not None:
-            self.live, self.stage = [], ""
-            self._redraw()
-
     # --- rendering the jobs' events ------------------------------------------------------------------
 
     def _start(self, job: str, **fields: Any) -> JobHandle | None:
@@ -272,7 +175,7 @@ class PairsPane(Vertical):
     def on_job_event(self, message: JobEvent) -> None:
         event = message.event
         if event.type == "warning":
-            self._say(f"warning: {event.message}", "yellow")
+            self._say(f"warning: {in_our_words(event.message)}", "yellow")
         elif event.type == "progress" and message.handle.name == "pairs synthesize":
             self._synthesis_progress(event)
 
@@ -294,7 +197,7 @@ class PairsPane(Vertical):
             if handle is self._inspection:
                 self._inspection = None  # the summary then says the flags are unknown
             self._redraw(self._highlighted())
-            self._say(final.message, "red")
+            self._say(in_our_words(final.message), "red")
             return
         request, data = handle.request, final.data  # type: ignore[union-attr]
         {"pairs inspect": self._inspected, "pairs save": self._saved, "workspace import-pairs": self._imported,
@@ -330,8 +233,9 @@ class PairsPane(Vertical):
     def _use_path(self, path: Path) -> None:
         """The set now belongs to this file, and the other tabs train and evaluate on it."""
         self.path = path
-        self.app.settings.pairs = path  # type: ignore[attr-defined]
-        self.app.refresh_status()  # type: ignore[attr-defined]
+        settings = self.app.settings  # type: ignore[attr-defined]
+        settings.pairs, settings.trait = path, self.pair_set.trait_name
+        self.app.settings_changed("pairs")  # type: ignore[attr-defined]
 
     def _redraw(self, cursor: int | None = None) -> None:
         self._show_summary()
@@ -351,9 +255,9 @@ class PairsPane(Vertical):
     def _fill_table(self, cursor: int | None = None) -> None:
         table = self.query_one(DataTable)
         table.clear(columns=True)
-        text_width = max(12, (self.size.width - sum(w + 2 for _, w in FIXED_COLUMNS) - 4) // 2)
-        for label, width in (FIXED_COLUMNS[0], ("positive", text_width), ("negative", text_width),
-                             *FIXED_COLUMNS[1:]):
+        fixed = NARROW_COLUMNS if self.size.width < 110 else FIXED_COLUMNS
+        text_width = max(10, (self.size.width - sum(w + 2 for _, w in fixed) - 6) // 2)
+        for label, width in (fixed[0], ("positive", text_width), ("negative", text_width), *fixed[1:]):
             table.add_column(label, width=width, key=label)
         reported = (self.report or {}).get("pairs") if self.live is None else None
         for index, pair in enumerate(self.live if self.live is not None else self.pair_set.pairs):

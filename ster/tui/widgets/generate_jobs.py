@@ -1,0 +1,136 @@
+"""How the Generate pane renders its jobs: token streams into the panels and the sweep table, the
+end of each job into titles, the progress line and the message line.
+
+The steered run goes first and the baseline is started only once it has succeeded (see
+:mod:`ster.tui.widgets.generate`), so a refused steered run leaves the baseline "not run".
+Text made before the model or the artifact changed stays on screen, marked as older.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import Static
+
+from ster.tui.messages import JobEvent, JobFinished, JobStarted, SettingsChanged
+from ster.tui.runner import ENDED, JobHandle, final_state
+from ster.tui.widgets.generate_parts import SweepTable, TextPanel, fluent_rule, other_unit, sweep_caption
+from ster.tui.widgets.progress import JobProgress
+from ster.tui.words import format_number, in_our_words
+
+ROLES = {"steered": "steered", "baseline": "unsteered", "sweep": "sweep"}
+"""A job's role in the pane → how its progress line names it."""
+
+
+class GenerateJobs:
+    """Mixed into the Generate pane, which provides ``jobs``, ``baseline_fields``, ``caption``, ``_start``,
+    ``_steered_title``, ``say`` and ``add``."""
+
+    def panel(self, role: str) -> TextPanel:
+        return self.query_one(f"#{role}", TextPanel)
+
+    def _role(self, handle: JobHandle) -> str | None:
+        return next((role for role, mine in self.jobs.items() if mine is handle), None)
+
+    def on_job_started(self, message: JobStarted) -> None:
+        role = self._role(message.handle)
+        if role is None:
+            return
+        self.query_one(JobProgress).started(message.handle, ROLES[role], message.first)
+        if role != "sweep":
+            self.panel(role).note("generating…")
+            self.panel(role).add_class("running")
+
+    def on_job_event(self, message: JobEvent) -> None:
+        event, role = message.event, self._role(message.handle)
+        if role is None:
+            return
+        if message.step is not None:
+            self.query_one(JobProgress).stepped(message.handle, message.step)
+        if event.type == "token":
+            if role == "sweep":
+                self.query_one(SweepTable).stream(event.stream, event.text)
+            else:
+                self.panel(role).append(event.text)
+        elif event.type == "warning":
+            self.add(f"warning: {in_our_words(event.message)}", "yellow")
+
+    def on_job_finished(self, message: JobFinished) -> None:
+        handle, final = message.handle, message.final
+        if handle.id == 0:  # a request refused before it became a job
+            self.add(final.message, "red")  # type: ignore[union-attr]
+            return
+        role = self._role(handle)
+        if role is None:
+            return
+        self.jobs.pop(role, None)
+        state = final_state(final)
+        self.query_one(JobProgress).ended(handle, state, getattr(final, "message", ""))
+        if role != "sweep":
+            self.panel(role).remove_class("running")
+        if final.type == "error":
+            self._failed(role, final.kind, in_our_words(final.message))  # type: ignore[union-attr]
+        elif role == "sweep":
+            self._swept(final.data)  # type: ignore[union-attr]
+        else:
+            self._generated(role, final.data)  # type: ignore[union-attr]
+
+    def _not_run(self, why: str) -> None:
+        self.baseline_fields = None
+        self.panel("baseline").mark("not run")
+        self.panel("baseline").note(f"not run: {why}", "dim")
+
+    def _failed(self, role: str, kind: str, sentence: str) -> None:
+        """A refusal or failure goes to the message line in red; the affected output is marked."""
+        if role == "steered":
+            self._not_run(f"the steered run was {ENDED[kind]}, so nothing was generated")
+        if kind != "cancelled":
+            self.add(sentence, "red")
+        if role == "sweep":
+            self.query_one("#caption", Static).update(Text(f"sweep {ENDED[kind]}", "magenta" if kind == "cancelled"
+                                                           else "red"))
+            return
+        panel = self.panel(role)
+        panel.mark(ENDED[kind])
+        if not panel.text:
+            panel.note(*(("nothing generated", "dim") if kind == "cancelled" else (sentence, "red")))
+
+    def _generated(self, role: str, data: dict[str, Any]) -> None:
+        self.app.settings.chat_decision = data["chat_template"]  # type: ignore[attr-defined]
+        panel = self.panel(role)
+        tokens = f"{data['tokens']} tokens, stopped at {data['stop_reason'].replace('_', ' ')}"
+        if role == "steered":
+            unit = "x" if data["strength_unit"] == "relative" else ""
+            panel.retitle(self._steered_title(f"{format_number(data['strength'])}{unit}"))
+            panel.border_subtitle = f"{other_unit(data)} · {tokens}"
+            if self.baseline_fields is not None:
+                self._start("baseline", "generate", self.baseline_fields)
+                self.baseline_fields = None
+        else:
+            panel.border_subtitle = tokens
+        if not data["text"]:
+            panel.note("(empty: the model ended the text at once)")
+
+    def _swept(self, data: dict[str, Any]) -> None:
+        settings = self.app.settings  # type: ignore[attr-defined]
+        settings.chat_decision = data["chat_template"]
+        self.query_one(SweepTable).fill(data)
+        self.caption = sweep_caption(data, settings.artifact_label())
+        self.query_one("#caption", Static).update(self.caption)
+        self.query_one("#fluent-rule", Static).update(fluent_rule(data))
+
+    def on_settings_changed(self, message: SettingsChanged) -> None:
+        """Text made with another model or artifact stays, marked as older than the settings."""
+        for what in ("model", "artifact"):
+            if what in message.changed:
+                self._mark_old(f"the {what} has changed since")
+
+    def _mark_old(self, why: str) -> None:
+        for role in ("baseline", "steered"):
+            if self.panel(role).text and role not in self.jobs:
+                self.panel(role).mark("older")
+        if self.query_one(SweepTable).rows_data and "sweep" not in self.jobs:
+            self.query_one("#caption", Static).update(Text.assemble((f"older sweep ({why}): ", "yellow"),
+                                                                    self.caption))
+

@@ -1,0 +1,57 @@
+"""Copying and saving what the Generate pane shows, from the keyboard.
+
+What ``c`` copies and ``s`` saves follows the focus: the focused text panel's text, the
+highlighted sweep row's outputs when the sweep table has focus and rows, and otherwise both
+panels as one small document that says what produced each text (the prompt, the
+artifact, the strength), since a steered text without its settings is hard to use later.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ster.tui.screens.save import save_text
+from ster.tui.widgets.generate_parts import SweepTable, TextPanel
+
+
+class GenerateText:
+    """Mixed into the Generate pane, which provides ``panel(role)``, ``say`` and ``_value``."""
+
+    def action_copy(self) -> None:
+        what, text = self._chosen_text()
+        if not text:
+            self.say(f"nothing to copy yet: {what}", "yellow")  # type: ignore[attr-defined]
+            return
+        self.app.copy_to_clipboard(text)  # type: ignore[attr-defined]
+        self.say(f"copied {what} ({len(text)} characters) to the clipboard", "green")  # type: ignore[attr-defined]
+
+    def action_save(self) -> None:
+        what, text = self._chosen_text()
+        if not text:
+            self.say(f"nothing to save yet: {what}", "yellow")  # type: ignore[attr-defined]
+            return
+        trait = (self.app.settings.artifact or {}).get("trait_name")  # type: ignore[attr-defined]
+        save_text(self.app, text, Path(f"{trait or 'generated'}-text.txt"), self.say)  # type: ignore[attr-defined]
+
+    def _chosen_text(self) -> tuple[str, str]:
+        """(what it is, the text) for the focused part of the pane."""
+        focused = self.app.focused  # type: ignore[attr-defined]
+        table = self.query_one(SweepTable)  # type: ignore[attr-defined]
+        key = table.highlighted_key() if focused is table else None
+        if key is not None:
+            row = table.rows_data.get(key)
+            outputs = [o["text"] for o in row["outputs"]] if row else [table.texts.get(key, "")]
+            return f"the sweep's outputs at {table.strengths[key]}", "\n\n".join(outputs)
+        if isinstance(focused, TextPanel):
+            return f"the {focused.title.split(' ·')[0]} text", focused.text
+        return "the prompt and both texts", self._document()
+
+    def _document(self) -> str:
+        baseline, steered = self.panel("baseline"), self.panel("steered")  # type: ignore[attr-defined]
+        if not baseline.text and not steered.text:
+            return ""
+        prompt = self.prompt_used  # type: ignore[attr-defined]
+        parts = [f"prompt: {prompt}", f"[{baseline.title}]\n{baseline.text}"]
+        if steered.text:
+            parts.append(f"[{steered.title}]\n{steered.text}")
+        return "\n\n".join(parts) + "\n"
