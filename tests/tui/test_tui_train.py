@@ -79,7 +79,8 @@ def test_the_default_artifact_goes_to_the_data_directory_named_after_trait_metho
 
 def test_an_existing_artifact_is_replaced_only_after_the_person_says_so(tmp_path: Path) -> None:
     output = tmp_path / "calm.json"
-    output.write_text("the artifact a real-model run wrote\n")
+    older = '{"product": "ster", "trait_name": "calm", "vectors": [], "model": "a real model"}\n'
+    output.write_text(older)
 
     async def scenario(app: SterApp, pilot: Pilot, pane: TrainPane) -> None:
         pane.query_one("#output", Input).value = str(output)
@@ -88,7 +89,7 @@ def test_an_existing_artifact_is_replaced_only_after_the_person_says_so(tmp_path
         assert isinstance(app.screen, Confirm)
         await pilot.press("n")
         await settle(pilot, app)
-        assert output.read_text() == "the artifact a real-model run wrote\n"
+        assert output.read_text() == older
         assert [h.name for h in app.runner.handles if h.name == "train"] == []
         assert message(pane).startswith(f"kept {output}; nothing ran")
         await pilot.press("o")
@@ -96,6 +97,21 @@ def test_an_existing_artifact_is_replaced_only_after_the_person_says_so(tmp_path
         await pilot.press("y")
         await settle(pilot, app)
         assert json.loads(output.read_text())["product"] == "ster"
+
+    drive(scenario)
+
+
+def test_a_file_of_another_kind_is_never_offered_for_replacement(tmp_path: Path) -> None:
+    output = tmp_path / "pairs.json"
+    output.write_text('{"trait_name": "calm", "pairs": []}\n')
+
+    async def scenario(app: SterApp, pilot: Pilot, pane: TrainPane) -> None:
+        pane.query_one("#output", Input).value = str(output)
+        await pilot.press("escape", "t")
+        await pilot.pause()
+        assert not isinstance(app.screen, Confirm)
+        assert message(pane) == f"{output} holds a pair set, which the new artifact never replaces: name another file"
+        assert [h.name for h in app.runner.handles if h.name == "train"] == []
 
     drive(scenario)
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from textual.app import ComposeResult
+from collections.abc import Callable
+from pathlib import Path
+
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
@@ -80,3 +83,23 @@ class AskText(ModalScreen[str | None]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+def replace_or_keep(app: App, path: Path, kind: str, what: str, go: Callable[[], None],
+                    say: Callable[[str, str], None]) -> None:
+    """Run ``go`` when ``path`` is free; ask first when it holds an older ``kind``; refuse anything else.
+
+    The engine refuses to replace a document of another kind anyway; saying so here spares a
+    question whose "yes" could only be refused.
+    """
+    from ster.engine.protocol.kinds import existing
+
+    found = existing(path)
+    if found is None or found.empty:
+        go()
+    elif found.kind == kind:
+        app.push_screen(Confirm(f"{path} holds {found.phrase}. Replace it with {what}?", "Replace", "Keep it"),
+                        lambda yes: go() if yes else say(f"kept {path}; nothing ran. Name another file to keep "
+                                                         "both", "yellow"))
+    else:
+        say(f"{path} holds {found.phrase}, which {what} never replaces: name another file", "red")

@@ -96,16 +96,12 @@ class PairFiles:
             SynthesizeDialog(settings.model, output), self._synthesize_answer))
 
     def _synthesize_answer(self, form: dict[str, str] | None) -> None:
-        from ster.tui.screens.dialogs import Confirm
+        from ster.tui.screens.dialogs import replace_or_keep
 
         if not form:
             return
-        output = Path(form["output"]).expanduser()
-        if not output.exists():
-            self._synthesize(form)
-            return
-        self.app.push_screen(Confirm(f"{output} exists. Replace it with the synthesized set?", "Replace", "Keep it"),
-                             lambda yes: yes and self._synthesize(form))
+        replace_or_keep(self.app, Path(form["output"]).expanduser(), "pair set", "the synthesized set",
+                        lambda: self._synthesize(form), self._say)
 
     def _synthesize(self, form: dict[str, str]) -> None:
         fields: dict[str, Any] = {"trait": form["trait"], "count": form["count"], "generator": form["generator"],

@@ -83,16 +83,10 @@ class TrainPane(FieldErrors, Vertical):
         output = self._output(job)
         fields = {"pairs": settings.pairs, "layers": self.query_one("#layers", Field).value.strip() or "all",
                   "output": output, **extra, **settings.model_fields()}
-        if not output.exists():
-            self._run(job, **fields)
-            return
-        from ster.tui.screens.dialogs import Confirm
+        from ster.tui.screens.dialogs import replace_or_keep
 
-        self.app.push_screen(Confirm(f"{shown(output)} exists. Replace it with the new artifact?", "Replace",
-                                     "Keep it"), lambda yes: self._run(job, **fields) if yes else self._kept(output))
-
-    def _kept(self, output: Path) -> None:
-        self.say(f"kept {shown(output)}; nothing ran. Name another file in the artifact field to keep both", "yellow")
+        replace_or_keep(self.app, output, "steering artifact", "the new artifact", lambda: self._run(job, **fields),
+                        self.say)
 
     def _output(self, job: str) -> Path:
         typed = self.query_one("#output", Field).value.strip()
