@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from ster.engine.model.requests import ModelRequest, SampledRequest
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.requests import Request, at_least_one
 from ster.engine.steering.layers import LayerSpec
-from ster.engine.steering.strength import Strength, parse_strengths
+from ster.engine.steering.strength import DEFAULT_SWEEP, Strength, parse_strengths
 
 
 class GenerateRequest(SampledRequest):
@@ -20,9 +20,10 @@ class GenerateRequest(SampledRequest):
     prompt: str
     vector: Path | None = None
     """A steering artifact; without one the run is the unsteered baseline."""
-    strength: Strength = Strength(value=1.0)
+    strength: Strength | None = None
     """How far along every direction of the artifact: ``3`` in the residual stream's units, or ``0.4x``
-    times each layer's activation norm; negative steers the other way."""
+    times each layer's activation norm; negative steers the other way. None (not given) is
+    ``DEFAULT_STRENGTH``; a strength given without a vector is warned about."""
     max_new_tokens: int = 128
 
     _tokens = field_validator("max_new_tokens")(lambda cls, v: at_least_one(v, "--max-new-tokens"))
@@ -79,8 +80,9 @@ class SweepRequest(SampledRequest):
     """A JSON document ``{"prompts": [...]}``."""
     prompt_texts: list[str] | None = None
     """The prompts themselves, instead of a file (exactly one of the two)."""
-    strengths: list[Strength]
-    """Absolute or relative (``0.4x``), all in one unit; 0 is always added, and they are swept in order."""
+    strengths: list[Strength] = Field(DEFAULT_SWEEP, validate_default=True)
+    """Absolute or relative (``0.4x``), all in one unit; 0 is always added, and they are swept in order.
+    None (not given) is ``DEFAULT_SWEEP``, relative, so it scales with the artifact's activation norm."""
     max_new_tokens: int = 48
 
     _tokens = field_validator("max_new_tokens")(lambda cls, v: at_least_one(v, "--max-new-tokens"))
@@ -88,7 +90,7 @@ class SweepRequest(SampledRequest):
     @field_validator("strengths", mode="before")
     @classmethod
     def _parse(cls, raw: object) -> list[Strength]:
-        return parse_strengths(raw)
+        return parse_strengths(DEFAULT_SWEEP if raw is None else raw)
 
     @field_validator("strengths")
     @classmethod

@@ -24,12 +24,20 @@ from ster.engine.protocol.errors import Refusal
 
 Unit = Literal["absolute", "relative"]
 
-DEFAULT_STRENGTH = "0.4x"
-"""The strength a front end offers first (the TUI's Generate tab): provisional until measured on SmolLM2."""
-DEFAULT_SWEEP = "-0.8x,-0.4x,0.4x,0.8x"
-"""The strengths a sweep walks when none are given: provisional until measured on SmolLM2."""
+DEFAULT_STRENGTH = "0.3x"
+"""The strength a front end offers first. Measured on SmolLM2-135M-Instruct at the layer ``optimize`` picks
+(``bench/steering_defaults.py``): 0.2x is the weakest push whose effect is distinguishable from 0, 0.3x–0.4x
+move every text while it stays fluent, and 0.6x starts repeating itself; 0.3x sits in the middle of that
+window, half the strength where the text starts to break."""
+DEFAULT_SWEEP = "-0.6x,-0.3x,0.3x,0.6x"
+"""The strengths a sweep walks when none are given: the default strength and twice it, each way, so that a
+sweep on a new model shows both where steering moves the text and where it starts to break."""
 
 SPELLING = "a number such as 3 (absolute) or a multiple of the layer's activation norm such as 0.4x"
+
+EXCESSIVE = 10.0
+"""A push past this many times a layer's activation norm drowns the residual stream: the text it gives is
+noise, not the trait (SmolLM2-135M already stops forming words near 1.5x), so it is warned about."""
 
 
 class Strength(BaseModel):
@@ -78,6 +86,19 @@ class Strength(BaseModel):
         """Per layer that records a norm, the scale over that norm: how large the push is against the stream."""
         absolute = self.per_layer(norms)
         return {layer: absolute[layer] / norm for layer, norm in norms.items() if norm}
+
+
+def excess_warning(strength: Strength, relative: dict[int, float], norms: dict[int, float | None]) -> str | None:
+    """One sentence when the push at some layer exceeds ``EXCESSIVE`` times its activation norm, else None.
+
+    ``relative`` is the strength over each layer's norm (layers without a recorded norm cannot be judged)."""
+    over = {layer: ratio for layer, ratio in relative.items() if abs(ratio) > EXCESSIVE}
+    if not over:
+        return None
+    layer = max(over, key=lambda k: abs(over[k]))
+    return (f"strength {strength} is {abs(over[layer]):.3g} times layer {layer}'s activation norm "
+            f"({norms[layer]:.4g}); past {EXCESSIVE:g} times the norm the direction drowns out the residual "
+            f"stream and the text is noise rather than steered")
 
 
 def _from_text(text: str) -> dict[str, Any]:
