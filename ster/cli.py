@@ -77,7 +77,7 @@ def _add_generate(commands: Any) -> None:
     parser.add_argument("--vector", help="a steering artifact; omit it for the unsteered baseline")
     parser.add_argument("--strength", help="how far along the direction: a multiple of each layer's activation "
                         "norm (0.4x), or a number in the residual stream's units (3); negative steers the other way "
-                        "(write --strength=-0.4x); default 0.3x")
+                        "(write --strength=-0.4x); default 0.4x")
     _sampling_flags(parser, 128)
 
 
@@ -128,7 +128,7 @@ def _add_sweep(commands: Any) -> None:
     parser.add_argument("--prompts", required=True, help='JSON file {"prompts": ["...", ...]}')
     parser.add_argument("--strengths", help="comma list, all relative to each layer's activation norm "
                         "(--strengths=-0.4x,0.4x) or all absolute (--strengths=-8,-4,4,8); write = before a leading "
-                        "minus; default -0.6x,-0.3x,0.3x,0.6x")
+                        "minus; default -0.8x,-0.4x,-0.2x,0.2x,0.4x,0.8x")
     _sampling_flags(parser, 48)
 
 
