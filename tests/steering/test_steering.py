@@ -324,6 +324,8 @@ def test_an_effect_carried_by_one_changed_text_is_noise(cli, tmp_path: Path) -> 
     assert low["noise"] == pytest.approx(low["effect"]) and not low["distinguishable"]
     assert result["suggested"] == {"positive": None, "negative": None} and not result["moved"]
     assert "warning: no strength moved the text distinguishably from its noise: the largest effect" in run.err
+    assert "in the residual stream's units (positive: toward calm)" in run.err  # what effect means, said once
+    assert f"-0.3x: effect {low['effect']:+.3g} (" in run.err and "not distinguishable; 1/4 texts changed" in run.err
 
 
 def test_sweep_without_strengths_walks_the_default_relative_sweep(cli, tmp_path: Path) -> None:

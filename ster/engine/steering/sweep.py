@@ -164,18 +164,19 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
     prompts = _prompts(request)
     checkpoint = model_store(ctx).open(request, ctx)
     artifact = open_artifact(ctx, request.vector, checkpoint)
+    scales_for(artifact, max(request.strengths, key=lambda s: abs(s.value)), ctx)  # refuses or warns before loading
     codec = checkpoint.codec
     encoded = [codec.encode_prompt(prompt) for prompt in prompts]
     model = model_store(ctx).decoder(checkpoint, ctx)
     directions = {layer: torch.tensor(v, dtype=torch.float64, device=model.lm_head.weight.device)
                   for layer, v in artifact.by_layer().items()}
-    scales_for(artifact, max(request.strengths, key=lambda s: abs(s.value)), ctx)  # warns once, past 10x a norm
     rows = [_sweep_strength(ctx, model, checkpoint.codec, artifact, request, prompts, encoded, directions, step)
             for step in range(len(request.strengths))]
     rows = _judge(rows, _mean_norm(artifact))
     verdicts = [Judged(strength=r.strength, label=request.strengths[i].signed(), effect=r.effect,
                        threshold=r.threshold, distinguishable=r.distinguishable, fluent=r.fluent)
                 for i, r in enumerate(rows)]
+    _summarise(ctx, rows, verdicts, artifact.trait_name, len(prompts))
     sentence = stillness(verdicts, len(prompts))
     if sentence:
         ctx.warn(sentence)
@@ -228,6 +229,25 @@ def _sweep_strength(ctx: JobContext, model: Decoder, codec: TextCodec, artifact:
                     distinct_2=sum(distincts) / len(distincts) if distincts else None,
                     longest_run=max(map(longest_run, generated)),
                     mean_tokens=sum(map(len, generated)) / len(generated), fluent=True, outputs=outputs)
+
+
+def _summarise(ctx: JobContext, rows: list[SweepRow], verdicts: list[Judged], trait: str, prompts: int) -> None:
+    """One log line saying what the effect is, then one line per strength, for a reader of the progress."""
+    toward = f"toward {trait}" if trait else "toward the pairs' positive side"
+    ctx.log(f"effect: each steered text's reading along the direction (re-read unsteered) minus its unsteered "
+            f"text's, mean over {prompts} prompts, in the residual stream's units (positive: {toward}); "
+            f"distinguishable when beyond Student's t (95%) times its standard error")
+    for row, verdict in zip(rows, verdicts):
+        if row.strength == 0:
+            continue
+        effect = "no effect" if row.effect is None else f"effect {row.effect:+.3g}"
+        relative = "" if row.relative_effect is None else f" ({row.relative_effect:+.3f} of the norm)"
+        noise = "" if row.noise is None else f", noise {row.noise:.3g}"
+        judged = "not distinguishable"
+        if row.distinguishable:
+            judged = "distinguishable" if (row.effect or 0.0) * row.strength > 0 else "distinguishable, against the push"
+        ctx.log(f"{verdict.label}: {effect}{relative}{noise}, {judged}; {row.changed}/{prompts} texts changed; "
+                f"{'fluent' if row.fluent else 'not fluent'}")
 
 
 def _readings(model: Decoder, codec: TextCodec, texts: list[str],
