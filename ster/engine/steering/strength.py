@@ -26,10 +26,9 @@ Unit = Literal["absolute", "relative"]
 
 DEFAULT_STRENGTH = "0.4x"
 """The strength a front end offers first. Measured on SmolLM2-135M-Instruct (``bench/steering_defaults.py``,
-six held-out prompts, at the layer ``optimize`` picks and at two others): 0.4x moves every text, its effect
-is distinguishable from 0 at every layer measured, and the text stays fluent; 0.2x–0.3x is where the effect
-starts to stand out from its noise, and from 0.6x the text drifts off topic and starts repeating itself
-(broken at 0.8x everywhere)."""
+six held-out prompts, at layer 21, which ``optimize`` picks, and at layer 23): 0.4x moves every text, its
+effect is distinguishable from 0, and the text stays fluent; 0.2x–0.3x is where the effect starts to stand
+out from its noise, and from 0.6x the text drifts off topic and starts repeating itself (broken at 0.8x)."""
 DEFAULT_SWEEP = "-0.8x,-0.4x,-0.2x,0.2x,0.4x,0.8x"
 """The strengths a sweep walks when none are given: half, once and twice the default strength, each way —
 where steering starts, where it works, and where it breaks on SmolLM2 — relative, so the sweep scales with

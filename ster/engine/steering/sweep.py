@@ -245,7 +245,8 @@ def _summarise(ctx: JobContext, rows: list[SweepRow], verdicts: list[Judged], tr
         noise = "" if row.noise is None else f", noise {row.noise:.3g}"
         judged = "not distinguishable"
         if row.distinguishable:
-            judged = "distinguishable" if (row.effect or 0.0) * row.strength > 0 else "distinguishable, against the push"
+            against = (row.effect or 0.0) * row.strength < 0
+            judged = "distinguishable, against the push" if against else "distinguishable"
         ctx.log(f"{verdict.label}: {effect}{relative}{noise}, {judged}; {row.changed}/{prompts} texts changed; "
                 f"{'fluent' if row.fluent else 'not fluent'}")
 
