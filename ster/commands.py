@@ -91,10 +91,10 @@ def _add_generate(commands: Any) -> None:
     _model_flags(parser)
     parser.add_argument("--prompt", required=True, help="the prompt text")
     parser.add_argument("--vector", metavar="FILE", help="a steering artifact; omit it for the unsteered baseline")
-    parser.add_argument("--strength", default="1", metavar="S",
-                        help="how far along the direction: a number in the residual stream's units (3), or a "
-                             "multiple of each layer's activation norm (0.4x); negative steers the other way "
-                             "(write --strength=-0.4x); default 1")
+    parser.add_argument("--strength", metavar="S",
+                        help="how far along the direction: a multiple of each layer's activation norm (0.4x), or a "
+                             "number in the residual stream's units (3); negative steers the other way (write "
+                             "--strength=-0.4x); default 0.4x")
     _sampling_flags(parser, 128)
 
 
@@ -120,7 +120,8 @@ def _add_train(commands: Any) -> None:
 def _add_optimize(commands: Any) -> None:
     parser = _command(commands, "optimize", "choose method and layer on an 80/20 holdout",
                       "Fit every method at every selected layer on the first 80% of the pairs, rank them on the "
-                      "rest by accuracy then margin, publish the table, and write the winner refitted on all pairs.")
+                      "rest by accuracy, then separation (margin over the spread of the held-out projections), publish "
+                      "the table, and write the winner refitted on all pairs.")
     _fit_flags(parser, "pair set with at least 4 pairs")
 
 
@@ -136,14 +137,16 @@ def _add_evaluate(commands: Any) -> None:
 def _add_sweep(commands: Any) -> None:
     parser = _command(commands, "sweep", "find the strength where steering starts and where it breaks",
                       "Generate at each strength (0 always included) for each prompt; report per strength the "
-                      "effect (how far the text moved along the direction, re-read unsteered) and degeneracy, "
-                      "and suggest the largest fluent strength of each sign.")
+                      "effect (how far the text moved along the direction, re-read unsteered: positive is toward "
+                      "the trait) with its noise, and degeneracy; suggest per sign the largest fluent strength whose "
+                      "effect is distinguishable from 0.")
     _model_flags(parser)
     parser.add_argument("--vector", required=True, metavar="FILE", help="the steering artifact")
     parser.add_argument("--prompts", required=True, metavar="FILE", help='JSON file {"prompts": ["...", ...]}')
-    parser.add_argument("--strengths", required=True, metavar="LIST",
-                        help="comma list, all absolute (--strengths=-8,-4,4,8) or all relative to each layer's "
-                             "activation norm (--strengths=-0.4x,0.4x); write = before a leading minus")
+    parser.add_argument("--strengths", metavar="LIST",
+                        help="comma list, all relative to each layer's activation norm (--strengths=-0.4x,0.4x) or "
+                             "all absolute (--strengths=-8,-4,4,8); write = before a leading minus; default "
+                             "-0.8x,-0.4x,-0.2x,0.2x,0.4x,0.8x")
     _sampling_flags(parser, 48)
 
 

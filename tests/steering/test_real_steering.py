@@ -20,10 +20,16 @@ FIT, HOLDOUT, PROMPTS = DATA / "calm-fit.json", DATA / "calm-holdout.json", DATA
 
 @pytest.fixture(scope="module")
 def calm(smol: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """optimize over the middle-to-late layers (12..24) on the fitting set."""
+    """optimize with its defaults (every layer) on the fitting set, as a new user runs it."""
     out = tmp_path_factory.mktemp("calm") / "calm.json"
-    assert main(["optimize", "--model", str(smol), "--pairs", str(FIT), "--output", str(out), "--layers", "12..24"]) == 0
+    assert main(["optimize", "--model", str(smol), "--pairs", str(FIT), "--output", str(out)]) == 0
     return out
+
+
+def test_optimize_over_every_layer_picks_a_middle_layer_not_the_deepest(calm: Path) -> None:
+    """Ranked on separation, not on the raw margin that grows with depth (which picked layer 29 of 30)."""
+    layer = json.loads(calm.read_text())["vectors"][0]["layer"]
+    assert 14 <= layer <= 24
 
 
 def test_the_selected_direction_separates_held_out_pairs(cli, smol: Path, calm: Path) -> None:
@@ -34,28 +40,31 @@ def test_the_selected_direction_separates_held_out_pairs(cli, smol: Path, calm: 
     assert all(layer["accuracy"] >= 0.9 for layer in result["layers"])
 
 
-def test_strength_zero_reproduces_the_unsteered_text(cli, smol: Path, calm: Path) -> None:
+def test_strength_zero_reproduces_the_unsteered_text_and_the_default_strength_moves_it(cli, smol: Path,
+                                                                                        calm: Path) -> None:
     prompt = json.loads(PROMPTS.read_text())["prompts"][0]
     baseline = cli("generate", "--model", smol, "--prompt", prompt, "--max-new-tokens", "24").json
     zero = cli("generate", "--model", smol, "--prompt", prompt, "--max-new-tokens", "24", "--vector", calm,
                "--strength", "0").json
     assert zero["text"] == baseline["text"]
-    pushed = cli("generate", "--model", smol, "--prompt", prompt, "--max-new-tokens", "24", "--vector", calm,
-                 "--strength", str(0.4 * json.loads(calm.read_text())["vectors"][0]["activation_norm"])).json
+    pushed = cli("generate", "--model", smol, "--prompt", prompt, "--max-new-tokens", "24", "--vector", calm).json
+    assert (pushed["strength"], pushed["strength_unit"]) == (0.4, "relative")
     assert pushed["text"] != baseline["text"]
 
 
-def test_the_sweep_moves_the_text_both_ways(cli, smol: Path, calm: Path) -> None:
-    norm = json.loads(calm.read_text())["vectors"][0]["activation_norm"]
-    strengths = ",".join(f"{k * norm:.1f}" for k in (-0.6, -0.4, -0.2, 0.2, 0.4, 0.6))
-    run = cli("sweep", "--model", smol, "--vector", calm, "--prompts", PROMPTS, f"--strengths={strengths}",
-              "--max-new-tokens", "40")
+def test_the_default_sweep_moves_the_text_distinguishably(cli, smol: Path, calm: Path) -> None:
+    run = cli("sweep", "--model", smol, "--vector", calm, "--prompts", PROMPTS, "--max-new-tokens", "40")
     assert run.code == 0, run.err
     result = run.json
-    effects = {row["strength"]: row["effect"] for row in result["rows"]}
-    positive, negative = result["suggested"]["positive"], result["suggested"]["negative"]
-    assert positive is not None and negative is not None
-    assert effects[positive] > 0 > effects[negative]
+    rows = {row["strength"]: row for row in result["rows"]}
+    assert list(rows) == [-0.8, -0.4, -0.2, 0, 0.2, 0.4, 0.8] and result["strength_unit"] == "relative"
+    assert result["moved"] and "no strength moved" not in run.err
+    toward = rows[0.4]
+    assert toward["changed"] == 6 and toward["fluent"]
+    assert toward["distinguishable"] and toward["effect"] > toward["threshold"] > 0
+    assert not rows[0.8]["fluent"]  # twice the default breaks the text
+    assert result["suggested"]["positive"] == 0.4
+    assert rows[-0.8]["effect"] < 0
 
 
 def test_a_direction_fitted_out_of_format_reads_worse(tmp_path: Path, smol: Path) -> None:

@@ -120,7 +120,7 @@ def test_evaluate_on_the_training_set_reproduces_train(cli, tmp_path: Path) -> N
         assert layer["margin"] == trained[layer["layer"]]["train_margin"]
 
 
-def test_optimize_selects_the_best_candidate_and_refits_it_like_train(cli, tmp_path: Path) -> None:
+def test_optimize_ranks_on_separation_and_refits_like_train(cli, tmp_path: Path, reference_states) -> None:
     out = tmp_path / "best.json"
     run = cli("optimize", "--model", "ster:toy", "--pairs", PAIRS, "--output", out)
     assert run.code == 0, run.err
@@ -131,13 +131,44 @@ def test_optimize_selects_the_best_candidate_and_refits_it_like_train(cli, tmp_p
     assert [(r["layer"], r["method"]) for r in rows] == [(l, m) for l in range(4) for m in ("caa", "pca", "logistic")]
     chosen = [r for r in rows if r["selected"]]
     assert len(chosen) == 1
-    best = max(rows, key=lambda r: (r["holdout_accuracy"], r["holdout_margin"]))
+    best = max(rows, key=lambda r: (r["holdout_accuracy"], r["holdout_separation"], r["relative_margin"]))
     assert chosen[0] == best
+    # the raw margin grows with depth and would pick the last layer; separation picks one that steers
+    assert max(rows, key=lambda r: (r["holdout_accuracy"], r["holdout_margin"]))["layer"] == 3
+    assert (best["layer"], best["method"]) == (2, "logistic")
     assert result["metadata"] == {"selection": "chosen over 12 candidates on a 3-pair holdout, then refitted on all 12 pairs"}
     refit = json.loads(out.read_text())
     assert refit["method"] == best["method"] and [v["layer"] for v in refit["vectors"]] == [best["layer"]]
     _, trained = train(cli, tmp_path, "--method", best["method"], "--layers", str(best["layer"]), name="t.json")
     assert json.loads(trained.read_text())["vectors"] == refit["vectors"]
+
+
+def test_each_candidates_numbers_equal_an_independent_computation(cli, tmp_path: Path, reference_states) -> None:
+    """holdout_margin, holdout_separation (margin over the pooled within-side spread of the holdout projections)
+    and relative_margin (margin over the fitting states' mean norm), from numpy alone."""
+    rows = cli("optimize", "--model", "ster:toy", "--pairs", PAIRS, "--output", tmp_path / "o.json").json
+    pos, neg = reference_states
+    for row in rows["selection"]["candidates"]:
+        layer = row["layer"]
+        v = reference_direction(row["method"], pos[:9, layer], neg[:9, layer])
+        a, b = pos[9:, layer] @ v, neg[9:, layer] @ v
+        margin = (a - b).mean()
+        spread = np.sqrt((((a - a.mean()) ** 2).sum() + ((b - b.mean()) ** 2).sum()) / (2 * 3 - 2))
+        norm = np.linalg.norm(np.concatenate([pos[:9, layer], neg[:9, layer]]), axis=1).mean()
+        assert row["holdout_margin"] == pytest.approx(margin, rel=1e-4, abs=1e-6)
+        assert row["holdout_separation"] == pytest.approx(margin / spread, rel=1e-3)
+        assert row["relative_margin"] == pytest.approx(margin / norm, rel=1e-4, abs=1e-6)
+
+
+def test_a_one_pair_holdout_has_no_separation_and_ranks_on_relative_margin(cli, tmp_path: Path) -> None:
+    pairs = json.loads(PAIRS.read_text())
+    small = tmp_path / "four.json"
+    small.write_text(json.dumps({**pairs, "pairs": pairs["pairs"][:4]}))
+    rows = cli("optimize", "--model", "ster:toy", "--pairs", small, "--output", tmp_path / "o.json").json
+    candidates = rows["selection"]["candidates"]
+    assert all(r["holdout_separation"] is None for r in candidates)
+    chosen = next(r for r in candidates if r["selected"])
+    assert chosen == max(candidates, key=lambda r: (r["holdout_accuracy"], r["relative_margin"]))
 
 
 def test_optimize_reads_the_pairs_once(tmp_path: Path) -> None:
@@ -240,23 +271,109 @@ def test_strength_zero_reproduces_the_baseline(cli, tmp_path: Path) -> None:
         assert zero["text"] == baseline["text"] and zero["tokens"] == baseline["tokens"]
 
 
+ALARMED = ["question : tell me about the town . answer :", "question : tell me about the forest . answer :",
+           "question : how is the market today ? answer :", "question : tell me about the bridge . answer :",
+           "question : tell me about the hill . answer :", "question : tell me about the park . answer :"]
+"""Six toy prompts whose unsteered answers are alarmed, so pushing toward calm has somewhere to go."""
+
+
 def test_sweep_reports_every_strength_and_suggests_per_sign(cli, tmp_path: Path) -> None:
     _, vector = train(cli, tmp_path, "--layers", "3")
-    run = cli("--json", "sweep", "--model", "ster:toy", "--vector", vector, "--prompts", EXAMPLES_DIR / "prompts.json",
+    prompts = tmp_path / "alarmed.json"
+    prompts.write_text(json.dumps({"prompts": ALARMED}))
+    run = cli("--json", "sweep", "--model", "ster:toy", "--vector", vector, "--prompts", prompts,
               "--strengths=-12,-4,4,8", "--max-new-tokens", "16")
     assert run.code == 0
     events = run.events
     result = events[-1]["data"]
-    rows = result["rows"]
-    assert [r["strength"] for r in rows] == [-12, -4, 0, 4, 8]
-    base = rows[2]
-    assert base["effect"] == 0 and base["fluent"] and base["relative_strength"] == {"3": 0.0}
-    assert all(len(r["outputs"]) == 4 for r in rows)
-    assert rows[3]["effect"] > 0 and rows[4]["effect"] > 0  # pushing toward calm reads as calmer
-    assert not rows[0]["fluent"]  # -12 breaks the toy down
-    assert result["suggested"]["positive"] == 8 and result["suggested"]["negative"] == -4
+    rows = {r["strength"]: r for r in result["rows"]}
+    assert list(rows) == [-12, -4, 0, 4, 8]
+    base = rows[0]
+    assert base["effect"] == 0 and base["changed"] == 0 and base["fluent"] and base["relative_strength"] == {"3": 0.0}
+    assert all(len(r["outputs"]) == 6 for r in rows.values())
+    for strength in (4, 8):  # pushing toward calm reads as calmer, on every prompt that changed
+        row = rows[strength]
+        assert row["distinguishable"] and row["effect"] > row["threshold"] > 0
+        assert all(o["effect"] >= 0 for o in row["outputs"])
+        assert row["effect"] == pytest.approx(sum(o["effect"] for o in row["outputs"]) / 6)
+        assert row["relative_effect"] == pytest.approx(row["effect"] / json.loads(vector.read_text())["vectors"][0]
+                                                       ["activation_norm"])
+    assert rows[8]["outputs"][0]["text"] == "the town is gentle and still."
+    # -12 breaks the answers into "the is flooding today.", which loses the "we flee" the direction reads most
+    # alarm in: a distinguishable effect on the wrong side, never suggested
+    assert rows[-12]["distinguishable"] and rows[-12]["effect"] > 0
+    assert not rows[-4]["distinguishable"]
+    assert result["suggested"] == {"positive": 8, "negative": None} and result["moved"]
+    assert not [e for e in events if e["type"] == "warning"]
     streams = {e["stream"] for e in events if e["type"] == "token"}
-    assert "+4/0" in streams and "-12/3" in streams and "+0/1" in streams
+    assert "+4/0" in streams and "-12/5" in streams and "+0/1" in streams
+
+
+def test_an_effect_carried_by_one_changed_text_is_noise(cli, tmp_path: Path) -> None:
+    """At -0.3x on the example prompts only the fourth text changes, and it happens to read calmer: one changed
+    text is exactly one standard error from 0, so it is neither distinguishable nor suggested, and a warning
+    says that nothing moved."""
+    _, vector = train(cli, tmp_path, "--layers", "3")
+    run = cli("sweep", "--model", "ster:toy", "--vector", vector, "--prompts", EXAMPLES_DIR / "prompts.json",
+              "--strengths=-0.3x,0.3x")
+    assert run.code == 0, run.err
+    result = run.json
+    low = result["rows"][0]
+    assert low["strength"] == -0.3 and low["changed"] == 1 and low["effect"] > 0
+    assert [o["effect"] == 0 for o in low["outputs"]] == [True, True, True, False]
+    assert low["noise"] == pytest.approx(low["effect"]) and not low["distinguishable"]
+    assert result["suggested"] == {"positive": None, "negative": None} and not result["moved"]
+    assert "warning: no strength moved the text distinguishably from its noise: the largest effect" in run.err
+    assert "in the residual stream's units (positive: toward calm)" in run.err  # what effect means, said once
+    assert f"-0.3x: effect {low['effect']:+.3g} (" in run.err and "not distinguishable; 1/4 texts changed" in run.err
+
+
+def test_sweep_without_strengths_walks_the_default_relative_sweep(cli, tmp_path: Path) -> None:
+    from ster.engine.steering.strength import DEFAULT_SWEEP, parse_strengths
+
+    _, vector = train(cli, tmp_path, "--layers", "2")
+    run = cli("sweep", "--model", "ster:toy", "--vector", vector, "--prompts", EXAMPLES_DIR / "prompts.json",
+              "--max-new-tokens", "8")
+    assert run.code == 0, run.err
+    result = run.json
+    assert result["strength_unit"] == "relative"
+    expected = sorted({s.value for s in parse_strengths(DEFAULT_SWEEP)} | {0.0})
+    assert [row["strength"] for row in result["rows"]] == expected
+    norm = json.loads(vector.read_text())["vectors"][0]["activation_norm"]
+    assert result["rows"][-1]["absolute_strength"] == {"2": pytest.approx(expected[-1] * norm)}
+
+
+def test_a_strength_past_ten_activation_norms_warns(cli, tmp_path: Path) -> None:
+    _, vector = train(cli, tmp_path, "--layers", "3")
+    run = cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--vector", vector, "--strength", "1e30",
+              "--max-new-tokens", "4")
+    assert run.code == 0, run.err
+    norm = json.loads(vector.read_text())["vectors"][0]["activation_norm"]
+    assert (f"warning: strength 1e+30 is {1e30 / norm:.3g} times layer 3's activation norm ({norm:.4g}); past 10 "
+            f"times the norm the direction drowns out the residual stream and the text is noise rather than "
+            f"steered") in run.err
+    assert "activation norm" not in cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--vector", vector,
+                                        "--strength", "10x", "--max-new-tokens", "4").err
+    swept = cli("sweep", "--model", "ster:toy", "--vector", vector, "--prompts", EXAMPLES_DIR / "prompts.json",
+                "--strengths=-11x,-1x,1x", "--max-new-tokens", "4")
+    assert swept.code == 0 and swept.err.count("times layer 3's activation norm") == 1
+    assert "warning: strength -11x is 11 times layer 3's activation norm" in swept.err
+
+
+def test_a_strength_without_a_vector_warns_and_the_default_strength_is_relative(cli, tmp_path: Path) -> None:
+    from ster.engine.steering.strength import DEFAULT_STRENGTH, Strength
+
+    run = cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--strength", "3", "--max-new-tokens", "4")
+    assert run.code == 0
+    assert "warning: --strength 3 has no effect without --vector: this run is the unsteered baseline" in run.err
+    assert run.json["strength"] is None and run.json["vector"] is None
+    assert "no effect" not in cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--max-new-tokens", "4").err
+    _, vector = train(cli, tmp_path, "--layers", "2")
+    steered = cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--vector", vector, "--max-new-tokens", "8")
+    default = Strength.model_validate(DEFAULT_STRENGTH)
+    assert (steered.json["strength"], steered.json["strength_unit"]) == (default.value, default.unit)
+    assert steered.json["relative_strength"] == {"2": pytest.approx(default.value)}
+    assert "no effect" not in steered.err
 
 
 def test_sweep_measures_degeneracy() -> None:

@@ -13,7 +13,7 @@ from ster.engine.model.decoding import Sampling, StopReason, decode
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.steering.requests import GenerateRequest
 from ster.engine.steering.apply import plan, steer
-from ster.engine.steering.strength import Strength, Unit
+from ster.engine.steering.strength import DEFAULT_STRENGTH, Strength, Unit, excess_warning
 from ster.engine.steering.vectors import open_artifact
 from ster.engine.model.loading import model_store
 
@@ -58,16 +58,30 @@ class Scales(BaseModel):
         return {str(layer): value for layer, value in which.items()}
 
 
-def scales_for(artifact: SteeringArtifact, strength: Strength) -> Scales:
-    """The strength at each layer of the artifact; refuses a relative strength where a norm is missing."""
+def scales_for(artifact: SteeringArtifact, strength: Strength, ctx: JobContext | None = None) -> Scales:
+    """The strength at each layer of the artifact; refuses a relative strength where a norm is missing,
+    and warns through ``ctx`` when the push is past ``EXCESSIVE`` times a layer's norm."""
     norms = {v.layer: v.activation_norm for v in artifact.vectors}
-    return Scales(absolute=strength.per_layer(norms), relative=strength.relative_per_layer(norms))
+    scales = Scales(absolute=strength.per_layer(norms), relative=strength.relative_per_layer(norms))
+    warning = excess_warning(strength, scales.relative, norms)
+    if ctx is not None and warning:
+        ctx.warn(warning)
+    return scales
+
+
+def given_strength(request: GenerateRequest, ctx: JobContext) -> Strength:
+    """The request's strength, or ``DEFAULT_STRENGTH`` when none was given; a strength given without a
+    vector steers nothing, and says so."""
+    if request.strength is not None and not request.vector:
+        ctx.warn(f"--strength {request.strength} has no effect without --vector: this run is the unsteered baseline")
+    return request.strength if request.strength is not None else Strength.model_validate(DEFAULT_STRENGTH)
 
 
 def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
     checkpoint = model_store(ctx).open(request, ctx)
+    strength = given_strength(request, ctx)
     artifact = open_artifact(ctx, request.vector, checkpoint) if request.vector else None
-    scales = scales_for(artifact, request.strength) if artifact else None
+    scales = scales_for(artifact, strength, ctx) if artifact else None
     codec = checkpoint.codec
     prompt_ids = encode_within(codec, request.prompt, checkpoint.context, "the prompt")
     max_new_tokens = generation_budget(len(prompt_ids), request.max_new_tokens, request.default_max_new_tokens,
@@ -81,7 +95,7 @@ def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
             ctx.token(delta, index)
 
     steering = steer(decoder, plan(decoder, artifact.by_layer(), scales.absolute)) if artifact and scales else nullcontext()
-    what = f"steered at strength {request.strength}" if artifact else "unsteered"
+    what = f"steered at strength {strength}" if artifact else "unsteered"
     ctx.progress("generate", f"generating up to {max_new_tokens} tokens from a {len(prompt_ids)}-token "
                              f"prompt, {what}")
     started = time.perf_counter()
@@ -98,8 +112,8 @@ def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
         stop_reason=generation.stop_reason, chat_template=codec.decision, precision=request.precision,
         temperature=request.temperature, top_p=request.top_p, seed=request.seed,
         max_new_tokens=max_new_tokens, vector=str(request.vector) if artifact else None,
-        strength=request.strength.value if artifact else None,
-        strength_unit=request.strength.unit if artifact else None,
+        strength=strength.value if artifact else None,
+        strength_unit=strength.unit if artifact else None,
         absolute_strength=scales.labelled(scales.absolute) if scales else None,
         relative_strength=scales.labelled(scales.relative) if scales else None,
     )

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from ster.engine.model.requests import ModelRequest, SampledRequest
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.requests import Request, at_least_one
 from ster.engine.steering.layers import LayerSpec
-from ster.engine.steering.strength import Strength, parse_strengths
+from ster.engine.steering.strength import DEFAULT_SWEEP, Strength, parse_strengths
 
 
 class GenerateRequest(SampledRequest):
@@ -20,9 +20,10 @@ class GenerateRequest(SampledRequest):
     prompt: str
     vector: Path | None = None
     """A steering artifact; without one the run is the unsteered baseline."""
-    strength: Strength = Strength(value=1.0)
+    strength: Strength | None = None
     """How far along every direction of the artifact: ``3`` in the residual stream's units, or ``0.4x``
-    times each layer's activation norm; negative steers the other way."""
+    times each layer's activation norm; negative steers the other way. None (not given) is
+    ``DEFAULT_STRENGTH``; a strength given without a vector is warned about."""
     max_new_tokens: int | None = None
     """Most tokens to generate; None means up to ``default_max_new_tokens``, as many as the model's
     context leaves room for (an explicit value that runs past the context is refused)."""
@@ -82,8 +83,9 @@ class SweepRequest(SampledRequest):
     """A JSON document ``{"prompts": [...]}``."""
     prompt_texts: list[str] | None = None
     """The prompts themselves, instead of a file (exactly one of the two)."""
-    strengths: list[Strength]
-    """Absolute or relative (``0.4x``), all in one unit; 0 is always added, and they are swept in order."""
+    strengths: list[Strength] = Field(DEFAULT_SWEEP, validate_default=True)
+    """Absolute or relative (``0.4x``), all in one unit; 0 is always added, and they are swept in order.
+    None (not given) is ``DEFAULT_SWEEP``, relative, so it scales with the artifact's activation norm."""
     max_new_tokens: int | None = None
     """Most tokens per text; None means up to ``default_max_new_tokens``, as the context allows."""
     default_max_new_tokens: ClassVar[int] = 48
@@ -93,7 +95,7 @@ class SweepRequest(SampledRequest):
     @field_validator("strengths", mode="before")
     @classmethod
     def _parse(cls, raw: object) -> list[Strength]:
-        return parse_strengths(raw)
+        return parse_strengths(DEFAULT_SWEEP if raw is None else raw)
 
     @field_validator("strengths")
     @classmethod

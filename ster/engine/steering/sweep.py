@@ -5,10 +5,14 @@ steered text is generated. Per strength:
 
 * **effect**: each generated text is re-read by the *unsteered* model exactly as a
   pair side is read when a direction is fitted (encoded through the same chat-template
-  decision, the last token's state after the artifact's layers), projected onto the
-  direction in f64 and averaged over layers and the non-empty texts; the effect is
-  that mean minus the baseline's. It says how far the text itself moved along the
-  trait as the model reads it, rather than how hard the residual stream was pushed.
+  decision, the last token's state after the artifact's layers) and projected onto the
+  unit direction in f64, averaged over layers. A prompt's effect is its text's reading
+  minus its own baseline text's; the row's effect is the mean over prompts, with its
+  noise and whether it can be told apart from 0 (see ``effect``). Its unit is the
+  residual stream's own at those layers; ``relative_effect`` divides it by the layers'
+  mean activation norm, so it reads alike across layers and models. Positive reads as
+  closer to the pair set's positive side (the trait). It says how far the text itself
+  moved along the trait as the model reads it, not how hard the residual stream was pushed.
 * **degeneracy**: distinct-2 (unique token bigrams over all bigrams, mean over prompts),
   the longest run of one repeated token, and the mean length.
 
@@ -16,8 +20,9 @@ A strength is *fluent* when its distinct-2 is at least ``DISTINCT_RATIO`` of the
 baseline's, its longest run at most ``RUN_SLACK`` tokens longer than the baseline's,
 and its mean length at least ``LENGTH_RATIO`` of the baseline's (collapsing to an
 immediate end of text is over-steering too). The suggested strength for each sign is
-the largest |strength| reached walking out from 0 before the first strength that is
-not fluent; null when the first one already is not.
+the largest one reached walking out from 0 before the first strength that is not
+fluent whose effect is distinguishable from 0 and on its own side; null when there is
+none. When no strength moves the text distinguishably, a warning says so.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from ster.engine.model.codec import TextCodec
 from ster.engine.model.context import encode_each, generation_budget
 from ster.engine.protocol.errors import Refusal
 from ster.engine.model.decoding import Sampling, StopReason, decode
+from ster.engine.steering.effect import Judged, judge, paired, stillness, suggest
 from ster.engine.steering.extract import PromptSet
 from ster.engine.protocol.files import first_error, load_document
 from ster.engine.steering.generate import scales_for
@@ -54,6 +60,10 @@ class SweepOutput(BaseModel):
     text: str
     tokens: int
     stop_reason: StopReason
+    projection: float | None
+    """The text's re-read projection onto the direction, mean over layers (null for an empty text)."""
+    effect: float | None = None
+    """``projection`` minus this prompt's baseline projection; exactly 0 when the text is the baseline's."""
 
 
 class SweepRow(BaseModel):
@@ -66,7 +76,18 @@ class SweepRow(BaseModel):
     projection: float | None
     """Mean projection of the re-read texts onto the direction (null when every text is empty)."""
     effect: float | None
-    """``projection`` minus the baseline's."""
+    """Mean over prompts of each text's projection minus its prompt's baseline projection, in the residual
+    stream's units at the artifact's layers; positive reads as closer to the trait (the pairs' positive side)."""
+    relative_effect: float | None
+    """``effect`` over the mean activation norm of the artifact's layers (null where a norm is not recorded)."""
+    noise: float | None
+    """Standard error of ``effect`` over prompts (null with fewer than two prompts to compare)."""
+    threshold: float | None
+    """The |effect| that counts as distinguishable from 0: Student's t (95%, two-sided) times ``noise``."""
+    distinguishable: bool
+    """Whether |effect| exceeds ``threshold``; only such strengths are suggested."""
+    changed: int
+    """Prompts whose text differs from their unsteered text."""
     distinct_2: float | None
     longest_run: int
     mean_tokens: float
@@ -75,7 +96,8 @@ class SweepRow(BaseModel):
 
 
 class Suggested(BaseModel):
-    """Per sign, the largest fluent strength, in the sweep's ``strength_unit``."""
+    """Per sign, in the sweep's ``strength_unit``: the largest strength, walking out from 0 before the first that
+    is not fluent, whose effect is distinguishable from 0 and on its own side (null when there is none)."""
 
     positive: float | None
     negative: float | None
@@ -102,6 +124,8 @@ class SweepResult(BaseModel):
     bound: DegeneracyBound
     rows: list[SweepRow]
     suggested: Suggested
+    moved: bool
+    """Whether any steered strength moved the text distinguishably from 0 (a warning says so when none did)."""
 
 
 def distinct_2(ids: list[int]) -> float | None:
@@ -141,6 +165,7 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
     prompts = _prompts(request)
     checkpoint = model_store(ctx).open(request, ctx)
     artifact = open_artifact(ctx, request.vector, checkpoint)
+    scales_for(artifact, max(request.strengths, key=lambda s: abs(s.value)), ctx)  # refuses or warns before loading
     codec = checkpoint.codec
     encoded = encode_each(codec, prompts, checkpoint.context, "sweep prompt")
     request = request.model_copy(update={"max_new_tokens": generation_budget(
@@ -150,13 +175,22 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
                   for layer, v in artifact.by_layer().items()}
     rows = [_sweep_strength(ctx, model, checkpoint.codec, artifact, request, prompts, encoded, directions, step)
             for step in range(len(request.strengths))]
-    rows = _judge(rows)
+    rows = _judge(rows, _mean_norm(artifact))
+    verdicts = [Judged(strength=r.strength, label=request.strengths[i].signed(), effect=r.effect,
+                       threshold=r.threshold, distinguishable=r.distinguishable, fluent=r.fluent)
+                for i, r in enumerate(rows)]
+    _summarise(ctx, rows, verdicts, artifact.trait_name, len(prompts))
+    sentence = stillness(verdicts, len(prompts))
+    if sentence:
+        ctx.warn(sentence)
     return SweepResult(model=checkpoint.source.model, model_revision=checkpoint.source.revision,
                        vector=str(request.vector), trait_name=artifact.trait_name, layers=sorted(directions),
                        strength_unit=request.strengths[0].unit,
                        chat_template=codec.decision, precision=request.precision,
                        max_new_tokens=request.max_new_tokens, temperature=request.temperature, seed=request.seed,
-                       bound=DegeneracyBound(), rows=rows, suggested=_suggest(rows))
+                       bound=DegeneracyBound(), rows=rows,
+                       suggested=Suggested(positive=suggest(verdicts, 1), negative=suggest(verdicts, -1)),
+                       moved=sentence is None)
 
 
 def _sweep_strength(ctx: JobContext, model: Decoder, codec: TextCodec, artifact: SteeringArtifact,
@@ -165,7 +199,9 @@ def _sweep_strength(ctx: JobContext, model: Decoder, codec: TextCodec, artifact:
     """Generate every prompt at one strength, then re-read the texts unsteered and measure them."""
     strength = request.strengths[step]
     scales = scales_for(artifact, strength)
-    outputs, generated = [], []
+    texts: list[str] = []
+    generated: list[list[int]] = []
+    stops: list[StopReason] = []
     for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
         ctx.progress("sweep", f"strength {strength.signed()}: prompt {index + 1}/{len(prompts)}",
                      step * len(prompts) + index + 1, len(request.strengths) * len(prompts))
@@ -181,42 +217,76 @@ def _sweep_strength(ctx: JobContext, model: Decoder, codec: TextCodec, artifact:
             generation = decode(model, ids, max_new_tokens=request.max_new_tokens,
                                 sampling=Sampling(request.temperature, request.top_p, request.seed),
                                 eos_ids=codec.eos_ids, on_token=on_token, check_cancelled=ctx.check_cancelled)
-        outputs.append(SweepOutput(prompt=prompt, text=codec.decode(generation.ids), tokens=len(generation.ids),
-                                   stop_reason=generation.stop_reason))
+        stops.append(generation.stop_reason)
+        texts.append(codec.decode(generation.ids))
         generated.append(generation.ids)
-    texts = [codec.encode_prompt(o.text) for o in outputs if o.text.strip()]
-    projections = text_projections(model, texts, directions) if texts else []
+    readings = _readings(model, codec, texts, directions)
+    outputs = [SweepOutput(prompt=prompt, text=text, tokens=len(ids), stop_reason=stop, projection=reading)
+               for prompt, text, ids, stop, reading in zip(prompts, texts, generated, stops, readings)]
+    projections = [r for r in readings if r is not None]
     distincts = [d for d in map(distinct_2, generated) if d is not None]
     return SweepRow(strength=strength.value, absolute_strength=scales.labelled(scales.absolute),
                     relative_strength=scales.labelled(scales.relative),
                     projection=sum(projections) / len(projections) if projections else None, effect=None,
+                    relative_effect=None, noise=None, threshold=None, distinguishable=False, changed=0,
                     distinct_2=sum(distincts) / len(distincts) if distincts else None,
                     longest_run=max(map(longest_run, generated)),
                     mean_tokens=sum(map(len, generated)) / len(generated), fluent=True, outputs=outputs)
 
 
-def _judge(rows: list[SweepRow]) -> list[SweepRow]:
-    """Fill in each row's effect against the baseline, and whether it stays within the degeneracy bound."""
+def _summarise(ctx: JobContext, rows: list[SweepRow], verdicts: list[Judged], trait: str, prompts: int) -> None:
+    """One log line saying what the effect is, then one line per strength, for a reader of the progress."""
+    toward = f"toward {trait}" if trait else "toward the pairs' positive side"
+    ctx.log(f"effect: each steered text's reading along the direction (re-read unsteered) minus its unsteered "
+            f"text's, mean over {prompts} prompts, in the residual stream's units (positive: {toward}); "
+            f"distinguishable when beyond Student's t (95%) times its standard error")
+    for row, verdict in zip(rows, verdicts):
+        if row.strength == 0:
+            continue
+        effect = "no effect" if row.effect is None else f"effect {row.effect:+.3g}"
+        relative = "" if row.relative_effect is None else f" ({row.relative_effect:+.3f} of the norm)"
+        noise = "" if row.noise is None else f", noise {row.noise:.3g}"
+        judged = "not distinguishable"
+        if row.distinguishable:
+            against = (row.effect or 0.0) * row.strength < 0
+            judged = "distinguishable, against the push" if against else "distinguishable"
+        ctx.log(f"{verdict.label}: {effect}{relative}{noise}, {judged}; {row.changed}/{prompts} texts changed; "
+                f"{'fluent' if row.fluent else 'not fluent'}")
+
+
+def _readings(model: Decoder, codec: TextCodec, texts: list[str],
+              directions: dict[int, torch.Tensor]) -> list[float | None]:
+    """Each text's unsteered re-read projection, None for an empty text."""
+    kept = [i for i, text in enumerate(texts) if text.strip()]
+    values = text_projections(model, [codec.encode_prompt(texts[i]) for i in kept], directions) if kept else []
+    readings: list[float | None] = [None] * len(texts)
+    for i, value in zip(kept, values):
+        readings[i] = value
+    return readings
+
+
+def _mean_norm(artifact: SteeringArtifact) -> float | None:
+    """The mean activation norm of the artifact's layers: the scale ``relative_effect`` is read against."""
+    norms = [v.activation_norm for v in artifact.vectors]
+    return sum(norms) / len(norms) if all(norms) else None  # type: ignore[arg-type]
+
+
+def _judge(rows: list[SweepRow], norm: float | None) -> list[SweepRow]:
+    """Fill in each row's per-prompt effects against the baseline's texts, their mean and noise, and whether
+    the row stays within the degeneracy bound."""
     base = next(row for row in rows if row.strength == 0)
     judged = []
     for row in rows:
-        effect = None if row.projection is None or base.projection is None else row.projection - base.projection
+        unchanged = [o.text == b.text for o, b in zip(row.outputs, base.outputs)]
+        effects = paired([o.projection for o in row.outputs], [b.projection for b in base.outputs], unchanged)
+        verdict = judge(effects)
         fluent = (row.longest_run <= base.longest_run + RUN_SLACK
                   and row.mean_tokens >= LENGTH_RATIO * base.mean_tokens
                   and (base.distinct_2 is None or (row.distinct_2 or 0.0) >= DISTINCT_RATIO * base.distinct_2))
-        judged.append(row.model_copy(update={"effect": effect, "fluent": fluent}))
+        outputs = [o.model_copy(update={"effect": e}) for o, e in zip(row.outputs, effects)]
+        relative = verdict.mean / norm if verdict.mean is not None and norm else None
+        judged.append(row.model_copy(update={
+            "effect": verdict.mean, "relative_effect": relative, "noise": verdict.noise,
+            "threshold": verdict.threshold, "distinguishable": verdict.distinguishable,
+            "changed": unchanged.count(False), "fluent": fluent, "outputs": outputs}))
     return judged
-
-
-def _suggest(rows: list[SweepRow]) -> Suggested:
-    def walk(candidates: list[SweepRow]) -> float | None:
-        chosen = None
-        for row in candidates:
-            if not row.fluent:
-                break
-            chosen = row.strength
-        return chosen
-
-    positive = sorted((r for r in rows if r.strength > 0), key=lambda r: r.strength)
-    negative = sorted((r for r in rows if r.strength < 0), key=lambda r: -r.strength)
-    return Suggested(positive=walk(positive), negative=walk(negative))

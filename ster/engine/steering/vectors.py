@@ -8,6 +8,8 @@ so it costs about one ``train`` over the same layers.
 
 from __future__ import annotations
 
+import math
+
 from pydantic import BaseModel
 import torch
 from torch import Tensor
@@ -84,6 +86,14 @@ class Candidate(BaseModel):
     method: str
     holdout_accuracy: float
     holdout_margin: float
+    """Mean holdout gap along the direction, in the residual stream's own units at this layer."""
+    holdout_separation: float | None
+    """``holdout_margin`` over the pooled standard deviation of the holdout states' projections within each side
+    (Fisher's criterion): how many spreads of trait-unrelated variation apart the two sides lie along the
+    direction. Scale-free; null when the holdout cannot measure a spread (one pair, or no spread at all)."""
+    relative_margin: float
+    """``holdout_margin`` over the layer's activation norm (over the fitting pairs): the gap in the unit of a
+    relative strength (``0.3x``); the tie-break when no separation can be measured."""
     selected: bool
 
 
@@ -117,8 +127,7 @@ def optimize_job(request: OptimizeRequest, ctx: JobContext) -> OptimizeResult:
         ctx.warn(ONE_PAIR_HOLDOUT)
     positives, negatives = read_pairs(ctx, checkpoint, pair_set, layers, request.batch_size)
     candidates = _rank(ctx, layers, positives, negatives, fit_count)
-    best = max(range(len(candidates)),
-               key=lambda i: (candidates[i].holdout_accuracy, candidates[i].holdout_margin, -i))
+    best = max(range(len(candidates)), key=lambda i: _rank_key(candidates[i], i))
     winner = candidates[best] = candidates[best].model_copy(update={"selected": True})
     column = layers.index(winner.layer)
     ctx.progress("fit", f"refitting {winner.method} at layer {winner.layer} on all {total} pairs")
@@ -132,6 +141,33 @@ def optimize_job(request: OptimizeRequest, ctx: JobContext) -> OptimizeResult:
     return OptimizeResult(**summarize(artifact).model_dump(), selection=selection)
 
 
+def _rank_key(candidate: Candidate, index: int) -> tuple[float, float, float, int]:
+    """Holdout accuracy, then separation, then relative margin, then search order.
+
+    Residual norms grow with depth (about 30 to 900 over SmolLM2-135M's layers), and a margin in the stream's
+    own units grows with them, so breaking accuracy ties on raw margin always picks the deepest layer, where
+    steering breaks the text rather than moving it. Separation is scale-free: it measures the gap against the
+    spread of the states along the same direction, so it peaks where the trait is a clean linear feature of the
+    layer (layer 21 of SmolLM2-135M's 30, which steers; layer 2 of the toy's 4). The margin over the activation
+    norm is scale-free too, but it favours layers whose norm is small for reasons unrelated to the trait (the
+    toy's layer 0, where a push breaks the text)."""
+    separation = candidate.holdout_separation
+    return (candidate.holdout_accuracy, -math.inf if separation is None else separation,
+            candidate.relative_margin, -index)
+
+
+def separation(direction: Tensor, positives: Tensor, negatives: Tensor, margin: float) -> float | None:
+    """``margin`` over the pooled within-side standard deviation of the states' projections onto ``direction``;
+    None with fewer than two pairs or no spread."""
+    if len(positives) < 2:
+        return None
+    v = direction.double()
+    sides = [positives.double() @ v, negatives.double() @ v]
+    squares = sum(float(((side - side.mean()) ** 2).sum()) for side in sides)
+    spread = math.sqrt(squares / (2 * len(positives) - 2))
+    return margin / spread if spread > 0 else None
+
+
 def _rank(ctx: JobContext, layers: list[int], positives: Tensor, negatives: Tensor, fit_count: int) -> list[Candidate]:
     """Fit every method at every layer on the first pairs and score it on the rest, in search order."""
     candidates = []
@@ -140,10 +176,14 @@ def _rank(ctx: JobContext, layers: list[int], positives: Tensor, negatives: Tens
         ctx.progress("fit", f"fitting and ranking candidates at layer {layer}", column + 1, len(layers))
         fit_pos, fit_neg = positives[:fit_count, column], negatives[:fit_count, column]
         held_pos, held_neg = positives[fit_count:, column], negatives[fit_count:, column]
+        norm = mean_norm(fit_pos, fit_neg)
         for method in METHODS:
-            scores = score(fit(method, fit_pos, fit_neg), held_pos, held_neg)
+            direction = fit(method, fit_pos, fit_neg)
+            scores = score(direction, held_pos, held_neg)
             candidates.append(Candidate(layer=layer, method=method, holdout_accuracy=scores.accuracy,
-                                        holdout_margin=scores.margin, selected=False))
+                                        holdout_margin=scores.margin,
+                                        holdout_separation=separation(direction, held_pos, held_neg, scores.margin),
+                                        relative_margin=scores.margin / norm, selected=False))
     return candidates
 
 
