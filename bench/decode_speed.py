@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from ster.engine.model.config import load_config
-from ster.engine.model.decoding import Sampling, decode
+from ster.engine.model.decoding import decode
+from ster.engine.model.sampling import Sampling
 from ster.engine.model.loading import load_decoder
 from ster.engine.model.resolve import resolve_model
 from ster.engine.steering.apply import plan, steer

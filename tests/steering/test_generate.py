@@ -6,7 +6,8 @@ import threading
 
 import torch
 
-from ster.engine.model.decoding import Sampling, decode
+from ster.engine.model.decoding import decode
+from ster.engine.model.sampling import Sampling
 from ster.engine.protocol.jobs import JobContext, run_job
 from ster.engine.steering.requests import GenerateRequest
 from ster.engine.model.loading import model_store

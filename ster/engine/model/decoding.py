@@ -9,29 +9,12 @@ stop at EOS and to stream text.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
 
 from ster.engine.model.llama import Decoder, KVCache
-
-StopReason = Literal["eos", "max_new_tokens"]
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How the next token is chosen: argmax at temperature 0, else a seeded draw."""
-
-    temperature: float = 0.0
-    top_p: float | None = None
-    seed: int = 42
-
-    def generator(self, device: torch.device) -> torch.Generator | None:
-        if self.temperature == 0:
-            return None
-        return torch.Generator(device=device).manual_seed(self.seed)
+from ster.engine.model.sampling import Generation, Sampling
 
 
 def choose(logits: Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
@@ -45,13 +28,6 @@ def choose(logits: Tensor, sampling: Sampling, generator: torch.Generator | None
     outside = sorted_probs.cumsum(-1) - sorted_probs >= sampling.top_p  # mass before this token already reaches p
     sorted_probs = sorted_probs.masked_fill(outside, 0.0)
     return int(order[torch.multinomial(sorted_probs, 1, generator=generator)])
-
-
-@dataclass(frozen=True)
-class Generation:
-    ids: list[int]
-    """Generated ids, without the EOS that stopped them."""
-    stop_reason: StopReason
 
 
 def decode(

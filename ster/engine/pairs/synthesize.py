@@ -206,7 +206,8 @@ def _writer(request: PairsSynthesizeRequest, ctx: JobContext) -> tuple[Writer, s
 
 
 def _local_writer(request: PairsSynthesizeRequest, ctx: JobContext) -> tuple[Writer, str]:
-    from ster.engine.model.decoding import Sampling, decode
+    from ster.engine.model.decoding import decode
+    from ster.engine.model.sampling import Sampling
 
     model_request = ModelRequest(model=request.model or "", revision=request.revision, precision=request.precision,
                                  device=request.device, chat_template=request.chat_template)

@@ -8,9 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from ster.engine.model.context import encode_each
-from ster.engine.steering.activations import read_last_states
 from ster.engine.protocol.errors import Refusal
-from ster.engine.steering.floats import f32_values
 from ster.engine.protocol.files import ACTIVATIONS, check_output_file, first_error, load_document, write_json
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.steering.layers import LayerSpec
@@ -86,6 +84,9 @@ def extract_job(request: ExtractRequest, ctx: JobContext) -> ExtractResult:
     checkpoint = model_store(ctx).open(request, ctx)
     layers = LayerSpec.parse(request.layers).resolve(checkpoint.config.num_hidden_layers)
     sequences = encode_each(checkpoint.codec, prompts, checkpoint.context, "prompt")
+    from ster.engine.steering.activations import read_last_states  # torch, once every input has been checked
+    from ster.engine.steering.floats import f32_values
+
     decoder = model_store(ctx).decoder(checkpoint, ctx)
 
     def on_batch(done: int, total: int) -> None:

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 
 from pydantic import BaseModel
 
-from ster.engine.steering.artifact import SteeringArtifact
 from ster.engine.model.context import encode_within, generation_budget
-from ster.engine.model.decoding import Sampling, StopReason, decode
-from ster.engine.protocol.jobs import JobContext
-from ster.engine.steering.requests import GenerateRequest
-from ster.engine.steering.apply import plan, steer
-from ster.engine.steering.strength import DEFAULT_STRENGTH, Strength, Unit, excess_warning
-from ster.engine.steering.vectors import open_artifact
 from ster.engine.model.loading import model_store
+from ster.engine.model.sampling import Sampling, StopReason
+from ster.engine.protocol.jobs import JobContext
+from ster.engine.steering.artifact import SteeringArtifact, open_artifact
+from ster.engine.steering.requests import GenerateRequest
+from ster.engine.steering.strength import DEFAULT_STRENGTH, Strength, Unit, excess_warning
 
 
 class GenerateResult(BaseModel):
@@ -86,6 +83,8 @@ def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
     prompt_ids = encode_within(codec, request.prompt, checkpoint.context, "the prompt")
     max_new_tokens = generation_budget(len(prompt_ids), request.max_new_tokens, request.default_max_new_tokens,
                                        checkpoint.context, ctx.log)
+    from ster.engine.steering.runs import steered_decode  # torch, once every input has been checked
+
     decoder = model_store(ctx).decoder(checkpoint, ctx)
     stream = codec.stream()
 
@@ -94,15 +93,14 @@ def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
         if delta:
             ctx.token(delta, index)
 
-    steering = steer(decoder, plan(decoder, artifact.by_layer(), scales.absolute)) if artifact and scales else nullcontext()
     what = f"steered at strength {strength}" if artifact else "unsteered"
     ctx.progress("generate", f"generating up to {max_new_tokens} tokens from a {len(prompt_ids)}-token "
                              f"prompt, {what}")
     started = time.perf_counter()
-    with steering:
-        generation = decode(decoder, prompt_ids, max_new_tokens=max_new_tokens,
-                            sampling=Sampling(request.temperature, request.top_p, request.seed),
-                            eos_ids=codec.eos_ids, on_token=on_token, check_cancelled=ctx.check_cancelled)
+    generation = steered_decode(decoder, prompt_ids, artifact.by_layer() if artifact else None,
+                                scales.absolute if scales else None, max_new_tokens=max_new_tokens,
+                                sampling=Sampling(request.temperature, request.top_p, request.seed),
+                                eos_ids=codec.eos_ids, on_token=on_token, check_cancelled=ctx.check_cancelled)
     elapsed = time.perf_counter() - started
     count = len(generation.ids)
     ctx.log(f"generated {count} tokens in {elapsed:.2f} s ({count / elapsed:.1f} tokens/s, prefill included)")

@@ -27,28 +27,26 @@ none. When no strength moves the text distinguishably, a warning says so.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from typing import TYPE_CHECKING
 
-import torch
 from pydantic import BaseModel, ValidationError
 
-from ster.engine.steering.artifact import SteeringArtifact
-from ster.engine.steering.activations import read_last_states
 from ster.engine.model.codec import TextCodec
 from ster.engine.model.context import encode_each, generation_budget
+from ster.engine.model.loading import model_store
+from ster.engine.model.sampling import Sampling, StopReason
 from ster.engine.protocol.errors import Refusal
-from ster.engine.model.decoding import Sampling, StopReason, decode
+from ster.engine.protocol.files import first_error, load_document
+from ster.engine.protocol.jobs import JobContext
+from ster.engine.steering.artifact import SteeringArtifact, open_artifact
 from ster.engine.steering.effect import Judged, judge, paired, stillness, suggest
 from ster.engine.steering.extract import PromptSet
-from ster.engine.protocol.files import first_error, load_document
 from ster.engine.steering.generate import scales_for
-from ster.engine.steering.strength import Unit
-from ster.engine.protocol.jobs import JobContext
-from ster.engine.model.llama import Decoder
 from ster.engine.steering.requests import SweepRequest
-from ster.engine.steering.apply import plan, steer
-from ster.engine.steering.vectors import open_artifact
-from ster.engine.model.loading import model_store
+from ster.engine.steering.strength import Unit
+
+if TYPE_CHECKING:
+    from ster.engine.model.llama import Decoder
 
 DISTINCT_RATIO = 0.75
 RUN_SLACK = 2
@@ -141,15 +139,6 @@ def longest_run(ids: list[int]) -> int:
     return best
 
 
-def text_projections(model: Decoder, texts: list[list[int]], directions: dict[int, torch.Tensor]) -> list[float]:
-    """Each encoded text's last-token state, read without steering exactly as a pair side is read when a
-    direction is fitted, projected onto the direction; mean over the artifact's layers."""
-    layers = sorted(directions)
-    states = read_last_states(model, texts, layers, batch_size=8).double()  # [N, L, D]
-    stacked = torch.stack([directions[layer].cpu() for layer in layers])  # [L, D]
-    return (states * stacked).sum(-1).mean(-1).tolist()
-
-
 def _prompts(request: SweepRequest) -> list[str]:
     if request.prompt_texts is not None:
         try:
@@ -171,8 +160,7 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
     request = request.model_copy(update={"max_new_tokens": generation_budget(
         max(map(len, encoded)), request.max_new_tokens, request.default_max_new_tokens, checkpoint.context, ctx.log)})
     model = model_store(ctx).decoder(checkpoint, ctx)
-    directions = {layer: torch.tensor(v, dtype=torch.float64, device=model.lm_head.weight.device)
-                  for layer, v in artifact.by_layer().items()}
+    directions = artifact.by_layer()
     rows = [_sweep_strength(ctx, model, checkpoint.codec, artifact, request, prompts, encoded, directions, step)
             for step in range(len(request.strengths))]
     rows = _judge(rows, _mean_norm(artifact))
@@ -195,8 +183,10 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
 
 def _sweep_strength(ctx: JobContext, model: Decoder, codec: TextCodec, artifact: SteeringArtifact,
                     request: SweepRequest, prompts: list[str], encoded: list[list[int]],
-                    directions: dict[int, torch.Tensor], step: int) -> SweepRow:
+                    directions: dict[int, list[float]], step: int) -> SweepRow:
     """Generate every prompt at one strength, then re-read the texts unsteered and measure them."""
+    from ster.engine.steering.runs import steered_decode  # torch, once every input has been checked
+
     strength = request.strengths[step]
     scales = scales_for(artifact, strength)
     texts: list[str] = []
@@ -212,11 +202,9 @@ def _sweep_strength(ctx: JobContext, model: Decoder, codec: TextCodec, artifact:
             if delta:
                 ctx.token(delta, i, stream=label)
 
-        steering = steer(model, plan(model, artifact.by_layer(), scales.absolute)) if strength.value else nullcontext()
-        with steering:
-            generation = decode(model, ids, max_new_tokens=request.max_new_tokens,
-                                sampling=Sampling(request.temperature, request.top_p, request.seed),
-                                eos_ids=codec.eos_ids, on_token=on_token, check_cancelled=ctx.check_cancelled)
+        generation = steered_decode(model, ids, directions, scales.absolute, max_new_tokens=request.max_new_tokens,
+                                    sampling=Sampling(request.temperature, request.top_p, request.seed),
+                                    eos_ids=codec.eos_ids, on_token=on_token, check_cancelled=ctx.check_cancelled)
         stops.append(generation.stop_reason)
         texts.append(codec.decode(generation.ids))
         generated.append(generation.ids)
@@ -255,8 +243,10 @@ def _summarise(ctx: JobContext, rows: list[SweepRow], verdicts: list[Judged], tr
 
 
 def _readings(model: Decoder, codec: TextCodec, texts: list[str],
-              directions: dict[int, torch.Tensor]) -> list[float | None]:
+              directions: dict[int, list[float]]) -> list[float | None]:
     """Each text's unsteered re-read projection, None for an empty text."""
+    from ster.engine.steering.runs import text_projections
+
     kept = [i for i, text in enumerate(texts) if text.strip()]
     values = text_projections(model, [codec.encode_prompt(texts[i]) for i in kept], directions) if kept else []
     readings: list[float | None] = [None] * len(texts)
