@@ -69,7 +69,7 @@ SCREENS: tuple[Screen, ...] = (
         "direction on its calm/alarmed pairs (bundled as ster:pairs, a name that works from any directory), "
         "then generate with it:\n"
         "  ster optimize --model ster:toy --pairs ster:pairs --output runs/calm.ster.json\n"
-        '  ster generate --model ster:toy --vector runs/calm.ster.json --strength 3 --prompt "question : tell '
+        '  ster generate --model ster:toy --vector runs/calm.ster.json --strength 0.4x --prompt "question : tell '
         'me about the town . answer :"\n'
         "Drop --vector to see the unsteered answer; ster sweep --prompts ster:prompts shows which strength "
         "moves the text without breaking it.")),
