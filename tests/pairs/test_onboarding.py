@@ -42,7 +42,7 @@ def test_the_screens_are_data_that_teach_the_first_steps() -> None:
     for needle in ("positive", "negative", "differ only in the trait", "ster pairs add",
                    "ster workspace import-pairs", "ster onboarding --import-pairs", "ster pairs synthesize",
                    "ster optimize --model ster:toy --pairs ster:pairs --output runs/calm.ster.json",
-                   'ster generate --model ster:toy --vector runs/calm.ster.json --strength 3 --prompt "question : '
+                   'ster generate --model ster:toy --vector runs/calm.ster.json --strength 0.4x --prompt "question : '
                    'tell me about the town . answer :"'):
         assert needle in text, needle
 
