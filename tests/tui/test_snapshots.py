@@ -179,7 +179,7 @@ def test_pairs_pane_with_the_example_set(snap_compare, monkeypatch, size: tuple[
 def test_generate_pane_side_by_side_and_a_sweep(snap_compare, tmp_path: Path, monkeypatch,
                                                 size: tuple[int, int]) -> None:
     """You should see the Generate tab: steered 'the town is gentle and we rest.' (titled 'steered
-    0.4x · calm (logistic, layer 2)') beside unsteered 'the town is flooding and we flee.', the prompts
+    0.4x · calm (logistic, layer 2)', at 80 columns 'steered 0.4x · calm') beside unsteered 'the town is flooding and we flee.', the prompts
     field naming alarmed.json, then the sweep of five strengths over its six prompts: +0.4x suggested
     (bold green, 'fluent ◀', effect '+0.467 ±0.25 ✓'), -0.8x marked ↺ (beyond its noise, against the push),
     -0.4x with no mark, +0.8x not fluent; and the caption saying what was swept, that +0.4x is suggested,

@@ -75,12 +75,12 @@ class HeldStore:
 
 
 def drive(settings: Settings, scenario: Callable[[RecordingApp, Pilot, GeneratePane], Awaitable[None]],
-          models: Any = None) -> None:
+          models: Any = None, size: tuple[int, int] = (140, 40)) -> None:
     """Open the app on the Generate tab and run one scenario against it."""
 
     async def run() -> None:
         app = RecordingApp(settings, models)
-        async with app.run_test(size=(140, 40)) as pilot:
+        async with app.run_test(size=size) as pilot:
             pane = app.query_one(GeneratePane)
             await pilot.pause()  # the app shows the Pairs tab once mounted; switch after that
             app.action_show_tab("generate")
@@ -150,6 +150,23 @@ def test_generate_runs_steered_first_then_unsteered_side_by_side(calm: Path) -> 
         assert message(pane) == ""
 
     drive(Settings(vector=calm), scenario)
+
+
+def test_a_narrow_panel_drops_the_method_and_layers_from_its_title_rather_than_cut_it(calm: Path) -> None:
+    async def scenario(app: RecordingApp, pilot: Pilot, pane: GeneratePane) -> None:
+        await form(pilot, pane, strength=STRENGTH)
+        await pilot.press("g")
+        await settle(app, pilot)
+        steered = pane.panel("steered")
+        assert steered.title == "steered 0.4x · calm (logistic, layer 2)"  # what copy and save label it with
+        assert steered.border_title == "steered 0.4x · calm"  # the status line names the method and layer
+        assert "artifact calm (logistic, layer 2)" in app.query_one(StatusLine).plain
+        app.settings.use_artifact(calm, None)
+        app.settings_changed("artifact")
+        await pilot.pause()
+        assert steered.border_title == "(older) steered 0.4x · calm"
+
+    drive(Settings(vector=calm), scenario, size=(80, 24))
 
 
 def test_streamed_tokens_are_the_result_text(calm: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rich.text import Text
@@ -45,8 +46,8 @@ class TextPanel(VerticalScroll):
 
     def __init__(self, title: str, hint: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.border_title, self.hint = title, hint
-        self.title = title
+        self.hint, self.title, self.state = hint, title, ""
+        self.border_title = title
         self.text = ""
         """What the job's token events have streamed so far."""
 
@@ -54,16 +55,29 @@ class TextPanel(VerticalScroll):
         yield Static(Text(self.hint, style="dim"))
 
     def reset(self, title: str, note: str) -> None:
-        self.title, self.border_title, self.border_subtitle, self.text = title, title, "", ""
+        self.title, self.state, self.border_subtitle, self.text = title, "", "", ""
+        self._show_title()
         self.note(note)
 
     def retitle(self, title: str) -> None:
-        self.title = self.border_title = title
+        self.title = title
+        self._show_title()
 
     def mark(self, state: str) -> None:
         """Put a word before the title (cancelled, refused, or why the text is now older than the settings),
         where a narrow panel does not cut it off."""
-        self.border_title = f"({state}) {self.title}"
+        self.state = state
+        self._show_title()
+
+    def on_resize(self) -> None:
+        self._show_title()
+
+    def _show_title(self) -> None:
+        """The title, less its trailing ``(method, layers)`` when the border has no room for all of it (the
+        status line names the artifact whole), so the strength and the artifact's name stay readable."""
+        full = f"({self.state}) {self.title}" if self.state else self.title
+        room = self.outer_size.width - 6  # the border's corners and the spaces around the title
+        self.border_title = full if room <= 0 or len(full) <= room else re.sub(r" \([^()]*\)$", "", full)
 
     def note(self, note: str, style: str = "dim") -> None:
         """A line in place of the text, for a panel that has none yet (queued, not run)."""
