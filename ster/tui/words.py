@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 from ster.engine.protocol.errors import Refusal
 
 LABELS = {"strength": "strength", "strengths": "sweep", "max-new-tokens": "max tokens",
           "temperature": "temp (temperature)", "seed": "seed", "top-p": "top p", "layers": "layers", "output": "artifact", "vector": "artifact",
           "pairs": "pair set", "count": "pairs to keep", "batch-size": "batch size", "prompt": "prompt",
-          "trait": "trait", "model": "model"}
+          "trait": "trait", "model": "model", "prompts": "prompts"}
 """CLI flag (without its dashes) → the label of the form field that sets it."""
 STRENGTH_SPELLING = "a number such as 3, or a multiple of the layer's activation norm such as 0.4x"
 PHRASES = (
@@ -66,6 +67,24 @@ def parse_strengths(text: str) -> list[object]:
     if len({s.unit for s in strengths if s.value}) > 1:  # type: ignore[attr-defined]
         raise ValueError("sweep mixes units: write every strength as a number (3) or every one with an x (0.4x)")
     return strengths
+
+
+def parse_prompt_set(text: str) -> str | None:
+    """The sweep's prompt-set field: None when empty (the tab's own prompt), else a file path or the reserved
+    name of a bundled prompt set (``ster:prompts``), as the engine takes it; a reserved name that does not
+    exist is refused here, a missing file by the engine."""
+    from ster.engine.protocol.paths import PREFIX, example_path
+
+    typed = text.strip()
+    if not typed:
+        return None
+    if typed.startswith(PREFIX):
+        try:
+            example_path(typed)
+        except ValueError as exc:
+            raise ValueError(f"prompts: {exc}") from None
+        return typed
+    return str(Path(typed).expanduser())
 
 
 def parse_whole(text: str, label: str, low: int, high: int | None = None) -> int:

@@ -29,24 +29,30 @@ from ster.tui.settings import Settings
 
 SMALL, LARGE = (80, 24), (130, 36)
 CANDIDATES = [
-    {"layer": layer, "method": method, "holdout_accuracy": acc, "holdout_margin": margin, "selected": selected}
-    for layer, method, acc, margin, selected in [
-        (0, "caa", 1.0, 0.2545, False), (0, "pca", 0.6667, 0.1846, False), (0, "logistic", 1.0, 0.2307, False),
-        (1, "caa", 1.0, 0.3260, False), (1, "pca", 0.6667, 0.2261, False), (1, "logistic", 1.0, 0.2832, False),
-        (2, "caa", 1.0, 0.3352, False), (2, "pca", 0.6667, 0.2033, False), (2, "logistic", 1.0, 0.3076, False),
-        (3, "caa", 1.0, 0.3894, True), (3, "pca", 1.0, 0.2525, False), (3, "logistic", 1.0, 0.3696, False),
+    {"layer": layer, "method": method, "holdout_accuracy": acc, "holdout_margin": margin,
+     "holdout_separation": separation, "relative_margin": relative, "selected": selected}
+    for layer, method, acc, margin, separation, relative, selected in [
+        (0, "caa", 1.0, 0.2545, 1.1976, 0.0954, False), (0, "pca", 0.6667, 0.1846, 1.2091, 0.0692, False),
+        (0, "logistic", 1.0, 0.2307, 1.4332, 0.0865, False), (1, "caa", 1.0, 0.3260, 1.5995, 0.0833, False),
+        (1, "pca", 0.6667, 0.2261, 0.7954, 0.0578, False), (1, "logistic", 1.0, 0.2832, 2.0093, 0.0723, False),
+        (2, "caa", 1.0, 0.3352, 1.3967, 0.0567, False), (2, "pca", 0.6667, 0.2033, 0.8931, 0.0344, False),
+        (2, "logistic", 1.0, 0.3076, 2.4884, 0.0521, True), (3, "caa", 1.0, 0.3894, 1.6876, 0.0380, False),
+        (3, "pca", 1.0, 0.2525, 1.1332, 0.0246, False), (3, "logistic", 1.0, 0.3696, 2.3517, 0.0360, False),
     ]
 ]
+"""The toy's optimize over the example pairs (from ``ster optimize``), numbers rounded."""
 OPTIMIZED = {
     "schema_version": 1, "product": "ster", "model": "ster:toy", "model_revision": None, "trait_name": "calm",
-    "method": "caa", "hidden_size": 64, "precision": "f32", "chat_template": "absent",
+    "method": "logistic", "hidden_size": 64, "precision": "f32", "chat_template": "absent",
     "metadata": {"selection": "chosen over 12 candidates on a 3-pair holdout, then refitted on all 12 pairs"},
-    "layers": [{"layer": 3, "width": 64, "norm": 1.0, "train_accuracy": 1.0, "train_margin": 0.422,
-                "activation_norm": 10.3}],
+    "layers": [{"layer": 2, "width": 64, "norm": 1.0, "train_accuracy": 1.0, "train_margin": 0.3568,
+                "activation_norm": 5.9239}],
     "selection": {"holdout": {"fit_pairs": 9, "holdout_pairs": 3}, "candidates": CANDIDATES},
 }
 SWEPT: dict[str, Any] = json.loads((Path(__file__).parent / "canned_sweep.json").read_text())
-"""A sweep of the toy's calm direction at -0.8x..0.8x, numbers rounded (from ``ster sweep``)."""
+"""A sweep of the toy's calm direction at -0.8x..0.8x over six prompts whose answers are alarmed (``ALARMED``),
+numbers rounded (from ``ster sweep``)."""
+ALARMED = {"prompts": [output["prompt"] for output in SWEPT["rows"][0]["outputs"]]}
 
 
 class StillApp(SterApp):
@@ -94,16 +100,17 @@ def canned_refusal(app: SterApp) -> None:
             Error(kind="refused", message="layer 9 is out of range: this model has 4 layers, numbered 0..3"))
 
 
-def canned_sweep(app: SterApp, vector: Path) -> None:
-    """Deliver a sweep's life to the Generate pane, as `w` would have started it."""
+def canned_sweep(app: SterApp, vector: Path, prompts: Path) -> None:
+    """Deliver a sweep's life to the Generate pane, as `w` would have started it on the prompt set ``prompts``."""
     pane = app.query_one("#generate-pane")
-    request = build_job_request("sweep", model="ster:toy", vector=vector, strengths="-0.8x,-0.4x,0.4x,0.8x",
-                                prompt_texts=["question : tell me about the town . answer :"])
+    strengths = "-0.8x,-0.4x,0.4x,0.8x"
+    pane.query_one("#strengths").value, pane.query_one("#prompts").value = strengths, str(prompts)  # type: ignore
+    request = build_job_request("sweep", model="ster:toy", vector=vector, strengths=strengths, prompts=prompts)
     handle = JobHandle(9, "sweep", request, pane)
     app.runner.handles.append(handle)
-    pane.jobs["sweep"] = handle  # type: ignore[attr-defined]
+    pane.jobs["sweep"], pane.sweep_source = handle, str(prompts)  # type: ignore[attr-defined]
     pane.query_one("#sweep").begin(list(request.strengths))  # type: ignore[attr-defined]
-    deliver(pane, handle, [Progress(stage="sweep", message="strength +0.8x: prompt 1/1", current=5, total=5)],
+    deliver(pane, handle, [Progress(stage="sweep", message="strength +0.8x: prompt 6/6", current=30, total=30)],
             Result(command="sweep", data={**SWEPT, "vector": str(vector)}))
 
 
@@ -120,9 +127,10 @@ async def settled(pilot: Pilot) -> None:
 
 @pytest.mark.parametrize("size", [SMALL, LARGE], ids=["80x24", "130x36"])
 def test_train_pane_after_optimize(snap_compare, size: tuple[int, int]) -> None:
-    """You should see the Train tab: the results title (12 candidates, caa at layer 3 selected), the
-    candidate table with layer 3 caa in green and ticked, 'optimize · done' at 100%, and 'wrote
-    calm.ster.json' in green; at 130 columns the per-layer plot beside the table with layer 3 marked."""
+    """You should see the Train tab: the results title (12 candidates, logistic at layer 2 selected), the
+    candidate table with its separation column beside the margin and layer 2 logistic (separation 2.488)
+    in green and ticked, 'optimize · done' at 100%, and 'wrote calm.ster.json' in green; at 130 columns
+    the plot of each layer's best candidate (accuracy and separation) beside the table, layer 2 marked."""
 
     async def run_before(pilot: Pilot) -> None:
         await pilot.pause()
@@ -171,15 +179,18 @@ def test_pairs_pane_with_the_example_set(snap_compare, monkeypatch, size: tuple[
 def test_generate_pane_side_by_side_and_a_sweep(snap_compare, tmp_path: Path, monkeypatch,
                                                 size: tuple[int, int]) -> None:
     """You should see the Generate tab: steered 'the town is gentle and we rest.' (titled 'steered
-    0.4x · calm (caa, layer 3)') beside unsteered 'the town is flooding and we flee.', then the
-    sweep table of five strengths with +0.8x and -0.8x suggested, and the caption saying what effect
-    means (residual-stream units, + toward calm)."""
+    0.4x · calm (logistic, layer 2)', at 80 columns 'steered 0.4x · calm') beside unsteered 'the town is flooding and we flee.', the prompts
+    field naming alarmed.json, then the sweep of five strengths over its six prompts: +0.4x suggested
+    (bold green, 'fluent ◀', effect '+0.467 ±0.25 ✓'), -0.8x marked ↺ (beyond its noise, against the push),
+    -0.4x with no mark, +0.8x not fluent; and the caption saying what was swept, that +0.4x is suggested,
+    and what effect, ± and the marks mean (residual-stream units, + toward calm)."""
     from ster.cli import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["optimize", "--model", "ster:toy", "--pairs", str(EXAMPLES / "pairs.json"), "--output",
                  "calm.json"]) == 0
-    vector = Path("calm.json")
+    vector, prompts = Path("calm.json"), Path("alarmed.json")
+    prompts.write_text(json.dumps(ALARMED))
 
     async def run_before(pilot: Pilot) -> None:
         await pilot.pause()  # the app shows the Pairs tab once mounted; switch after that
@@ -188,7 +199,7 @@ def test_generate_pane_side_by_side_and_a_sweep(snap_compare, tmp_path: Path, mo
         pilot.app.query_one("#strength").value = "0.4x"  # type: ignore[attr-defined]
         await pilot.press("g")
         await settled(pilot)
-        canned_sweep(pilot.app, vector)  # type: ignore[arg-type]
+        canned_sweep(pilot.app, vector, prompts)  # type: ignore[arg-type]
         await settled(pilot)
 
     assert snap_compare(SterApp(Settings(vector=vector)), terminal_size=size, run_before=run_before)

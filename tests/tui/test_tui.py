@@ -32,7 +32,7 @@ def message(app: SterApp, pane: str) -> str:
     return str(widget.render())
 
 
-def test_optimize_shows_exactly_one_selected_candidate(tmp_path: Path) -> None:
+def test_optimize_shows_exactly_one_selected_candidate_and_the_separation_that_ranked_it(tmp_path: Path) -> None:
     async def scenario() -> None:
         app = SterApp(Settings(pairs=PAIRS))
         async with app.run_test(size=(140, 40)) as pilot:
@@ -42,17 +42,28 @@ def test_optimize_shows_exactly_one_selected_candidate(tmp_path: Path) -> None:
             await settle(pilot, app)
             table = app.query_one("#candidates", DataTable)
             assert table.row_count == 12
-            selected = [row for row in range(12) if cell_text(table, row, 4) == "✓"]
+            assert [str(c.label) for c in table.columns.values()] == [
+                "layer", "method", "holdout acc", "separation", "holdout margin", "selected"]
+            selected = [row for row in range(12) if cell_text(table, row, 5) == "✓"]
             assert len(selected) == 1
             written = json.loads((tmp_path / "calm.json").read_text())
-            assert cell_text(table, selected[0], 0) == str(written["vectors"][0]["layer"])
-            assert cell_text(table, selected[0], 1) == written["method"]
+            assert cell_text(table, selected[0], 0) == str(written["vectors"][0]["layer"]) == "2"
+            assert cell_text(table, selected[0], 1) == written["method"] == "logistic"
+            assert cell_text(table, selected[0], 3) == "2.488"  # the toy's best holdout separation
+            title, plotted, marked, measure = app.query_one("#plot").drawn  # type: ignore[attr-defined]
+            assert (title, marked, measure) == ("best candidate per layer", 2, "separation")
+            assert [(layer, round(value, 3)) for layer, _, value in plotted] == [
+                (0, 1.433), (1, 2.009), (2, 2.488), (3, 2.352)]  # each layer's best is its logistic candidate
             assert app.settings.vector == tmp_path / "calm.json"
             title = str(app.query_one("#results-title", Static).render())
-            assert "12 candidates ranked on a 3-pair holdout; selected" in title
+            assert "12 candidates ranked on a 3-pair holdout; selected logistic at layer 2" in title
             assert f"wrote {tmp_path / 'calm.json'}" in message(app, "train")
-            await pilot.press("s")  # sort by holdout accuracy: the selected row stays highlighted
-            assert sum(cell_text(table, row, 4) == "✓" for row in range(12)) == 1
+            await pilot.press("s")  # optimize's own ranking: the selected row first, still the only one ticked
+            assert "by rank" in str(app.query_one("#results-title", Static).render())
+            assert cell_text(table, 0, 5) == "✓" and sum(cell_text(table, r, 5) == "✓" for r in range(12)) == 1
+            await pilot.press("s")  # by separation, largest first
+            separations = [float(cell_text(table, row, 3)) for row in range(12)]
+            assert separations == sorted(separations, reverse=True)
     asyncio.run(scenario())
 
 

@@ -1,8 +1,8 @@
 """The Generate pane on the real engine and the bundled toy checkpoint, driven through Pilot.
 
 The toy is deterministic by construction, so its texts are pinned: unsteered, the town
-floods; steered with the calm direction at the default strength (0.4x, about 4.1 in the
-residual stream's units at the toy's layer 3), it is gentle.
+floods; steered with the calm direction ``optimize`` picks (logistic at layer 2) at 0.4x, about
+2.37 in the residual stream's units there, it is gentle.
 """
 
 from __future__ import annotations
@@ -75,12 +75,12 @@ class HeldStore:
 
 
 def drive(settings: Settings, scenario: Callable[[RecordingApp, Pilot, GeneratePane], Awaitable[None]],
-          models: Any = None) -> None:
+          models: Any = None, size: tuple[int, int] = (140, 40)) -> None:
     """Open the app on the Generate tab and run one scenario against it."""
 
     async def run() -> None:
         app = RecordingApp(settings, models)
-        async with app.run_test(size=(140, 40)) as pilot:
+        async with app.run_test(size=size) as pilot:
             pane = app.query_one(GeneratePane)
             await pilot.pause()  # the app shows the Pairs tab once mounted; switch after that
             app.action_show_tab("generate")
@@ -140,14 +140,33 @@ def test_generate_runs_steered_first_then_unsteered_side_by_side(calm: Path) -> 
         baseline, steered = pane.panel("baseline"), pane.panel("steered")
         assert (baseline.text, steered.text) == (UNSTEERED, CALM)
         assert [h.request.vector for h in generations(app)] == [calm, None]
-        assert steered.border_title == "steered 0.4x · calm (caa, layer 3)"
-        assert steered.border_subtitle.startswith("= 4.12 absolute · 8 tokens")
+        # the baseline applies no artifact, so it carries no strength (the engine warns that one has no effect)
+        assert [h.request.strength for h in generations(app)] == [Strength.model_validate(STRENGTH), None]
+        assert steered.border_title == "steered 0.4x · calm (logistic, layer 2)"
+        assert steered.border_subtitle.startswith("= 2.37 absolute · 8 tokens")
         assert baseline.border_title == "unsteered"
-        assert "artifact calm (caa, layer 3)" in app.query_one(StatusLine).plain
+        assert "artifact calm (logistic, layer 2)" in app.query_one(StatusLine).plain
         assert app.settings.chat_decision == "absent"
         assert message(pane) == ""
 
     drive(Settings(vector=calm), scenario)
+
+
+def test_a_narrow_panel_drops_the_method_and_layers_from_its_title_rather_than_cut_it(calm: Path) -> None:
+    async def scenario(app: RecordingApp, pilot: Pilot, pane: GeneratePane) -> None:
+        await form(pilot, pane, strength=STRENGTH)
+        await pilot.press("g")
+        await settle(app, pilot)
+        steered = pane.panel("steered")
+        assert steered.title == "steered 0.4x · calm (logistic, layer 2)"  # what copy and save label it with
+        assert steered.border_title == "steered 0.4x · calm"  # the status line names the method and layer
+        assert "artifact calm (logistic, layer 2)" in app.query_one(StatusLine).plain
+        app.settings.use_artifact(calm, None)
+        app.settings_changed("artifact")
+        await pilot.pause()
+        assert steered.border_title == "(older) steered 0.4x · calm"
+
+    drive(Settings(vector=calm), scenario, size=(80, 24))
 
 
 def test_streamed_tokens_are_the_result_text(calm: Path) -> None:
@@ -195,33 +214,117 @@ def test_relative_strength_is_the_default_and_the_keys_step_in_the_fields_unit(c
     drive(Settings(vector=calm), scenario)
 
 
-def test_sweep_fills_the_table_explains_effect_and_opens_a_row(calm: Path) -> None:
+ALARMED = ["question : tell me about the town . answer :", "question : tell me about the forest . answer :",
+           "question : how is the market today ? answer :", "question : tell me about the bridge . answer :",
+           "question : tell me about the hill . answer :", "question : tell me about the park . answer :"]
+"""Six toy prompts whose unsteered answers are alarmed, so pushing toward calm has somewhere to go."""
+
+
+def sweep_rows(pane: GeneratePane) -> dict[str, list[str]]:
+    """The sweep table's rows by their strength cell, each as the text of its cells."""
+    table = pane.query_one(SweepTable)
+    return {str(table.get_row_at(i)[0]): [str(c) for c in table.get_row_at(i)] for i in range(table.row_count)}
+
+
+def caption(pane: GeneratePane) -> str:
+    return str(pane.query_one("#caption", Static).content)
+
+
+def test_a_sweep_of_a_prompt_set_judges_each_effect_against_its_noise_and_opens_a_row(calm: Path,
+                                                                                   tmp_path: Path) -> None:
     from ster.tui.screens.sweep_row import SweepRowDialog
 
+    prompts = tmp_path / "alarmed.json"
+    prompts.write_text(json.dumps({"prompts": ALARMED}))
+
     async def scenario(app: RecordingApp, pilot: Pilot, pane: GeneratePane) -> None:
-        await form(pilot, pane, strengths=SWEEP)
+        await form(pilot, pane, strengths=SWEEP, prompts=str(prompts))
         await pilot.press("w")
         await settle(app, pilot)
-        table = pane.query_one(SweepTable)
-        rows = {str(table.get_row_at(i)[0]): [str(c) for c in table.get_row_at(i)] for i in range(table.row_count)}
+        [sweep] = [h for h in app.runner.handles if h.name == "sweep"]
+        assert sweep.request.prompts == prompts and sweep.request.prompt_texts is None
+        rows = sweep_rows(pane)
         assert list(rows) == ["-0.8x", "-0.4x", "0", "+0.4x", "+0.8x"]
-        assert rows["0"][6] == "baseline" and rows["0"][7] == UNSTEERED
-        assert rows["+0.4x"][7] == CALM and rows["+0.4x"][6] == "fluent"
-        assert rows["+0.4x"][1] == "4.12"  # the same push in the residual stream's units
-        assert rows["+0.8x"][6] == rows["-0.8x"][6] == "fluent ◀"
-        assert table.texts["+0.4x/0"] == CALM  # what the token events streamed into the output cell
-        caption = str(pane.query_one("#caption", Static).content)
-        assert "suggested: +0.8x, -0.8x" in caption
-        assert "effect: how far the text moved along the direction" in caption
-        assert "+ toward calm, − away" in caption and "residual-stream units" in caption
+        # strength, absolute, effect ± its noise band and a mark, changed, dist-2, run, tokens, judged, output
+        assert rows["0"][2].strip() == "0" and rows["0"][7] == "baseline"
+        assert rows["+0.4x"][1] == "2.37" and rows["+0.4x"][2] == "+0.467 ±0.25 ✓"  # beyond its noise
+        assert rows["+0.4x"][3] == "5/6" and rows["+0.4x"][7] == "fluent ◀"  # the suggested strength
+        assert rows["-0.4x"][2].strip() == "+0.108 ±0.19"  # within its noise: no mark
+        assert rows["-0.8x"][2] == "+0.448 ±0.26 ↺"  # beyond its noise, but toward calm: against the push
+        assert rows["+0.8x"][7] == "not fluent"
+        assert rows["+0.4x"][8].startswith(f"{CALM} | ")  # every prompt's output, joined
+        assert pane.query_one(SweepTable).streamed("+0.4x").startswith(f"{CALM} | ")  # what the tokens carried
+        text = caption(pane)
+        assert text.startswith(f"swept calm (logistic, layer 2) on ster:toy, 6 prompts of {prompts}: suggested +0.4x.")
+        assert ("effect: how far the text moved along the direction, read back unsteered, minus the baseline's "
+                "(residual-stream units): + toward calm, − away; ± its noise band (95%), ✓ beyond it, ↺ beyond it "
+                "against the push.") in text
+        assert message(pane) == ""
+        table = pane.query_one(SweepTable)
         table.focus()
         table.move_cursor(row=3)
         await pilot.press("enter")
         assert isinstance(app.screen, SweepRowDialog)
-        assert CALM in screen_text(app) and "layer 3: 4.119" in screen_text(app)
+        shown = screen_text(app)
+        assert "layer 2: 2.37" in shown and "+0.4672 (+0.0789 of the layers' activation norm)" in shown
+        assert "the 95% band is ±0.253" in shown and "distinguishable from 0, on the side pushed" in shown
+        assert "5 of 6 texts differ from their unsteered text" in shown and CALM in shown
         await pilot.press("u")
         assert pane.query_one("#strength", Input).value == "0.4x"
         assert message(pane) == "strength set to 0.4x; g generates at it"
+
+    drive(Settings(vector=calm), scenario)
+
+
+def test_a_sweep_of_the_one_prompt_says_why_it_suggests_nothing(calm: Path) -> None:
+    async def scenario(app: RecordingApp, pilot: Pilot, pane: GeneratePane) -> None:
+        assert pane.query_one("#prompts", Input).value == ""  # empty: the prompt above alone
+        await form(pilot, pane, strengths=SWEEP)
+        await pilot.press("w")
+        await settle(app, pilot)
+        [sweep] = [h for h in app.runner.handles if h.name == "sweep"]
+        assert sweep.request.prompt_texts == [PROMPT_TEXT] and sweep.request.prompts is None
+        rows = sweep_rows(pane)
+        assert rows["+0.4x"][8] == CALM and rows["0"][8] == UNSTEERED
+        assert rows["+0.4x"][2].strip() == "+0.514" and rows["+0.4x"][7] == "fluent"  # no noise band, no mark
+        assert rows["-0.4x"][2].strip() == "0"  # the text did not change
+        text = caption(pane)
+        assert text.startswith("swept calm (logistic, layer 2) on ster:toy, the prompt above: nothing suggested: one "
+                               "prompt gives an effect no noise to be told apart from; name a prompt set under prompts "
+                               "(a file, or ster:prompts) to sweep several.")
+        assert "+ toward calm, − away." in text and "residual-stream units" in text
+        assert message(pane) == ""  # the engine's warning is said once, by the caption
+
+    drive(Settings(vector=calm), scenario)
+
+
+def test_a_sweep_in_which_nothing_moved_says_so_in_the_caption(calm: Path) -> None:
+    async def scenario(app: RecordingApp, pilot: Pilot, pane: GeneratePane) -> None:
+        await form(pilot, pane, strengths="0.4x", prompts="ster:prompts", max_new_tokens="16")
+        await pilot.press("w")
+        await settle(app, pilot)
+        assert sweep_rows(pane)["+0.4x"][2] == "+0.344 ±0.81  "
+        assert (": nothing suggested: no strength moved the text distinguishably from its noise: the largest effect, "
+                "+0.344 at +0.4x, is within 0.814 of 0 over 4 prompts; try larger strengths, more prompts, or another "
+                "layer. effect:") in caption(pane)
+        assert caption(pane).startswith("swept calm (logistic, layer 2) on ster:toy, 4 prompts of ster:prompts:")
+        assert message(pane) == ""
+
+    drive(Settings(vector=calm), scenario)
+
+
+def test_a_prompt_set_the_engine_cannot_read_is_refused_in_the_apps_words(calm: Path, tmp_path: Path) -> None:
+    async def scenario(app: RecordingApp, pilot: Pilot, pane: GeneratePane) -> None:
+        await form(pilot, pane, prompts="ster:nope")
+        await pilot.press("w")
+        await settle(app, pilot)
+        assert message(pane).startswith("prompts: ster:nope is not a bundled example; the bundled examples are")
+        assert [h for h in app.runner.handles if h.name == "sweep"] == []
+        await form(pilot, pane, prompts=str(tmp_path / "missing.json"))
+        await pilot.press("w")
+        await settle(app, pilot)
+        assert message(pane) == f"prompts {tmp_path / 'missing.json'} does not exist"
+        assert "sweep refused" in caption(pane)
 
     drive(Settings(vector=calm), scenario)
 
@@ -299,7 +402,7 @@ def test_a_cancelled_generation_marks_its_panels(calm: Path) -> None:
         store.release.set()
         await settle(app, pilot)
         assert [h.state for h in generations(app)] == ["cancelled"]
-        assert pane.panel("steered").border_title == "(cancelled) steered 0.4x · calm (caa, layer 3)"
+        assert pane.panel("steered").border_title == "(cancelled) steered 0.4x · calm (logistic, layer 2)"
         assert pane.panel("baseline").border_title == "(not run) unsteered"
         assert message(pane) == ""
         progress = pane.query_one(JobProgress).plain
@@ -315,7 +418,7 @@ def test_without_an_artifact_only_the_baseline_runs() -> None:
     async def scenario(app: RecordingApp, pilot: Pilot, pane: GeneratePane) -> None:
         await pilot.press("g")
         await settle(app, pilot)
-        assert [h.request.vector for h in generations(app)] == [None]
+        assert [(h.request.vector, h.request.strength) for h in generations(app)] == [(None, None)]
         assert pane.panel("baseline").text == UNSTEERED
         assert pane.panel("steered").text == ""
         assert message(pane) == NO_ARTIFACT
@@ -335,7 +438,7 @@ def test_generated_text_is_copied_and_saved_from_the_keyboard(calm: Path, tmp_pa
         await settle(app, pilot)
         await pilot.press("c")  # nothing focused in particular: the prompt and both texts, labelled
         assert app.clipboard == (f"prompt: {PROMPT_TEXT}\n\n[unsteered]\n{UNSTEERED}\n\n"
-                                 f"[steered 0.4x · calm (caa, layer 3)]\n{CALM}\n")
+                                 f"[steered 0.4x · calm (logistic, layer 2)]\n{CALM}\n")
         pane.panel("steered").focus()
         await pilot.press("c")  # the focused panel's text alone
         assert app.clipboard == CALM
@@ -371,11 +474,12 @@ def test_a_model_switch_marks_the_sweep_and_the_texts_as_older(calm: Path) -> No
         await form(pilot, pane, strength=STRENGTH, strengths="0.4x")
         await pilot.press("g", "w")
         await settle(app, pilot)
-        assert "swept calm (caa, layer 3) on ster:toy" in str(pane.query_one("#caption", Static).content)
+        assert "swept calm (logistic, layer 2) on ster:toy" in str(pane.query_one("#caption", Static).content)
         app._model_chosen({"model": "ster:toy-chat", "precision": "f32", "device": "cpu", "chat_template": "auto"})
         await pilot.pause()
         caption = str(pane.query_one("#caption", Static).content)
-        assert caption.startswith("older sweep (the model has changed since): swept calm (caa, layer 3) on ster:toy")
+        assert caption.startswith("older sweep (the model has changed since): swept calm (logistic, layer 2) on "
+                                  "ster:toy")
         assert pane.panel("steered").border_title.startswith("(older) steered 0.4x")
         assert pane.panel("baseline").border_title == "(older) unsteered"
 

@@ -50,7 +50,8 @@ def shows(widget: Widget) -> str:
 
 VISIBLE = {"pairs": ("#summary", "#pairs-table", "#detail"),
            "train": ("#layers", "#method", "#output", "#eval-pairs", "#progress", "#candidates"),
-           "generate": ("#prompt", "#strength", "#max-new-tokens", "#temperature", "#seed", "#strengths", "#progress",
+           "generate": ("#prompt", "#strength", "#max-new-tokens", "#temperature", "#seed", "#strengths", "#prompts",
+                        "#progress",
                         "#baseline", "#steered", "#caption", "#sweep"),
            "jobs": ("#job-table", "#events")}
 
@@ -78,7 +79,8 @@ def test_number_fields_show_their_whole_value_with_the_sign() -> None:
         await pilot.press(*"[[[[{{{{")
         assert (strength.value, shows(strength)) == ("-1.4", "-1.4")
         for field_id, typed in (("max-new-tokens", "3000"), ("strengths", "-150,-75,75,150"),
-                                ("seed", "18446744073709551615"), ("strength", "-0.85x")):
+                                ("seed", "18446744073709551615"), ("strength", "-0.85x"),
+                                ("prompts", "ster:prompts")):
             field = app.query_one(f"#{field_id}", Field)
             field.focus()
             await pilot.press("ctrl+u", *typed, "escape")

@@ -37,7 +37,11 @@ def test_the_default_strength_moves_smollm2s_text_and_the_panels_say_what_was_ap
             assert pane.query_one("#strength").value == DEFAULT_STRENGTH  # type: ignore[attr-defined]
             assert steered.text and baseline.text and steered.text != baseline.text
             applied = "calm.caa.smollm2-135m-instruct (caa, layer 12)"
-            assert steered.border_title == f"steered {DEFAULT_STRENGTH} · {applied}"
+            assert steered.title == f"steered {DEFAULT_STRENGTH} · {applied}"
+            # at 120 columns the panel's border has room for the strength and the artifact's name; the
+            # status line names it whole, method and layer included
+            assert steered.border_title == f"steered {DEFAULT_STRENGTH} · calm.caa.smollm2-135m-instruct"
             assert f"artifact {applied}" in app.query_one(StatusLine).plain
+            assert [h.request.strength for h in app.runner.handles if h.name == "generate"][1] is None
 
     asyncio.run(scenario())

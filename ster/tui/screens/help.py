@@ -20,7 +20,9 @@ INTRO = (
     "the residual stream there), so the same number means about as much on any model; a bare number such as 3 "
     "is an absolute push in the residual stream's own units. Negative steers the other way. In a sweep, effect "
     "is how far the generated text itself moved along the direction, read back by the unsteered model, minus "
-    "the unsteered text's: in the residual stream's units, positive toward the trait."
+    "the unsteered text's: in the residual stream's units, positive toward the trait; ± is its noise band over "
+    "the prompts (95%), ✓ an effect beyond it, ↺ beyond it against the push. Only ✓ is suggested, so sweep a "
+    "prompt set (prompts: a file, or ster:prompts) to get a suggestion."
 )
 
 

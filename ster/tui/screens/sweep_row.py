@@ -1,8 +1,10 @@
 """The dialog that shows one sweep row in full: its strength per layer, its measures, every output whole.
 
 The table cuts each output to one cell, and the end of a text is often where steering
-shows (or where it degenerates). Here the outputs are whole and scrollable; ``u`` takes
-the row's strength into the form, ``c`` copies the outputs.
+shows (or where it degenerates). Here the outputs are whole and scrollable, each with its
+own effect; the measures say what the effect is, its noise over the prompts and whether
+it can be told apart from that noise. ``u`` takes the row's strength into the form, ``c``
+copies the outputs.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from ster.tui.widgets.footer import KeyBar
+from ster.tui.widgets.sweep_table import number, row_text, verdict
 
 Answer = str | None
 """``"use"`` to take the row's strength into the form; None to close."""
@@ -50,17 +53,16 @@ class SweepRowDialog(ModalScreen[Answer]):
             else:
                 yield Static(measures(self.row, self.trait))
                 for index, output in enumerate(self.row["outputs"]):
-                    yield Static(Text.assemble((f"\nprompt {index}: ", "bold"), output["prompt"]))
+                    yield Static(Text.assemble((f"\nprompt {index + 1}: ", "bold"), output["prompt"]))
                     yield Static(Text(output["text"] or "(empty: the model ended the text at once)"))
                     yield Static(Text(f"{output['tokens']} tokens, stopped at "
-                                      f"{output['stop_reason'].replace('_', ' ')}", style="dim"))
+                                      f"{output['stop_reason'].replace('_', ' ')}"
+                                      f"{output_effect(output) if self.row['strength'] else ''}", style="dim"))
         yield KeyBar(app_keys=False)
 
     def text(self) -> str:
         """The outputs as plain text, for the clipboard."""
-        if self.row is None:
-            return self.streamed
-        return "\n\n".join(output["text"] for output in self.row["outputs"])
+        return self.streamed if self.row is None else row_text(self.row)
 
     def action_use(self) -> None:
         self.dismiss("use")
@@ -80,12 +82,45 @@ def measures(row: dict[str, Any], trait: str) -> Table:
     table.add_column()
     per_layer = ", ".join(f"layer {layer}: {value:.4g}" for layer, value in row["absolute_strength"].items())
     relative = ", ".join(f"layer {layer}: {value:.3g}x" for layer, value in row["relative_strength"].items())
-    effect = "—" if row["effect"] is None else f"{row['effect']:+.4f}"
     table.add_row("absolute", f"{per_layer} (the push added to the residual stream)")
     table.add_row("relative", f"{relative or '—'} (the push over the layer's activation norm)")
-    table.add_row("effect", f"{effect}: how far the text moved along the direction, read back by the unsteered "
-                            f"model, minus the baseline's, in residual-stream units; + toward {trait}, − away")
+    table.add_row("effect", effect_words(row, trait))
+    if row["strength"] != 0:
+        table.add_row("noise", noise_words(row))
+        table.add_row("changed", f"{row.get('changed', 0)} of {len(row['outputs'])} texts differ from their "
+                                 "unsteered text (an unchanged text's effect is exactly 0)")
     distinct = "—" if row["distinct_2"] is None else f"{row['distinct_2']:.2f}"
     table.add_row("degeneracy", f"distinct-2 {distinct}, longest run {row['longest_run']}, mean tokens "
                                 f"{row['mean_tokens']:.1f}: {'fluent' if row['fluent'] else 'not fluent'}")
     return table
+
+
+def effect_words(row: dict[str, Any], trait: str) -> str:
+    """The effect, in residual-stream units and relative to the layers' norm, and what it measures."""
+    if row["effect"] is None:
+        return "— (every text is empty, so there is nothing to read back)"
+    relative = row.get("relative_effect")
+    over_norm = "" if relative is None else f" ({relative:+.3g} of the layers' activation norm)"
+    return (f"{row['effect']:+.4g}{over_norm}: how far the text moved along the direction, read back by the "
+            f"unsteered model, minus the baseline's, mean over the prompts, in residual-stream units; "
+            f"+ toward {trait}, − away")
+
+
+def noise_words(row: dict[str, Any]) -> str:
+    """The effect's noise, the band it must leave, and the verdict, in words."""
+    if row.get("noise") is None:
+        return ("none to judge by: one prompt leaves no spread of effects, so the effect cannot be told apart "
+                "from chance and this strength is not suggested")
+    judged = verdict(row)
+    said = {"toward": "beyond it: distinguishable from 0, on the side pushed",
+            "against": "beyond it, but against the push: the text moved the other way, so it is not suggested",
+            "": "within it: not distinguishable from 0, so this strength is not suggested"}[judged]
+    return (f"{number(row['noise'], 3)} (the standard error of the effect over the prompts); the 95% band is "
+            f"±{number(row['threshold'], 3)}, and the effect lies {said}")
+
+
+def output_effect(output: dict[str, Any]) -> str:
+    """`` · effect +0.12`` after one output's length: its reading minus its own prompt's unsteered reading
+    (exactly 0 when the text is the unsteered one)."""
+    effect = output.get("effect")
+    return "" if effect is None else f" · effect {number(effect, 3, sign=True) if effect else '0'}"

@@ -4,9 +4,11 @@
 the Train tab's artifact, then, once it has succeeded, the unsteered baseline. Steered
 goes first because it is the one that can be refused (an artifact for another model, a
 relative strength on an artifact without norms), and it is refused before it decodes a
-token, so nothing is generated for a run that cannot happen. ``w`` sweeps the listed
-strengths (0 is always added) into a table of effect and degeneracy; enter on a row
-shows its outputs whole.
+token, so nothing is generated for a run that cannot happen; the baseline's request
+carries no strength, since it applies no artifact. ``w`` sweeps the listed strengths (0
+is always added) into a table of effect and degeneracy, on the prompt above or on the
+prompt set named under "prompts": only several prompts give an effect a noise to be told
+apart from, so only they can suggest a strength. Enter on a row shows its outputs whole.
 Strengths are relative to each layer's activation norm by default (``0.4x``); the step
 keys move in the field's own unit. ``c`` copies and ``s`` saves what the pane shows.
 """
@@ -25,11 +27,13 @@ from ster.engine.steering.strength import DEFAULT_STRENGTH, DEFAULT_SWEEP
 from ster.tui.runner import JobHandle
 from ster.tui.widgets.fields import Field, FieldErrors, FormRow, labelled
 from ster.tui.widgets.generate_jobs import ROLES, GenerateJobs
-from ster.tui.widgets.generate_parts import SweepTable, TextPanel
+from ster.tui.widgets.generate_parts import TextPanel
 from ster.tui.widgets.generate_text import GenerateText
 from ster.tui.widgets.progress import JobProgress
+from ster.tui.widgets.sweep_table import SweepTable
 from ster.tui.widgets.wrapped import Wrapped
-from ster.tui.words import format_number, parse_strength, parse_strengths, parse_temperature, parse_whole
+from ster.tui.words import (format_number, parse_prompt_set, parse_strength, parse_strengths, parse_temperature,
+                             parse_whole)
 
 PROMPT = "question : tell me about the town . answer :"
 """A prompt in the toy model's vocabulary, so the pane shows steering before anything is typed."""
@@ -38,6 +42,8 @@ STEP_KEYS = frozenset("[]{}")
 STEPS = {"relative": (0.1, 0.01), "absolute": (1.0, 0.1)}
 """Per unit, the coarse (] and [) and fine (} and {) step of the strength keys."""
 FIELDS = ("prompt", "strength", "max-new-tokens", "temperature", "seed")
+PROMPTS_TIP = ("a prompt-set file, or ster:prompts; empty: the prompt above alone. Several prompts give the "
+               "effect a noise to be judged against, so only they can suggest a strength")
 
 
 class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
@@ -72,6 +78,8 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         self.caption = Text()
         self.prompt_used = ""
         """The prompt of the texts the panels show (the field may have changed since)."""
+        self.sweep_source: str | None = None
+        """The prompt set of the last sweep as the field named it; None for the prompt above alone."""
 
     def compose(self) -> ComposeResult:
         with FormRow():
@@ -87,8 +95,10 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
             yield from labelled(" seed", Field("42", check=lambda t: parse_whole(t, "seed", 0, 2**64 - 1), width=6,
                                                grow=24, id="seed"))
         with FormRow():
-            yield from labelled("sweep", Field(DEFAULT_SWEEP, check=parse_strengths, width=24, grow=60,
-                                               id="strengths"),
+            yield from labelled("sweep", Field(DEFAULT_SWEEP, check=parse_strengths, width=24, grow=44,
+                                               id="strengths", tooltip="strengths to sweep; 0 is always added"))
+            yield from labelled(" prompts", Field(check=parse_prompt_set, width=19, grow=40, id="prompts",
+                                                  placeholder="this prompt only", tooltip=PROMPTS_TIP),
                                 "x: × activation norm; 0 is always added")
         yield JobProgress("g generates, w sweeps", id="progress")
         yield Wrapped("", id="message")
@@ -96,7 +106,8 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
             yield TextPanel("unsteered", "g generates the prompt without steering here…", id="baseline")
             yield TextPanel("steered", "…and here with the Train tab's artifact, at the strength above "
                                        "(] and [ change it)", id="steered")
-        yield Wrapped(Text("w sweeps the strengths above on this prompt", style="dim"), id="caption")
+        yield Wrapped(Text("w sweeps the strengths above on the prompt, or on the prompt set named under prompts "
+                           "(several prompts can tell an effect from noise)", style="dim"), id="caption")
         yield Wrapped("", id="fluent-rule")
         yield SweepTable(id="sweep")
 
@@ -118,11 +129,12 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         self.panel("steered").reset(self._steered_title(), "waiting for the model…")
         self.panel("baseline").reset("unsteered", "runs once the steered text is done")
         self.baseline_fields, self.prompt_used = fields, fields["prompt"]
-        if not self._start("steered", "generate", {**fields, "vector": settings.vector}):
+        steered = {**fields, "vector": settings.vector, "strength": self._value("strength")}
+        if not self._start("steered", "generate", steered):
             self._not_run("the steered request was refused")
 
     def action_sweep(self) -> None:
-        if self._busy("sweep") or self.first_bad(*FIELDS, "strengths"):
+        if self._busy("sweep") or self.first_bad(*FIELDS, "strengths", "prompts"):
             return
         self.say("", "")
         settings = self.app.settings  # type: ignore[attr-defined]
@@ -130,14 +142,16 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
             self.say(NO_ARTIFACT, "yellow")
             return
         fields = {**self._generate_fields(), "vector": settings.vector, "strengths": self._value("strengths")}
-        fields["prompt_texts"] = [fields.pop("prompt")]
-        del fields["strength"]
+        prompt, prompt_set = fields.pop("prompt"), parse_prompt_set(self._value("prompts"))
+        fields.update({"prompts": prompt_set} if prompt_set else {"prompt_texts": [prompt]})
         handle = self._start("sweep", "sweep", fields)
         if handle:
+            self.sweep_source = self._value("prompts") or None
             strengths = list(handle.request.strengths)  # type: ignore[attr-defined]
             self.query_one(SweepTable).begin(strengths)
+            where = f"the prompts of {self.sweep_source}" if self.sweep_source else "the prompt above"
             self.query_one("#caption", Static).update(f"sweeping {settings.artifact_label()} at {len(strengths)} "
-                                                      "strengths (0 included)…")
+                                                      f"strengths (0 included) on {where}…")
             self.query_one("#fluent-rule", Static).update("")
 
     def action_step(self, direction: int, fine: bool) -> None:
@@ -156,8 +170,8 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         self.query_one("#prompt", Field).focus()
 
     def on_input_submitted(self, event: Field.Submitted) -> None:
-        """Enter in the sweep field sweeps; enter in any other field generates."""
-        self.action_sweep() if event.input.id == "strengths" else self.action_generate()
+        """Enter in the sweep's fields sweeps; enter in any other field generates."""
+        self.action_sweep() if event.input.id in ("strengths", "prompts") else self.action_generate()
 
     def on_data_table_row_selected(self) -> None:
         """Enter on a sweep row opens it whole; from there ``u`` takes its strength into the form."""
@@ -169,7 +183,7 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
             return
         trait = (self.app.settings.artifact or {}).get("trait_name", "the trait")  # type: ignore[attr-defined]
         strength = table.strengths[key]
-        self.app.push_screen(SweepRowDialog(strength, table.rows_data.get(key), table.texts.get(key, ""), trait),
+        self.app.push_screen(SweepRowDialog(strength, table.rows_data.get(key), table.streamed(key), trait),
                              lambda answer: self._use_strength(strength) if answer == "use" else None)
 
     def _use_strength(self, strength: str) -> None:
@@ -177,8 +191,9 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         self.say(f"strength set to {strength}; g generates at it", "green")
 
     def _generate_fields(self) -> dict[str, Any]:
-        """The form as typed (checked already); the request model parses the numbers."""
-        return {"prompt": self._value("prompt"), "strength": self._value("strength"),
+        """The form as typed (checked already), less the strength, which only a steered request carries (the
+        engine warns that a strength without an artifact has no effect); the request model parses the numbers."""
+        return {"prompt": self._value("prompt"),
                 "max_new_tokens": self._value("max-new-tokens"), "temperature": self._value("temperature"),
                 "seed": self._value("seed"), **self.app.settings.model_fields()}  # type: ignore[attr-defined]
 
@@ -217,9 +232,18 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         """One more line under the form; the same sentence from two jobs shows once."""
         if (text, style) not in self._lines:
             self._lines.append((text, style))
+        self._show_lines()
+
+    def drop(self, text: str, style: str) -> None:
+        """Take a line back off (one that another part of the pane now says)."""
+        if (text, style) in self._lines:
+            self._lines.remove((text, style))
+            self._show_lines()
+
+    def _show_lines(self) -> None:
         message = self.query_one("#message", Static)
         message.update(Text("\n").join(Text(*line) for line in self._lines))
-        message.display = True
+        message.display = bool(self._lines)
 
 
 def shown_strength(typed: str) -> str:
@@ -228,3 +252,4 @@ def shown_strength(typed: str) -> str:
         return str(parse_strength(typed))
     except ValueError:
         return typed
+

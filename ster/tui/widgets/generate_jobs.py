@@ -3,7 +3,9 @@ end of each job into titles, the progress line and the message line.
 
 The steered run goes first and the baseline is started only once it has succeeded (see
 :mod:`ster.tui.widgets.generate`), so a refused steered run leaves the baseline "not run".
-Text made before the model or the artifact changed stays on screen, marked as older.
+Text made before the model or the artifact changed stays on screen, marked as older. A
+sweep's warning that nothing moved is said by the caption once the result is in, so it
+leaves the message line then rather than showing twice.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from textual.widgets import Static
 
 from ster.tui.messages import JobEvent, JobFinished, JobStarted, SettingsChanged
 from ster.tui.runner import ENDED, JobHandle, final_state
-from ster.tui.widgets.generate_parts import SweepTable, TextPanel, fluent_rule, other_unit, sweep_caption
+from ster.tui.widgets.generate_parts import TextPanel, other_unit
 from ster.tui.widgets.progress import JobProgress
+from ster.tui.widgets.sweep_caption import fluent_rule, nothing_moved, sweep_caption
+from ster.tui.widgets.sweep_table import SweepTable
 from ster.tui.words import format_number, in_our_words
 
 ROLES = {"steered": "steered", "baseline": "unsteered", "sweep": "sweep"}
@@ -24,8 +28,8 @@ ROLES = {"steered": "steered", "baseline": "unsteered", "sweep": "sweep"}
 
 
 class GenerateJobs:
-    """Mixed into the Generate pane, which provides ``jobs``, ``baseline_fields``, ``caption``, ``_start``,
-    ``_steered_title``, ``say`` and ``add``."""
+    """Mixed into the Generate pane, which provides ``jobs``, ``baseline_fields``, ``caption``, ``sweep_source``,
+    ``_start``, ``_steered_title``, ``say``, ``add`` and ``drop``."""
 
     def panel(self, role: str) -> TextPanel:
         return self.query_one(f"#{role}", TextPanel)
@@ -116,7 +120,10 @@ class GenerateJobs:
         settings = self.app.settings  # type: ignore[attr-defined]
         settings.chat_decision = data["chat_template"]
         self.query_one(SweepTable).fill(data)
-        self.caption = sweep_caption(data, settings.artifact_label())
+        still = nothing_moved(data)
+        if still:
+            self.drop(f"warning: {in_our_words(still)}", "yellow")
+        self.caption = sweep_caption(data, settings.artifact_label(), self.sweep_source)
         self.query_one("#caption", Static).update(self.caption)
         self.query_one("#fluent-rule", Static).update(fluent_rule(data))
 

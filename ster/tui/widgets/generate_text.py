@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ster.tui.screens.save import save_text
-from ster.tui.widgets.generate_parts import SweepTable, TextPanel
+from ster.tui.widgets.generate_parts import TextPanel
+from ster.tui.widgets.sweep_table import SweepTable, row_text
 
 
 class GenerateText:
@@ -40,8 +41,7 @@ class GenerateText:
         key = table.highlighted_key() if focused is table else None
         if key is not None:
             row = table.rows_data.get(key)
-            outputs = [o["text"] for o in row["outputs"]] if row else [table.texts.get(key, "")]
-            return f"the sweep's outputs at {table.strengths[key]}", "\n\n".join(outputs)
+            return f"the sweep's outputs at {table.strengths[key]}", row_text(row) if row else table.streamed(key)
         if isinstance(focused, TextPanel):
             return f"the {focused.title.split(' ·')[0]} text", focused.text
         return "the prompt and both texts", self._document()

@@ -24,7 +24,7 @@ from ster.tui.paths import default_artifact, shown
 from ster.tui.runner import final_state
 from ster.tui.widgets.fields import Field, FieldErrors, FormRow, labelled
 from ster.tui.widgets.progress import JobProgress
-from ster.tui.widgets.train_results import TrainResults
+from ster.tui.widgets.train_results import SORT_BY_COLUMN, TrainResults
 from ster.tui.widgets.wrapped import Wrapped
 from ster.tui.words import in_our_words, parse_layers
 
@@ -134,7 +134,7 @@ class TrainPane(FieldErrors, Vertical):
         self.query_one(TrainResults).sort()
 
     def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
-        self.query_one(TrainResults).sort({0: 3, 2: 1, 3: 2}.get(event.column_index, 0))
+        self.query_one(TrainResults).sort(SORT_BY_COLUMN.get(event.column_index, 0))
 
     def _run(self, job: str, **fields: Any) -> None:
         self.say("", "")

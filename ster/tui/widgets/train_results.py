@@ -2,8 +2,9 @@
 
 Each job that ends with a result replaces all three, so the table never shows one job's
 rows under another's title: after ``o`` it holds the ranked candidates (sortable, the
-selected row highlighted); after ``t`` the layers just fitted; after ``e`` the scores
-on the evaluation set; after ``l`` the loaded artifact's layers. While a newer job runs,
+selected row highlighted), with the holdout separation that decided the ranking beside
+the margin, and the plot each layer's best candidate; after ``t`` the layers just fitted;
+after ``e`` the scores on the evaluation set; after ``l`` the loaded artifact's layers. While a newer job runs,
 or after it was refused or cancelled, or once the model or pair set changed, the title
 says the rows are an older result and of what.
 """
@@ -22,7 +23,12 @@ from ster.tui.settings import layer_words
 from ster.tui.widgets.layer_plot import LayerPlot
 from ster.tui.widgets.wrapped import Wrapped
 
-SORTS = ("search order", "holdout accuracy", "holdout margin", "layer")
+SORTS = ("search order", "rank", "separation", "holdout margin", "layer")
+"""The candidate table's orders; ``rank`` is optimize's own: holdout accuracy, then separation, then relative
+margin, so the selected row comes first."""
+SORT_BY_COLUMN = {0: SORTS.index("layer"), 2: SORTS.index("rank"), 3: SORTS.index("separation"),
+                  4: SORTS.index("holdout margin")}
+"""A click on a candidate column's header → the order it sorts by (other headers: search order)."""
 
 
 class TrainResults(Vertical):
@@ -61,12 +67,13 @@ class TrainResults(Vertical):
         self._new_title(f"optimize: {len(self.candidates)} candidates ranked on a {holdout}-pair holdout; selected "
                         f"{chosen['method']} at layer {chosen['layer']} (refitted on every pair)")
         self._fill_candidates()
-        best: dict[int, tuple[float, float]] = {}
+        best: dict[int, dict[str, Any]] = {}
         for row in self.candidates:  # per layer, its best candidate by the ranking rule
-            if row["layer"] not in best or (row["holdout_accuracy"], row["holdout_margin"]) > best[row["layer"]]:
-                best[row["layer"]] = (row["holdout_accuracy"], row["holdout_margin"])
-        rows = [(layer, acc, margin) for layer, (acc, margin) in sorted(best.items())]
-        self.query_one(LayerPlot).plot("best holdout score per layer", rows, marked=chosen["layer"])
+            if row["layer"] not in best or rank_key(row) < rank_key(best[row["layer"]]):
+                best[row["layer"]] = row
+        rows = [(layer, row["holdout_accuracy"], row.get("holdout_separation") or 0.0)
+                for layer, row in sorted(best.items())]
+        self.query_one(LayerPlot).plot("best candidate per layer", rows, marked=chosen["layer"], measure="separation")
 
     def trained(self, request: Any, data: dict[str, Any]) -> None:
         layers = [entry["layer"] for entry in data["layers"]]
@@ -120,21 +127,37 @@ class TrainResults(Vertical):
     def _fill_candidates(self) -> None:
         table = self.query_one(DataTable)
         table.clear(columns=True)
-        table.add_columns("layer", "method", "holdout acc", "holdout margin", "selected")
+        table.add_columns("layer", "method", "holdout acc", "separation", "holdout margin", "selected")
         for row in self._sorted():
             style = "bold green" if row["selected"] else ""
+            separation = row.get("holdout_separation")
             table.add_row(*(Text(cell, style=style) for cell in (
-                str(row["layer"]), row["method"], f"{row['holdout_accuracy']:.3f}", f"{row['holdout_margin']:+.4f}",
+                str(row["layer"]), row["method"], f"{row['holdout_accuracy']:.3f}",
+                "—" if separation is None else f"{separation:.3f}", f"{row['holdout_margin']:+.4f}",
                 "✓" if row["selected"] else "")))
         self.sort_note = f" · by {SORTS[self.sort_index]} (s sorts)"
         self._show_title()
 
     def _sorted(self) -> list[dict[str, Any]]:
         order, rows = SORTS[self.sort_index], list(self.candidates)
-        if order == "holdout accuracy":
-            rows.sort(key=lambda row: (-row["holdout_accuracy"], -row["holdout_margin"]))
+        if order == "rank":
+            rows.sort(key=rank_key)
+        elif order == "separation":
+            rows.sort(key=lambda row: -_number(row.get("holdout_separation")))
         elif order == "holdout margin":
             rows.sort(key=lambda row: -row["holdout_margin"])
         elif order == "layer":
             rows.sort(key=lambda row: row["layer"])
         return rows
+
+
+def rank_key(row: dict[str, Any]) -> tuple[float, float, float]:
+    """A candidate's place in optimize's ranking (smallest first): holdout accuracy, then separation (the
+    margin over the holdout's spread within each side), then the margin over the activation norm."""
+    return (-row["holdout_accuracy"], -_number(row.get("holdout_separation")),
+            -_number(row.get("relative_margin")))
+
+
+def _number(value: float | None) -> float:
+    """A ranking number that may be missing (a one-pair holdout has no separation): missing sorts last."""
+    return float("-inf") if value is None else value
