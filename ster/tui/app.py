@@ -7,6 +7,7 @@ sees every job message to keep the status line and the Jobs tab current.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -246,6 +247,13 @@ def focus_main(pane: Widget) -> None:
 
 def run_tui(model: str | None = None, pairs: Path | None = None) -> int:
     """Start the app (from ``ster`` or ``ster tui``); returns the exit status."""
+    from ster.engine.protocol.paths import example_path
+
+    try:
+        pairs = example_path(pairs) if pairs is not None else None  # a bundled name such as ster:pairs
+    except ValueError as exc:
+        print(f"error: --pairs {exc}", file=sys.stderr)
+        return 1
     settings = Settings(model=model or "ster:toy", pairs=pairs or _active_pairs())
     SterApp(settings).run()
     return 0

@@ -107,6 +107,24 @@ def test_opening_the_example_shows_twelve_rows_and_no_flags(example: Path) -> No
     drive(scenario, example)
 
 
+def test_a_bundled_set_opens_by_its_reserved_name_and_an_unknown_name_is_refused_in_the_pane() -> None:
+    async def scenario(app: SterApp, pilot: Pilot, pane: PairsPane) -> None:
+        await pilot.press("o")
+        await answer(app, pilot, "ster:nonsense")
+        assert message(pane)[0].startswith("ster:nonsense is not a bundled example; the bundled examples are ")
+        await pilot.press("o")
+        await answer(app, pilot, "ster:pairs")
+        assert len(rows(pane)) == 12 and pane.path == EXAMPLES_DIR / "pairs.json"
+        assert pane.pair_set.trait_name == "calm"
+
+    drive(scenario)
+
+
+def test_the_app_refuses_an_unknown_bundled_name_before_it_opens(cli) -> None:
+    run = cli("tui", "--pairs", "ster:nonsense")
+    assert run.code == 1 and run.err.startswith("error: --pairs ster:nonsense is not a bundled example")
+
+
 def test_a_pair_that_repeats_an_earlier_one_is_flagged_on_the_new_row(example: Path) -> None:
     third = load_pairs(example).pairs[3]
 

@@ -21,8 +21,14 @@ class PairFiles:
         self._unless_unsaved("open another file", lambda: self._ask_path("Pair set to open", self._open_answer))
 
     def _open_answer(self, answer: str | None) -> None:
-        if answer:
-            self._open(Path(answer).expanduser())
+        from ster.engine.protocol.paths import example_path
+
+        if not answer:
+            return
+        try:
+            self._open(example_path(answer.strip()).expanduser())  # a bundled name such as ster:pairs, or a path
+        except ValueError as exc:
+            self._say(str(exc), "red")
 
     def _open(self, path: Path, note: str = "") -> None:
         self._opened_note = note
