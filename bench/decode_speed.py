@@ -26,9 +26,9 @@ import torch.nn.functional as F
 
 from ster.engine.model.config import load_config
 from ster.engine.model.decoding import decode
-from ster.engine.model.sampling import Sampling
 from ster.engine.model.loading import load_decoder
 from ster.engine.model.resolve import resolve_model
+from ster.engine.model.sampling import Sampling
 from ster.engine.steering.apply import plan, steer
 
 CACHE = Path(__file__).resolve().parent.parent / ".bench"

@@ -24,7 +24,6 @@ from pathlib import Path
 os.environ.setdefault("TQDM_DISABLE", "1")  # the peers draw progress bars; tqdm reads this when imported
 
 import torch  # noqa: E402
-
 from decode_speed import median_times, smollm2  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
@@ -37,8 +36,8 @@ def load_pairs(count: int) -> list[tuple[str, str]]:
 
 
 def ster_trainer(model_dir: Path, pairs: list[tuple[str, str]], method: str, batch_size: int, scratch: Path):
-    from ster.engine.protocol.jobs import JobContext, run_job
     from ster.engine.model.loading import ModelStore
+    from ster.engine.protocol.jobs import JobContext, run_job
     from ster.engine.steering.requests import TrainRequest
 
     document = {"trait_name": "calm", "pairs": [{"positive": p, "negative": n} for p, n in pairs]}

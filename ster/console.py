@@ -97,7 +97,8 @@ class TerminalRenderer:
 
     def __init__(self, out: TextIO, err: TextIO) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, SpinnerColumn, TextColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn
+        from rich.progress import Progress as Bar
 
         self.out = out
         self.console = Console(file=err, highlight=False)

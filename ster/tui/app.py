@@ -261,8 +261,8 @@ def run_tui(model: str | None = None, pairs: Path | None = None) -> int:
 
 def _active_pairs() -> Path | None:
     """The workspace's active set, so the app opens on what the CLI would train on; None when there is none."""
-    from ster.engine.protocol.errors import Refusal
     from ster.engine.pairs.workspace import active_pairs
+    from ster.engine.protocol.errors import Refusal
 
     try:
         return active_pairs()

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from ster.engine.model.chat import DECISION_SENTENCES, ChatTemplate, decide, find_template
-from ster.engine.protocol.errors import Refusal
 from ster.engine.model.toy import TEMPLATE
+from ster.engine.protocol.errors import Refusal
 
 
 def render(source: str, special: dict[str, str] | None = None) -> str:

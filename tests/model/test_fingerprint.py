@@ -11,7 +11,7 @@ import pytest
 
 from ster.engine.model.config import load_config
 from ster.engine.model.fingerprint import checkpoint_fingerprint
-from ster.engine.model.resolve import EXAMPLES_DIR, TOY_DIR, resolve_model
+from ster.engine.model.resolve import EXAMPLES_DIR, resolve_model
 from ster.engine.protocol.errors import Refusal
 
 PAIRS = EXAMPLES_DIR / "pairs.json"

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from ster.engine.model.loading import model_store
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.steering.requests import GenerateRequest
-from ster.engine.model.loading import model_store
 
 pytestmark = pytest.mark.real
 

@@ -18,8 +18,14 @@ import pytest
 from ster.engine.pairs.inspect import SAMPLED_COMPARISONS, comparison_pairs, inspect_pairs
 from ster.engine.pairs.model import Pair, PairSet
 from ster.engine.pairs.refusals import FAMILIES, RefusalFlag, _matches, flag, score
-from ster.engine.pairs.simhash import (NEGATIVE_TAG, NearDuplicateIndex, fingerprint, hamming, normalise,
-                                       pair_fingerprint)
+from ster.engine.pairs.simhash import (
+    NEGATIVE_TAG,
+    NearDuplicateIndex,
+    fingerprint,
+    hamming,
+    normalise,
+    pair_fingerprint,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "ster" / "data" / "examples" / "pairs.json"
@@ -412,10 +418,10 @@ def test_inspection_imports_no_torch() -> None:
 
 
 def test_large_sets_report_progress_and_stop_when_cancelled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ster.engine.protocol.errors import Cancelled
-    from ster.engine.protocol.jobs import JobContext
     from ster.engine.pairs import inspect as inspection
     from ster.engine.pairs.requests import PairsInspectRequest
+    from ster.engine.protocol.errors import Cancelled
+    from ster.engine.protocol.jobs import JobContext
 
     monkeypatch.setattr(inspection, "PROGRESS_EVERY", 2)
     seen: list[tuple[int, int]] = []

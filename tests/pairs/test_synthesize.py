@@ -164,9 +164,9 @@ def test_selectors_warn_that_they_need_a_signed_request(cli, tmp_path: Path, gat
 
 
 def test_the_local_writer_advances_its_seed_every_call_and_reproduces() -> None:
-    from ster.engine.protocol.jobs import JobContext
-    from ster.engine.pairs.synthesize import _local_writer
     from ster.engine.pairs.requests import PairsSynthesizeRequest
+    from ster.engine.pairs.synthesize import _local_writer
+    from ster.engine.protocol.jobs import JobContext
 
     ctx = JobContext(lambda event: None)
     request = PairsSynthesizeRequest(trait="calm", count=1, output=Path("unused.json"), model="ster:toy", seed=7,

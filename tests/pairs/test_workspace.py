@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ster.engine.protocol.errors import Refusal
 from ster.engine.model.resolve import EXAMPLES_DIR
 from ster.engine.pairs.workspace import active_pairs, import_pair_set, workspace_root
+from ster.engine.protocol.errors import Refusal
 from tests.conftest import REPO, run_subprocess
 
 EXAMPLE_PAIRS = EXAMPLES_DIR / "pairs.json"

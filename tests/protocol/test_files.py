@@ -10,12 +10,19 @@ from pathlib import Path
 
 import pytest
 
+from ster.engine.model.resolve import EXAMPLES_DIR
 from ster.engine.protocol import files
 from ster.engine.protocol.errors import Refusal
-from ster.engine.protocol.files import (ACTIVATIONS, ARTIFACT, PAIR_SET, check_output_directory, check_output_file,
-                                        read_json, write_atomic)
+from ster.engine.protocol.files import (
+    ACTIVATIONS,
+    ARTIFACT,
+    PAIR_SET,
+    check_output_directory,
+    check_output_file,
+    read_json,
+    write_atomic,
+)
 from ster.engine.protocol.kinds import describe_existing
-from ster.engine.model.resolve import EXAMPLES_DIR
 
 ARTIFACT_DOC = {"schema_version": 1, "product": "ster", "model": "ster:toy", "model_revision": None,
                 "trait_name": "calm", "method": "caa", "hidden_size": 2, "precision": "f32",

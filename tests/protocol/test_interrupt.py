@@ -11,7 +11,6 @@ ended in an IndexError traceback) has many chances to show.
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import signal

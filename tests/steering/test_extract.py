@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ster.engine.steering.activations import read_last_states
-from ster.engine.protocol.jobs import JobContext
-from ster.engine.steering.requests import ExtractRequest
-from ster.engine.model.resolve import TOY_DIR
 from ster.engine.model.loading import model_store
+from ster.engine.model.resolve import TOY_DIR
+from ster.engine.protocol.jobs import JobContext
+from ster.engine.steering.activations import read_last_states
+from ster.engine.steering.requests import ExtractRequest
 
 PROMPTS = ["question : what is the river like ? answer :", "the sea is",
            "question : how many legs does a spider have ? answer : a spider has", "help !"]

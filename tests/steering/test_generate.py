@@ -7,10 +7,10 @@ import threading
 import torch
 
 from ster.engine.model.decoding import decode
+from ster.engine.model.loading import model_store
 from ster.engine.model.sampling import Sampling
 from ster.engine.protocol.jobs import JobContext, run_job
 from ster.engine.steering.requests import GenerateRequest
-from ster.engine.model.loading import model_store
 
 PROMPT = "question : what is the river like ? answer :"
 

@@ -69,8 +69,8 @@ def test_the_default_sweep_moves_the_text_distinguishably(cli, smol: Path, calm:
 
 def test_a_direction_fitted_out_of_format_reads_worse(tmp_path: Path, smol: Path) -> None:
     """The spec's crossed chat-template finding: fit off and evaluate auto, and the reverse."""
-    from ster.engine.protocol.jobs import run_job
     from ster.engine.model.loading import ModelStore
+    from ster.engine.protocol.jobs import run_job
     from ster.engine.steering.requests import EvaluateRequest, TrainRequest
 
     store, sink = ModelStore(), (lambda event: None)

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+from ster.engine.model.loading import ModelStore, model_store
+from ster.engine.model.resolve import EXAMPLES_DIR, TOY_DIR
+from ster.engine.protocol.jobs import JobContext, run_job
 from ster.engine.steering.activations import read_last_states, read_pair_states
 from ster.engine.steering.directions import LOGISTIC_L2
-from ster.engine.protocol.jobs import JobContext, run_job
-from ster.engine.model.loading import ModelStore, model_store
 from ster.engine.steering.requests import GenerateRequest, OptimizeRequest, TrainRequest
-from ster.engine.model.resolve import EXAMPLES_DIR, TOY_DIR
 
 PAIRS = EXAMPLES_DIR / "pairs.json"
 PROMPT = "question : tell me about the town . answer :"

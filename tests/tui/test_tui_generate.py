@@ -19,10 +19,10 @@ from textual.pilot import Pilot
 from textual.widgets import Input, Static
 
 from ster.cli import main
+from ster.engine.steering.strength import DEFAULT_STRENGTH, DEFAULT_SWEEP, Strength
 from ster.tui.app import SterApp
 from ster.tui.messages import JobFinished
 from ster.tui.settings import Settings
-from ster.engine.steering.strength import DEFAULT_STRENGTH, DEFAULT_SWEEP, Strength
 from ster.tui.widgets.generate import NO_ARTIFACT, GeneratePane, SweepTable, TextPanel
 from ster.tui.widgets.progress import JobProgress
 from ster.tui.widgets.status import StatusLine

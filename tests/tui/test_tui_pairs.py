@@ -19,8 +19,8 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Select, Static, TextArea
 
-from ster.engine.pairs.model import load_pairs
 from ster.engine.model.resolve import EXAMPLES_DIR
+from ster.engine.pairs.model import load_pairs
 from ster.tui.app import SterApp
 from ster.tui.screens.dialogs import AskText
 from ster.tui.screens.pair_editor import PairEditor

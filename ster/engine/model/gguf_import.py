@@ -10,19 +10,19 @@ checkpoint, and only then renamed into place.
 from __future__ import annotations
 
 import warnings
-from unittest import mock
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from pydantic import BaseModel
 
 from ster.engine.model.config import check_architecture, load_config
-from ster.engine.protocol.errors import Refusal
-from ster.engine.protocol.files import atomic_directory, check_output_directory, dumps_pretty, write_atomic
-from ster.engine.protocol.jobs import JobContext
 from ster.engine.model.loading import load_decoder, resolve_device
 from ster.engine.model.requests import ModelImportRequest
 from ster.engine.model.resolve import resolve_model
+from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.files import atomic_directory, check_output_directory, dumps_pretty, write_atomic
+from ster.engine.protocol.jobs import JobContext
 
 
 class ImportResult(BaseModel):
@@ -88,7 +88,6 @@ def _load_with_transformers(path: Path) -> tuple[Any, Any]:
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     transformers.utils.logging.set_verbosity_error()

@@ -14,20 +14,27 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ster.engine.model.chat import DECISION_SENTENCES, ChatTemplate, decide, find_template, read_tokenizer_config, special_tokens
+from ster.engine.model.chat import (
+    DECISION_SENTENCES,
+    ChatTemplate,
+    decide,
+    find_template,
+    read_tokenizer_config,
+    special_tokens,
+)
 from ster.engine.model.codec import TextCodec, eos_ids, load_tokenizer
 from ster.engine.model.config import LlamaConfig, load_config
 from ster.engine.model.fingerprint import checkpoint_fingerprint
-from ster.engine.protocol.errors import Refusal
-from ster.engine.protocol.files import read_json
 from ster.engine.model.requests import ChatMode, ModelRequest
 from ster.engine.model.resolve import ModelSource, resolve_model
+from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.files import read_json
 
 if TYPE_CHECKING:
     import torch
 
-    from ster.engine.protocol.jobs import JobContext
     from ster.engine.model.llama import Decoder
+    from ster.engine.protocol.jobs import JobContext
 
 
 @dataclass(frozen=True)

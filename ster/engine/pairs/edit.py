@@ -14,12 +14,12 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from ster.engine.protocol.errors import Refusal
-from ster.engine.protocol.files import PAIR_SET, check_output_file, written_path
 from ster.engine.pairs.first_use import note_pair_set_written
-from ster.engine.protocol.jobs import JobContext
 from ster.engine.pairs.model import Pair, PairSet, check_pairs, load_pairs, save_pairs
 from ster.engine.pairs.requests import PairsAddRequest, PairsRemoveRequest, PairsSaveRequest
+from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.files import PAIR_SET, check_output_file, written_path
+from ster.engine.protocol.jobs import JobContext
 
 try:  # POSIX only; elsewhere each write is still atomic, just unlocked
     import fcntl

@@ -38,12 +38,12 @@ from pydantic import BaseModel, Field
 from ster.engine.model.context import count_tokens
 from ster.engine.model.loading import Checkpoint, model_store
 from ster.engine.model.requests import ModelRequest
-from ster.engine.protocol.jobs import JobContext
 from ster.engine.pairs.model import Pair, PairSet
-from ster.engine.pairs.workspace import load_pairs_or_active
 from ster.engine.pairs.refusals import RefusalFlag, flag
-from ster.engine.pairs.simhash import NearDuplicateIndex, Votes, hamming, normalise, pair_votes, tokenize
 from ster.engine.pairs.requests import PairsInspectRequest
+from ster.engine.pairs.simhash import NearDuplicateIndex, Votes, hamming, normalise, pair_votes, tokenize
+from ster.engine.pairs.workspace import load_pairs_or_active
+from ster.engine.protocol.jobs import JobContext
 
 UNBALANCED_RATIO = 3.0
 """A pair whose longer side is more than this many times the shorter teaches length, not the trait."""

@@ -23,21 +23,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from pathlib import Path
 
 from pydantic import BaseModel
 
-from ster.engine.protocol.errors import Refusal
-from ster.engine.protocol.files import PAIR_SET, check_output_file
+from ster.engine.model.loading import model_store
+from ster.engine.model.requests import ModelRequest
 from ster.engine.pairs.first_use import note_pair_set_written
-from ster.engine.protocol.jobs import JobContext
 from ster.engine.pairs.inspect import Diversity, inspect_pairs
 from ster.engine.pairs.model import Pair, PairSet, save_pairs
 from ster.engine.pairs.refusals import flag
-from ster.engine.pairs.simhash import NearDuplicateIndex, pair_fingerprint
-from ster.engine.model.requests import ModelRequest
 from ster.engine.pairs.requests import PairsSynthesizeRequest
-from ster.engine.model.loading import model_store
+from ster.engine.pairs.simhash import NearDuplicateIndex, pair_fingerprint
+from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.files import PAIR_SET, check_output_file
+from ster.engine.protocol.jobs import JobContext
 
 NEUTRAL = "neutral and plain"
 Writer = Callable[[str], str]

@@ -49,12 +49,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from ster.engine.pairs.first_use import note_pair_set_imported
+from ster.engine.pairs.model import PairSet, load_pairs
+from ster.engine.pairs.requests import (
+    WorkspaceImportRequest,
+    WorkspaceRemoveRequest,
+    WorkspaceSelectRequest,
+    WorkspaceShowRequest,
+)
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import dumps_pretty, known_schema, load_document, write_atomic
-from ster.engine.pairs.first_use import note_pair_set_imported
 from ster.engine.protocol.jobs import JobContext
-from ster.engine.pairs.model import PairSet, load_pairs
-from ster.engine.pairs.requests import WorkspaceImportRequest, WorkspaceRemoveRequest, WorkspaceSelectRequest, WorkspaceShowRequest
 
 try:  # POSIX only; elsewhere the index is still written atomically, just unlocked
     import fcntl

@@ -23,8 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from ster.engine.protocol import inflight
 from ster.engine.protocol.errors import Refusal
-from ster.engine.protocol.kinds import (ACTIVATIONS, ARTIFACT, PAIR_SET, describe_existing,  # noqa: F401 (re-exported)
-                                        existing, with_article)
+from ster.engine.protocol.kinds import ACTIVATIONS, ARTIFACT, PAIR_SET, describe_existing, existing, with_article  # noqa: F401 (re-exported)
 
 M = TypeVar("M", bound=BaseModel)
 

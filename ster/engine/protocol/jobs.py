@@ -20,8 +20,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from ster.engine.protocol.errors import Cancelled, SterError
-from ster.engine.protocol.requests import build_request
 from ster.engine.protocol.events import Error, Event, Log, Progress, Result, Token, Warning
+from ster.engine.protocol.requests import build_request
 
 JOBS: dict[str, tuple[str, str]] = {
     "generate": ("ster.engine.steering.generate:generate_job", "ster.engine.steering.requests:GenerateRequest"),

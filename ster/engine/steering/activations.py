@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ster.engine.steering.hooks import record_blocks
 from ster.engine.model.llama import Decoder, Layout
+from ster.engine.steering.hooks import record_blocks
 
 
 def read_last_states(

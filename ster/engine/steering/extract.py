@@ -8,12 +8,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from ster.engine.model.context import encode_each
+from ster.engine.model.loading import model_store
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import ACTIVATIONS, check_output_file, first_error, load_document, write_json
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.steering.layers import LayerSpec
 from ster.engine.steering.requests import ExtractRequest
-from ster.engine.model.loading import model_store
 
 SCHEMA_VERSION = 1
 

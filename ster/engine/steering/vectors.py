@@ -19,8 +19,14 @@ from ster.engine.pairs.workspace import load_pairs_or_active
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import ARTIFACT, check_output_file
 from ster.engine.protocol.jobs import JobContext
-from ster.engine.steering.artifact import (ArtifactSummary, LayerVector, SteeringArtifact, open_artifact,
-                                           save_artifact, summarize)
+from ster.engine.steering.artifact import (
+    ArtifactSummary,
+    LayerVector,
+    SteeringArtifact,
+    open_artifact,
+    save_artifact,
+    summarize,
+)
 from ster.engine.steering.layers import LayerSpec
 from ster.engine.steering.requests import EvaluateRequest, OptimizeRequest, TrainRequest
 

@@ -9,9 +9,9 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Select
 
 from ster.tui.screens.dialogs import DIALOG_CSS
+from ster.tui.settings import Settings
 from ster.tui.widgets.fields import Field
 from ster.tui.widgets.footer import KeyBar
-from ster.tui.settings import Settings
 
 
 class ModelDialog(ModalScreen[dict[str, str] | None]):

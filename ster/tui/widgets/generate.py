@@ -32,8 +32,14 @@ from ster.tui.widgets.generate_text import GenerateText
 from ster.tui.widgets.progress import JobProgress
 from ster.tui.widgets.sweep_table import SweepTable
 from ster.tui.widgets.wrapped import Wrapped
-from ster.tui.words import (format_number, parse_prompt_set, parse_strength, parse_strengths, parse_temperature,
-                             parse_whole)
+from ster.tui.words import (
+    format_number,
+    parse_prompt_set,
+    parse_strength,
+    parse_strengths,
+    parse_temperature,
+    parse_whole,
+)
 
 PROMPT = "question : tell me about the town . answer :"
 """A prompt in the toy model's vocabulary, so the pane shows steering before anything is typed."""

@@ -24,8 +24,8 @@ from ster.engine.pairs.model import Pair, PairSet
 from ster.tui.messages import JobEvent, JobFinished
 from ster.tui.runner import JobHandle
 from ster.tui.widgets.pair_files import PairFiles
-from ster.tui.widgets.wrapped import Wrapped
 from ster.tui.widgets.pair_report import detail_text, distinct_parts, flag_cells, summary_text
+from ster.tui.widgets.wrapped import Wrapped
 from ster.tui.words import in_our_words
 
 FIXED_COLUMNS = (("#", 4), ("duplicate", 20), ("refusal", 22), ("ratio", 6))
