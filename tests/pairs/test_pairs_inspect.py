@@ -407,14 +407,20 @@ def test_bad_input_is_refused_in_one_sentence(cli, tmp_path: Path, content: str 
     assert run.err.strip().splitlines()[-1].endswith(sentence.format(path=path))
 
 
-def test_inspection_imports_no_torch() -> None:
-    code = ("import sys; from ster.cli import main; status = main(['pairs', 'inspect', '--pairs', sys.argv[1]]); "
-            "heavy = sorted(m for m in ('torch', 'transformers', 'textual') if m in sys.modules); "
+def _inspect_in_a_fresh_interpreter(*flags: str) -> dict:
+    """Run ``pairs inspect`` on the example in a new interpreter; assert it loaded nothing heavy; its report."""
+    code = ("import sys; from ster.cli import main; status = main(['pairs', 'inspect', '--pairs', *sys.argv[1:]]); "
+            "heavy = sorted(m for m in ('torch', 'transformers', 'textual', 'safetensors') if m in sys.modules); "
             "print('HEAVY', heavy, status, file=sys.stderr)")
-    proc = subprocess.run([sys.executable, "-c", code, str(EXAMPLE)], capture_output=True, text=True, cwd=REPO,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code, str(EXAMPLE), *flags], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "HEAVY [] 0" in proc.stderr and json.loads(proc.stdout)["pair_count"] == 12
+    assert "HEAVY [] 0" in proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_inspection_imports_no_torch() -> None:
+    assert _inspect_in_a_fresh_interpreter()["pair_count"] == 12
 
 
 def test_large_sets_report_progress_and_stop_when_cancelled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -473,15 +479,8 @@ def test_a_bad_model_is_refused_before_the_pairs_are_read(cli, tmp_path: Path) -
     assert "inspecting" not in run.err
 
 
-def test_counting_with_a_model_reads_no_weights_and_imports_no_torch(tmp_path: Path) -> None:
-    code = ("import sys; from ster.cli import main; "
-            "status = main(['pairs', 'inspect', '--pairs', sys.argv[1], '--model', 'ster:toy']); "
-            "heavy = sorted(m for m in ('torch', 'transformers', 'textual', 'safetensors') if m in sys.modules); "
-            "print('HEAVY', heavy, status, file=sys.stderr)")
-    proc = subprocess.run([sys.executable, "-c", code, str(EXAMPLE)], capture_output=True, text=True, cwd=REPO,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "HEAVY [] 0" in proc.stderr and json.loads(proc.stdout)["too_long_count"] == 0
+def test_counting_with_a_model_reads_no_weights_and_imports_no_torch() -> None:
+    assert _inspect_in_a_fresh_interpreter("--model", "ster:toy")["too_long_count"] == 0
 
 
 @pytest.mark.real

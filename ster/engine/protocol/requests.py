@@ -74,12 +74,6 @@ def between(value: int, low: int, high: int, flag: str) -> int:
     return value
 
 
-def finite(value: float, flag: str) -> float:
-    if not math.isfinite(value):
-        raise ValueError(f"{flag} must be a finite number")
-    return value
-
-
 def seed(value: int) -> int:
     return between(value, 0, SEED_MAX, "--seed")
 
@@ -87,13 +81,6 @@ def seed(value: int) -> int:
 def temperature(value: float) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError("--temperature must be a finite number of at least 0")
-    return value
-
-
-def comma_list(value: Any) -> Any:
-    """A flag's comma list (``-8,-4,4,8``) split into its items; a list is left to the field's own check."""
-    if isinstance(value, str):
-        return [item.strip() for item in value.split(",")]
     return value
 
 
