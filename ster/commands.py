@@ -253,6 +253,100 @@ def _add_model(commands: Any) -> None:
     gguf.add_argument("--output", required=True, metavar="DIR", help="the directory to create (new, or empty)")
 
 
+TARGETS_HELP = ("projections that carry an adapter: query, key, value, output, gate, up, down (or q_proj, k_proj, "
+                "v_proj, o_proj, gate_proj, up_proj, down_proj); default query,value")
+
+
+def _adapter_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("adapter")
+    group.add_argument("--rank", default=8, metavar="N", help="rank of each LoRA factor pair (default 8)")
+    group.add_argument("--alpha", default=16.0, metavar="X", help="scale numerator: the update is alpha/rank x B A "
+                                                                  "(default 16)")
+    group.add_argument("--targets", default="query,value", metavar="LIST", help=TARGETS_HELP)
+    group.add_argument("--layers", default="all", metavar="LAYERS", help=f"{LAYERS_HELP}; default all")
+
+
+def _run_flags(parser: argparse.ArgumentParser, unit: str, accumulation: int = 8) -> None:
+    group = parser.add_argument_group("run")
+    group.add_argument("--output", required=True, metavar="FILE",
+                       help="the adapter's .safetensors file; its sidecar is written beside it with .json")
+    group.add_argument("--epochs", default=1, metavar="N", help="passes over the data (default 1)")
+    group.add_argument("--learning-rate", default=1e-4, metavar="LR", help="AdamW's base rate (default 0.0001)")
+    group.add_argument("--accumulation", default=accumulation, metavar="N",
+                       help=f"forwards folded into one optimizer step (default {accumulation})")
+    group.add_argument("--warmup-steps", default=0, metavar="N",
+                       help="steps of linear warmup before the cosine decay to a tenth of the rate (default 0)")
+    group.add_argument("--max-sequence", default=512, metavar="N",
+                       help=f"longest sequence in tokens, capped at the model's context; a longer {unit} is "
+                            "skipped, never cut (default 512)")
+    group.add_argument("--batch-size", default=1, metavar="N",
+                       help=f"{unit}s per forward pass (a pair is two rows; default 1)")
+    group.add_argument("--seed", default=42, metavar="N", help="seeds the adapter's draw and the shuffle (default 42)")
+    group.add_argument("--checkpoint-every", default=0, metavar="N",
+                       help="write a resumable checkpoint beside the output every N steps (default 0: only when "
+                            "interrupted)")
+    group.add_argument("--resume", action="store_true", help="continue from the checkpoint beside the output")
+
+
+def _add_tune(commands: Any) -> None:
+    tune = commands.add_parser("tune", help="train, evaluate, merge, inspect and export LoRA adapters",
+                               description="LoRA post-training: supervised fine-tuning, preference optimization "
+                                           "(DPO, IPO), reward models; evaluation, merging, inspection and export.")
+    sub = tune.add_subparsers(dest="tune_command", metavar="<subcommand>", required=True)
+    sft = _command(sub, "sft", "supervised fine-tuning on prompt/completion examples",
+                   "Train a LoRA adapter with next-token cross-entropy on the completion tokens only.", "tune sft")
+    _model_flags(sft)
+    sft.add_argument("--examples", required=True, metavar="FILE",
+                     help='{"examples": [{"prompt", "completion"}]}, or JSON Lines with prompt/completion or messages')
+    _adapter_flags(sft)
+    _run_flags(sft, "example")
+    for name, help_text, description in (
+        ("dpo", "direct preference optimization (or IPO) on preference pairs",
+         ("Train a LoRA adapter to prefer each pair's positive (chosen) side over its negative (rejected) side, "
+         "relative to the frozen base model.")),
+        ("reward", "train a reward model (Bradley-Terry) on preference pairs",
+         "Train a LoRA adapter and a scalar head that scores the chosen side above the rejected one."),
+    ):
+        parser = _command(sub, name, help_text, description, f"tune {name}")
+        _model_flags(parser)
+        parser.add_argument("--pairs", metavar="FILE", help="a pair set (positive chosen, negative rejected), or JSON "
+                                                            "Lines with prompt/chosen/rejected (default: the "
+                                                            "workspace's active set)")
+        _adapter_flags(parser)
+        if name == "dpo":
+            parser.add_argument("--beta", default=0.1, metavar="B", help="strength of the pull toward the reference "
+                                                                         "(default 0.1)")
+            parser.add_argument("--loss", default="dpo", metavar="{dpo,ipo}", help="sigmoid (dpo) or squared (ipo) "
+                                                                                   "preference loss (default dpo)")
+        _run_flags(parser, "pair")
+    evaluate = _command(sub, "evaluate", "completion loss and perplexity on held-out examples",
+                        "Score a checkpoint, or a checkpoint with an adapter, on examples; writes nothing.",
+                        "tune evaluate")
+    _model_flags(evaluate)
+    evaluate.add_argument("--examples", required=True, metavar="FILE", help="the held-out examples")
+    evaluate.add_argument("--adapter", metavar="FILE", help="an adapter (default: the bare checkpoint)")
+    evaluate.add_argument("--max-sequence", default=512, metavar="N", help="longest sequence in tokens (default 512)")
+    evaluate.add_argument("--batch-size", default=1, metavar="N", help="examples per forward pass (default 1)")
+    merge = _command(sub, "merge", "fold an adapter into a copy of the checkpoint",
+                     "Write an ordinary checkpoint directory whose weights include the adapter's update.", "tune merge")
+    merge.add_argument("--model", required=True, metavar="MODEL", help="the base checkpoint")
+    merge.add_argument("--revision", metavar="REV", help="Hub branch, tag or commit")
+    merge.add_argument("--device", default="cpu", metavar=_choices(DEVICES), help="(default cpu)")
+    merge.add_argument("--adapter", required=True, metavar="FILE", help="the adapter to fold in")
+    merge.add_argument("--output", required=True, metavar="DIR", help="a new or empty directory")
+    inspect = _command(sub, "inspect", "print an adapter's sidecar and tensor shapes; no model",
+                       "Validate an adapter's sidecar and list every tensor's name and shape without loading a model.",
+                       "tune inspect")
+    inspect.add_argument("artifact", metavar="ADAPTER", help="the adapter's .safetensors file")
+    export = _command(sub, "export-peft", "write an adapter as a PEFT directory",
+                      "Write the adapter as adapter_config.json and adapter_model.safetensors, which "
+                      "peft.PeftModel.from_pretrained loads on the Hugging Face checkpoint.", "tune export-peft")
+    export.add_argument("adapter", metavar="ADAPTER", help="the adapter's .safetensors file")
+    export.add_argument("--output", required=True, metavar="DIR", help="a new or empty directory")
+    export.add_argument("--base-model", metavar="NAME", help="the base model the PEFT config names (default: the "
+                                                              "adapter's model)")
+
+
 STEERING = (_add_train, _add_optimize, _add_evaluate, _add_generate, _add_extract, _add_sweep, _add_inspect)
 
 
@@ -282,4 +376,5 @@ def build_parser() -> argparse.ArgumentParser:
     _add_workspace(commands)
     _add_onboarding(commands)
     _add_model(commands)
+    _add_tune(commands)
     return parser

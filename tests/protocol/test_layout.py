@@ -1,4 +1,4 @@
-"""The engine's layout: four parts with one direction of dependency, and no import cycles.
+"""The engine's layout: five parts with one direction of dependency, and no import cycles.
 
 Every import is counted, including those inside functions and under TYPE_CHECKING,
 because a lazy import is still a dependency a reader has to follow.
@@ -10,7 +10,7 @@ import ast
 from pathlib import Path
 
 ENGINE = Path(__file__).resolve().parents[2] / "ster" / "engine"
-PARTS = ["protocol", "model", "pairs", "steering"]
+PARTS = ["protocol", "model", "pairs", "steering", "tune"]
 """In dependency order: each part may import only the parts before it."""
 
 

@@ -116,6 +116,11 @@ class StepInputs:
     """Boolean [B, 1, T, S] of allowed keys, or None when plain causal attention is exact."""
     causal: bool
     cache: KVCache | None
+    adapters: bool = True
+    """Whether attached LoRA factors apply in this forward (False: the frozen base, DPO's reference)."""
+
+
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 class Attention(nn.Module):
@@ -130,12 +135,15 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(width, self.kv_heads * hd, bias=bias)
         self.v_proj = nn.Linear(width, self.kv_heads * hd, bias=bias)
         self.o_proj = nn.Linear(self.heads * hd, width, bias=bias)
+        self.lora: dict[str, LoraFactors] = {}
+        """Adapter factors attached to this block's projections, by projection name (see :mod:`lora`)."""
 
     def attend(self, x: Tensor, step: StepInputs, layer: int) -> Tensor:
         batch, length, _ = x.shape
-        q = _linear(x, self.q_proj).view(batch, length, self.heads, self.head_dim).transpose(1, 2)
-        k = _linear(x, self.k_proj).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = _linear(x, self.v_proj).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+        lora = self.lora if step.adapters else _NONE
+        q = _linear(x, self.q_proj, lora.get("q_proj")).view(batch, length, self.heads, self.head_dim).transpose(1, 2)
+        k = _linear(x, self.k_proj, lora.get("k_proj")).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = _linear(x, self.v_proj, lora.get("v_proj")).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
         q = _rotate(q.float(), step.cos, step.sin)  # [B, H, T, hd] f32
         k = _rotate(k.float(), step.cos, step.sin).to(x.dtype)
         if step.cache is not None:
@@ -144,7 +152,7 @@ class Attention(nn.Module):
             q, k.float(), v.float(), attn_mask=step.mask, is_causal=step.causal, enable_gqa=True
         )  # [B, H, T, hd] f32
         out = out.to(x.dtype).transpose(1, 2).reshape(batch, length, self.heads * self.head_dim)
-        return _linear(out, self.o_proj)
+        return _linear(out, self.o_proj, lora.get("o_proj"))
 
 
 class MLP(nn.Module):
@@ -156,15 +164,37 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(width, inner, bias=bias)
         self.up_proj = nn.Linear(width, inner, bias=bias)
         self.down_proj = nn.Linear(inner, width, bias=bias)
+        self.lora: dict[str, LoraFactors] = {}
+        """Adapter factors attached to this block's projections, by projection name (see :mod:`lora`)."""
 
-    def feed(self, x: Tensor) -> Tensor:
-        return _linear(F.silu(_linear(x, self.gate_proj)) * _linear(x, self.up_proj), self.down_proj)
+    def feed(self, x: Tensor, step: StepInputs) -> Tensor:
+        lora = self.lora if step.adapters else _NONE
+        gate = _linear(x, self.gate_proj, lora.get("gate_proj"))
+        return _linear(F.silu(gate) * _linear(x, self.up_proj, lora.get("up_proj")), self.down_proj,
+                       lora.get("down_proj"))
 
 
-def _linear(x: Tensor, layer: nn.Linear) -> Tensor:
+@dataclass(frozen=True)
+class LoraFactors:
+    """One projection's low-rank update ``scale · B (A x)``: A [rank, in] and B [out, rank], f32 parameters."""
+
+    a: Tensor
+    b: Tensor
+    scale: float
+
+
+_NONE: dict[str, LoraFactors] = {}
+
+
+def _linear(x: Tensor, layer: nn.Linear, lora: LoraFactors | None = None) -> Tensor:
     # Called directly rather than through nn.Module.__call__: at batch 1 a decode step
     # is a few hundred small ops, and the module call overhead would be a visible share.
-    return F.linear(x, layer.weight, layer.bias)
+    # The factors stay f32 parameters and are cast to the activations' dtype for the two
+    # matmuls, so gradients flow back to f32; with B zero the update adds exactly 0.
+    y = F.linear(x, layer.weight, layer.bias)
+    if lora is None:
+        return y
+    return y + lora.scale * F.linear(F.linear(x, lora.a.to(x.dtype)), lora.b.to(x.dtype))
 
 
 class Block(nn.Module):
@@ -183,7 +213,7 @@ class Block(nn.Module):
         norm = self.input_layernorm
         h = h + self.self_attn.attend(rms_norm(h, norm.weight, norm.eps), step, self.index)
         norm = self.post_attention_layernorm
-        return h + self.mlp.feed(rms_norm(h, norm.weight, norm.eps))
+        return h + self.mlp.feed(rms_norm(h, norm.weight, norm.eps), step)
 
 
 class Trunk(nn.Module):
@@ -249,13 +279,15 @@ class Decoder(nn.Module):
         depth: int | None = None,
         vocab: Vocab = "last",
         layout: Layout | None = None,
+        adapters: bool = True,
     ) -> ForwardOutput:
         """Run ``ids`` [B, T] through the first ``depth`` blocks (all by default).
 
         ``key_mask`` [B, S] marks real (True) and padding (False) positions over the
         cache and these ids together. Logits need every block, so ``vocab`` must be
         ``none`` when ``depth`` stops early. ``layout`` replaces the positions and the
-        causal mask for a packed forward (no cache).
+        causal mask for a packed forward (no cache). ``adapters`` False skips every attached
+        LoRA update for this forward: the frozen base, which is DPO's reference, with no second copy.
         """
         assert self.rotary is not None, "call prepare() after loading weights"
         depth = len(self.blocks) if depth is None else depth
@@ -268,7 +300,7 @@ class Decoder(nn.Module):
             positions = _positions(ids, past, key_mask)
             mask, causal = _attention_mask(ids.shape[1], past, key_mask, positions.device)
         cos, sin = self.rotary.angles(positions)
-        step = StepInputs(cos, sin, mask, causal, cache)
+        step = StepInputs(cos, sin, mask, causal, cache, adapters)
         h = self.model.embed_tokens(ids)  # [B, T, D]
         for block in self.blocks[:depth]:
             h = block(h, step)
@@ -279,10 +311,20 @@ class Decoder(nn.Module):
     def _logits(self, h: Tensor, vocab: Vocab) -> Tensor | None:
         if vocab == "none":
             return None
-        if vocab == "last":
-            h = h[:, -1]
+        return self.project(h[:, -1] if vocab == "last" else h)
+
+    def final_norm(self, h: Tensor) -> Tensor:
+        """The final RMSNorm of residual states [..., D]: what the output head (or a reward head) reads."""
         norm = self.model.norm
-        return _linear(rms_norm(h, norm.weight, norm.eps), self.lm_head).float()
+        return rms_norm(h, norm.weight, norm.eps)
+
+    def project(self, h: Tensor) -> Tensor:
+        """f32 logits [..., V] of residual states [..., D] taken before the final norm.
+
+        Training calls it on the positions a loss reads only (``vocab="none"`` first), so the
+        vocabulary projection, the widest matmul of the model, is computed nowhere else.
+        """
+        return _linear(self.final_norm(h), self.lm_head).float()
 
 
 def _positions(ids: Tensor, past: int, key_mask: Tensor | None) -> Tensor:

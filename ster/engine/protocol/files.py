@@ -155,6 +155,31 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     temporary file in that file's own directory. An existing file keeps its permission bits.
     An I/O failure is a refusal naming the path; nothing is left behind.
     """
+    write_atomic_together([(path, data)])
+
+
+def write_atomic_together(files: list[tuple[Path, str | bytes]]) -> None:
+    """Write several files that belong together (an adapter and its sidecar): every one is written
+    in full to its temporary file first, and only then are they renamed into place, one after the other."""
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, data in files:
+            staged.append((_stage(path, data), written_path(path)))
+        for tmp, target in staged:
+            os.replace(tmp, target)
+    except BaseException as exc:
+        for tmp, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _not_written(files[len(staged) - 1 if staged else 0][0], exc) from None
+        raise
+    finally:
+        for tmp, _ in staged:
+            inflight.unregister(tmp)
+
+
+def _stage(path: Path, data: str | bytes) -> str:
+    """A complete temporary copy of ``data`` beside the file ``path`` writes, with the mode it will have."""
     payload = data.encode("utf-8") if isinstance(data, str) else data
     target = written_path(path)
     try:
@@ -169,14 +194,13 @@ def write_atomic(path: Path, data: str | bytes) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, mode)
-        os.replace(tmp, target)
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        inflight.unregister(tmp)
         if isinstance(exc, OSError):
             raise _not_written(path, exc) from None
         raise
-    finally:
-        inflight.unregister(tmp)
+    return tmp
 
 
 def _mode_for(target: Path) -> int:

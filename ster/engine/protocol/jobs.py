@@ -46,6 +46,13 @@ JOBS: dict[str, tuple[str, str]] = {
                          "ster.engine.pairs.requests:WorkspaceRemoveRequest"),
     "onboarding": ("ster.engine.pairs.onboarding:onboarding_job", "ster.engine.pairs.requests:OnboardingRequest"),
     "model import": ("ster.engine.model.gguf_import:import_job", "ster.engine.model.requests:ModelImportRequest"),
+    "tune sft": ("ster.engine.tune.train:sft_job", "ster.engine.tune.requests:SftRequest"),
+    "tune dpo": ("ster.engine.tune.train:dpo_job", "ster.engine.tune.requests:DpoRequest"),
+    "tune reward": ("ster.engine.tune.train:reward_job", "ster.engine.tune.requests:RewardRequest"),
+    "tune evaluate": ("ster.engine.tune.evaluate:evaluate_job", "ster.engine.tune.requests:TuneEvaluateRequest"),
+    "tune merge": ("ster.engine.tune.merge:merge_job", "ster.engine.tune.requests:MergeRequest"),
+    "tune inspect": ("ster.engine.tune.inspect:inspect_job", "ster.engine.tune.requests:TuneInspectRequest"),
+    "tune export-peft": ("ster.engine.tune.peft_interop:export_job", "ster.engine.tune.requests:ExportPeftRequest"),
 }
 """Job name → (``module:function`` of the job, ``module:class`` of its request). The name is the
 command path a user types; every parsed flag becomes a request field of the same name."""

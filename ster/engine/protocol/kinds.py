@@ -22,10 +22,11 @@ ARTIFACT = "steering artifact"
 ACTIVATIONS = "activation document"
 PAIR_SET = "pair set"
 PROMPT_SET = "prompt set"
+ADAPTER_SIDECAR = "LoRA adapter sidecar"
 
 SIGNATURES: tuple[tuple[str, frozenset[str]], ...] = (
     (ARTIFACT, frozenset({"trait_name", "vectors"})),
-    ("LoRA adapter sidecar", frozenset({"rank", "targets"})),
+    (ADAPTER_SIDECAR, frozenset({"rank", "targets"})),
     (ACTIVATIONS, frozenset({"hidden_size", "records"})),
     ("workspace index", frozenset({"active", "entries"})),
     (PAIR_SET, frozenset({"pairs"})),

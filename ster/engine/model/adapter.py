@@ -1,0 +1,244 @@
+"""The LoRA adapter artifact: ``<name>.safetensors`` with its factors, ``<name>.json`` beside it.
+
+The safetensors file holds ``layers.{layer}.{target}.a`` (A, ``[rank, in]``) and
+``layers.{layer}.{target}.b`` (B, ``[out, rank]``) for every adapted projection, plus
+``reward.head`` (``[1, hidden_size]``) for a reward model. The sidecar says what they
+are: schema_version, product, kind, the model (name, revision, fingerprint), rank,
+alpha, targets (short names), layers, hidden_size, and the run's report under
+``train``. The two travel together: a file without its sidecar is refused.
+
+This module reads JSON and the safetensors *header* only (names, shapes, dtypes), so
+``ster tune inspect`` and every refusal about the document's shape come before torch
+is imported. Checking values (finite) and building factors is :mod:`ster.engine.model.lora`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ster.engine.model.fingerprint import SCHEME, short
+from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.files import first_error
+
+if TYPE_CHECKING:
+    from ster.engine.model.config import LlamaConfig
+
+SCHEMA_VERSION = 1
+TARGETS: dict[str, str] = {
+    "query": "q_proj", "key": "k_proj", "value": "v_proj", "output": "o_proj",
+    "gate": "gate_proj", "up": "up_proj", "down": "down_proj",
+}
+"""Short name → the projection's name in the decoder (and in Hugging Face checkpoints)."""
+ATTENTION = ("query", "key", "value", "output")
+ALIASES: dict[str, str] = {
+    **{name: name for name in TARGETS}, **{hf: name for name, hf in TARGETS.items()},
+    "q": "query", "k": "key", "v": "value", "o": "output",
+}
+"""Every accepted spelling of a target, lower case → its short name."""
+REWARD_HEAD = "reward.head"
+
+
+def parse_targets(text: str | list[str]) -> list[str]:
+    """Short names of a comma list of targets, in the flag's order, repeats collapsed."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    names: list[str] = []
+    for item in items:
+        key = item.strip().lower()
+        if not key:
+            continue
+        if key not in ALIASES:
+            raise Refusal(f'unknown adapter target "{item.strip()}"; expected one of {", ".join(TARGETS)}')
+        if ALIASES[key] not in names:
+            names.append(ALIASES[key])
+    if not names:
+        raise Refusal("no targets selected")
+    return names
+
+
+def check_spec(rank: int, alpha: float) -> None:
+    """Refuse a rank or alpha that trains or scales nothing."""
+    if rank < 1:
+        raise Refusal("adapter rank 0 trains nothing; choose a rank of at least 1")
+    if not (math.isfinite(alpha) and alpha > 0):
+        raise Refusal(f"adapter alpha {alpha} is not a positive finite number")
+
+
+def projection_shape(config: LlamaConfig, target: str) -> tuple[int, int]:
+    """(out, in) of the projection a target names."""
+    hidden, inner = config.hidden_size, config.intermediate_size
+    attention, kv = config.num_attention_heads * config.head_size, config.kv_heads * config.head_size
+    return {"query": (attention, hidden), "key": (kv, hidden), "value": (kv, hidden), "output": (hidden, attention),
+            "gate": (inner, hidden), "up": (inner, hidden), "down": (hidden, inner)}[target]
+
+
+def factor_names(layer: int, target: str) -> tuple[str, str]:
+    return f"layers.{layer}.{target}.a", f"layers.{layer}.{target}.b"
+
+
+class AdapterSidecar(BaseModel):
+    """``<name>.json``: what the factors beside it are and which run made them."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = SCHEMA_VERSION
+    product: str = "ster"
+    kind: Literal["adapter", "reward"] = "adapter"
+    """``reward``: the file also holds ``reward.head``, and the artifact scores rather than generates."""
+    model: str
+    model_revision: str | None = None
+    model_fingerprint: str | None = None
+    """What the checkpoint was (see :mod:`ster.engine.model.fingerprint`); null in files made elsewhere."""
+    rank: int
+    alpha: float
+    targets: list[str]
+    layers: list[int]
+    hidden_size: int
+    train: dict[str, Any] | None = None
+    """The report of the run that wrote the adapter (null for an adapter imported from PEFT)."""
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    def expected_shapes(self, config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+        """Every tensor the safetensors file must hold, with its shape."""
+        shapes: dict[str, tuple[int, ...]] = {}
+        for layer in self.layers:
+            for target in self.targets:
+                out, inner = projection_shape(config, target)
+                a, b = factor_names(layer, target)
+                shapes[a], shapes[b] = (self.rank, inner), (out, self.rank)
+        if self.kind == "reward":
+            shapes[REWARD_HEAD] = (1, self.hidden_size)
+        return shapes
+
+
+def sidecar_path(path: Path) -> Path:
+    """The sidecar of an adapter file: its path with the extension replaced by ``.json``."""
+    return path.with_suffix(".json")
+
+
+def read_sidecar(path: Path) -> AdapterSidecar:
+    """The sidecar of the adapter at ``path``, refused in one sentence when missing or malformed."""
+    side = sidecar_path(path)
+    if not path.exists():
+        raise Refusal(f"failed to read adapter {path}: it does not exist")
+    if not side.exists():
+        raise Refusal(f"adapter {path} has no sidecar at {side}; the pair is written together and must travel "
+                      "together")
+    try:
+        raw = json.loads(side.read_text(encoding="utf-8-sig"))
+    except OSError:
+        raise Refusal(f"failed to read adapter sidecar {side}") from None
+    except ValueError:
+        raise Refusal(f"invalid adapter sidecar JSON in {side}") from None
+    return parse_sidecar(raw, side)
+
+
+def parse_sidecar(raw: Any, side: Path) -> AdapterSidecar:
+    if isinstance(raw, dict) and "trait_name" in raw and "vectors" in raw:
+        raise Refusal(f"{side} is a steering artifact, not a LoRA adapter sidecar: it carries trait_name and "
+                      "vectors where an adapter sidecar carries rank and targets")
+    if isinstance(raw, dict) and raw.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+        raise Refusal(f"adapter artifact schema {raw['schema_version']} is unsupported; this Ster build reads "
+                      f"schema {SCHEMA_VERSION}")
+    if isinstance(raw, dict) and raw.get("product", "ster") != "ster":
+        raise Refusal(f'adapter artifact belongs to product "{raw["product"]}", not Ster')
+    try:
+        sidecar = AdapterSidecar.model_validate(raw)
+    except ValidationError as exc:
+        raise Refusal(f"invalid adapter sidecar JSON in {side}: {first_error(exc)}") from None
+    if sidecar.rank == 0:
+        raise Refusal(f"adapter sidecar {side} declares rank 0, which stores nothing")
+    check_spec(sidecar.rank, sidecar.alpha)
+    parse_targets(sidecar.targets)
+    if any(ALIASES[t.lower()] != t for t in sidecar.targets):
+        raise Refusal(f"adapter sidecar {side} names targets by other spellings; Ster writes short names")
+    return sidecar
+
+
+def safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
+    """Tensor name → {dtype, shape} from a safetensors file's header, without reading the values."""
+    try:
+        with path.open("rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            if length > 100_000_000:
+                raise ValueError("header too large")
+            header = json.loads(handle.read(length))
+    except (OSError, struct.error, ValueError):
+        raise Refusal(f"failed to read adapter {path}") from None
+    if not isinstance(header, dict):
+        raise Refusal(f"failed to read adapter {path}")
+    header.pop("__metadata__", None)
+    return header
+
+
+def check_tensors(sidecar: AdapterSidecar, header: dict[str, dict[str, Any]],
+                  expected: dict[str, tuple[int, ...]], path: Path) -> None:
+    """Refuse a missing, misshapen or unexpected tensor, naming it."""
+    if sidecar.kind == "adapter" and REWARD_HEAD in header:
+        raise Refusal("adapter artifact carries a reward.head tensor but declares kind adapter")
+    for name, shape in expected.items():
+        if name not in header:
+            if name == REWARD_HEAD:
+                raise Refusal("reward artifact is missing tensor reward.head, which is the head it exists to carry")
+            raise Refusal(f"adapter artifact {path} is missing tensor {name}")
+        got = tuple(header[name].get("shape", ()))
+        if len(got) != 2:
+            raise Refusal(f"adapter tensor {name} has shape {list(got)}, expected {list(shape)}")
+        for axis, word in ((0, "rows"), (1, "columns")):
+            if got[axis] != shape[axis]:
+                raise Refusal(f"adapter tensor {name} has {got[axis]} {word}, expected {shape[axis]}")
+    extra = sorted(set(header) - set(expected))
+    if extra:
+        raise Refusal(f"adapter artifact {path} holds tensor {extra[0]}, which its sidecar does not declare")
+
+
+def check_for_model(sidecar: AdapterSidecar, model: str, fingerprint: str, hidden_size: int, layers: int,
+                    want: Literal["adapter", "reward"] = "adapter") -> str | None:
+    """Refuse applying an adapter to a model it was not trained for, or of the wrong kind; the log line
+    when only the fingerprint, not the name, says the model is the same."""
+    if want == "adapter" and sidecar.kind == "reward":
+        raise Refusal("adapter artifact is a reward model, not a generation adapter")
+    if want == "reward" and sidecar.kind != "reward":
+        raise Refusal("adapter artifact is a generation adapter, not a reward model")
+    note = _check_identity(sidecar, model, fingerprint)
+    if sidecar.hidden_size != hidden_size:
+        raise Refusal(f"adapter width {sidecar.hidden_size} does not match model width {hidden_size}")
+    beyond = [layer for layer in sidecar.layers if not 0 <= layer < layers]
+    if beyond:
+        raise Refusal(f"adapter spec names layer {beyond[0]}, but the model has {layers} layers")
+    return note
+
+
+def _check_identity(sidecar: AdapterSidecar, model: str, fingerprint: str) -> str | None:
+    recorded, same_name = sidecar.model_fingerprint, sidecar.model == model
+    if recorded is None or not recorded.startswith(f"{SCHEME}:"):
+        if not same_name:
+            raise Refusal(f'adapter was trained for model "{sidecar.model}", current model is "{model}"')
+        return None
+    if recorded == fingerprint:
+        return None if same_name else (f'adapter was trained for model "{sidecar.model}"; "{model}" has the same '
+                                       f"checkpoint fingerprint ({short(fingerprint)}), so it is the same model")
+    raise Refusal(f'adapter was trained for model "{sidecar.model}", current model is "{model}"'
+                  + ("" if not same_name else f", whose checkpoint fingerprint changed from {short(recorded)} to "
+                                              f"{short(fingerprint)}"))
+
+
+def adapter_provenance(sidecar: AdapterSidecar, precision: str, chat_template: str | None) -> list[str]:
+    """The warnings for an adapter read at other settings than it was trained at; none for null records."""
+    train = sidecar.train or {}
+    fitted_chat, fitted_precision = train.get("chat_template"), train.get("precision")
+    warnings = []
+    if fitted_chat is not None and chat_template is not None and fitted_chat != chat_template:
+        warnings.append(f"this adapter was trained with chat template {fitted_chat} and this run encodes "
+                        f"{chat_template}, so the number below describes a format it was not trained in")
+    if fitted_precision is not None and fitted_precision != precision:
+        warnings.append(f"this adapter was trained at precision {fitted_precision} and this run maps the base "
+                        f"weights at {precision}, so it is being read in a different space than it was fitted in")
+    return warnings

@@ -1,0 +1,156 @@
+"""LoRA factors on the decoder's projections: drawn fresh, loaded from an artifact, attached, written.
+
+An :class:`Adapter` owns its tensors (f32 parameters, whatever the base's precision)
+and never a copy of the base. :func:`attached` puts them on the decoder's projections
+for the length of a ``with`` block and takes them off in ``finally``, so the decoder a
+model store shares between jobs is never left adapted; inside the block a forward with
+``adapters=False`` is the frozen base, which is how DPO scores its reference.
+
+A fresh adapter draws every A from N(0, (1/rank)²) with the run's own seeded generator,
+in a fixed order (layer, then target), and sets every B to zero: the update ``scale · B A``
+is exactly zero, so a fresh adapter is the identity, bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ster.engine.model.adapter import (
+    REWARD_HEAD,
+    TARGETS,
+    AdapterSidecar,
+    check_tensors,
+    factor_names,
+    projection_shape,
+    read_sidecar,
+    safetensors_header,
+    sidecar_path,
+)
+from ster.engine.model.config import LlamaConfig
+from ster.engine.model.llama import ATTENTION_PROJECTIONS, Decoder, LoraFactors
+from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.files import dumps_pretty, write_atomic_together
+
+
+@dataclass
+class Adapter:
+    """LoRA factors (and a reward run's head) as f32 tensors, named as the artifact names them."""
+
+    rank: int
+    alpha: float
+    targets: list[str]
+    layers: list[int]
+    tensors: dict[str, Tensor] = field(default_factory=dict)
+    """``layers.{l}.{t}.a`` / ``.b``, and ``reward.head`` for a reward model, in a fixed order."""
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    @property
+    def head(self) -> Tensor | None:
+        return self.tensors.get(REWARD_HEAD)
+
+    @classmethod
+    def fresh(cls, config: LlamaConfig, rank: int, alpha: float, targets: list[str], layers: list[int],
+              seed: int, device: torch.device, reward: bool = False) -> Adapter:
+        """A drawn from N(0, (1/rank)²) by a generator seeded with ``seed``, B zero: the identity."""
+        generator = torch.Generator().manual_seed(seed)
+        tensors: dict[str, Tensor] = {}
+        for layer in layers:
+            for target in targets:
+                out, inner = projection_shape(config, target)
+                a, b = factor_names(layer, target)
+                tensors[a] = torch.randn(rank, inner, generator=generator, dtype=torch.float32) / rank
+                tensors[b] = torch.zeros(out, rank, dtype=torch.float32)
+        if reward:
+            tensors[REWARD_HEAD] = torch.zeros(1, config.hidden_size, dtype=torch.float32)
+        adapter = cls(rank, float(alpha), list(targets), sorted(set(layers)), tensors)
+        return adapter.to(device)
+
+    def to(self, device: torch.device) -> Adapter:
+        self.tensors = {name: nn.Parameter(t.to(device), requires_grad=False) for name, t in self.tensors.items()}
+        return self
+
+    def trainable(self) -> list[Tensor]:
+        """Every tensor, switched to require gradients, in the artifact's order (what the optimizer steps)."""
+        for tensor in self.tensors.values():
+            tensor.requires_grad_(True)
+        return list(self.tensors.values())
+
+    def parameter_count(self) -> int:
+        return sum(t.numel() for t in self.tensors.values())
+
+    def state(self) -> dict[str, Tensor]:
+        """Contiguous CPU copies of the tensors, for writing."""
+        return {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in self.tensors.items()}
+
+
+@contextmanager
+def attached(decoder: Decoder, adapter: Adapter | None) -> Iterator[Decoder]:
+    """The decoder with ``adapter``'s factors on its projections for the block; nothing when None."""
+    if adapter is None:
+        yield decoder
+        return
+    touched = []
+    try:
+        for layer in adapter.layers:
+            block = decoder.blocks[layer]
+            for target in adapter.targets:
+                a, b = factor_names(layer, target)
+                module = block.self_attn if TARGETS[target] in ATTENTION_PROJECTIONS else block.mlp
+                module.lora[TARGETS[target]] = LoraFactors(adapter.tensors[a], adapter.tensors[b], adapter.scale)
+                touched.append(module)
+        yield decoder
+    finally:
+        for module in touched:
+            module.lora.clear()
+
+
+def load_adapter(path: Path, config: LlamaConfig, device: torch.device) -> tuple[AdapterSidecar, Adapter]:
+    """Read an adapter artifact and check it against the model's shapes: every tensor present, shaped
+    as the sidecar and the model imply, and finite."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    sidecar = read_sidecar(path)
+    expected = sidecar.expected_shapes(config)
+    check_tensors(sidecar, safetensors_header(path), expected, path)
+    try:
+        loaded = load_file(str(path))
+    except (OSError, SafetensorError):
+        raise Refusal(f"failed to read adapter {path}") from None
+    tensors = {}
+    for name in expected:
+        tensor = loaded[name].to(torch.float32)
+        if not torch.isfinite(tensor).all():
+            raise Refusal(f"adapter tensor {name} contains a non-finite value")
+        tensors[name] = tensor
+    return sidecar, Adapter(sidecar.rank, sidecar.alpha, sidecar.targets, sidecar.layers, tensors).to(device)
+
+
+def adapter_bytes(adapter: Adapter) -> bytes:
+    """The safetensors file of an adapter, checked finite first."""
+    from safetensors.torch import save
+
+    state = adapter.state()
+    for name, tensor in state.items():
+        if not torch.isfinite(tensor).all():
+            raise Refusal(f"adapter tensor {name} contains a non-finite value, so the adapter is not written")
+    return save(state)
+
+
+def save_adapter(path: Path, sidecar: AdapterSidecar, adapter: Adapter, config: LlamaConfig) -> None:
+    """Validate the pair as a reader would, then write both files atomically, together."""
+    data = adapter_bytes(adapter)
+    header = {name: {"shape": list(t.shape)} for name, t in adapter.state().items()}
+    check_tensors(sidecar, header, sidecar.expected_shapes(config), path)
+    document = sidecar.model_dump(mode="json")
+    AdapterSidecar.model_validate(document)
+    write_atomic_together([(path, data), (sidecar_path(path), dumps_pretty(document))])

@@ -1,0 +1,168 @@
+"""The training loop every objective shares: order, batching, accumulation, schedule, AdamW, checkpoints.
+
+One optimizer step takes ``batch × accumulation`` units from the epoch's order (shuffled
+by ``random.Random(seed + epoch)``), stably sorts them by descending length when the
+batch holds more than one, cuts them into forwards of ``batch`` units, and folds their
+losses into one AdamW step; each unit's loss is divided by the constant ``batch ×
+accumulation``, so a short tail step is proportionally smaller. The learning rate ramps
+linearly over the warmup steps and then decays on a cosine to a tenth of the base rate.
+
+Between steps the loop checks the job's cancel flag: a cancelled run writes a
+checkpoint (adapter, optimizer moments, step, the per-unit numbers so far, the
+objective's reference) and stops; ``--resume`` continues from it and ends where an
+uninterrupted run would, byte for byte. Under ``torchrun`` each rank runs its share of
+every step's forwards and the gradients are summed across ranks before the step.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ster.engine.model.llama import Decoder
+from ster.engine.protocol.jobs import JobContext
+from ster.engine.tune.objectives import Objective, Stats, Unit
+from ster.engine.tune.parallel import Parallel
+
+
+@dataclass(frozen=True)
+class Settings:
+    epochs: int
+    batch: int
+    accumulation: int
+    learning_rate: float
+    warmup_steps: int
+    seed: int
+    checkpoint_every: int = 0
+
+
+def learning_rate(base: float, step: int, warmup: int, total: int) -> float:
+    """The rate of optimizer step ``step`` (0-based): linear warmup, then cosine to base / 10."""
+    if step < warmup:
+        return base * (step + 1) / warmup
+    floor = base / 10
+    progress = (step - warmup) / max(1, total - warmup)
+    return floor + (base - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@dataclass
+class LoopState:
+    """What the loop has done, in plain numbers: enough to resume and to report."""
+
+    step: int = 0
+    """Optimizer steps done."""
+    first_loss: float | None = None
+    final_loss: float | None = None
+    epoch_stats: list[Stats] = field(default_factory=list)
+    """Per-unit numbers of the epoch in progress (or, once the run ends, of the final epoch)."""
+    epoch_history: list[dict[str, Any]] = field(default_factory=list)
+    tokens: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class Loop:
+    """Runs an objective over its units with an adapter's tensors as the only trainable parameters."""
+
+    def __init__(self, decoder: Decoder, params: list[Tensor], objective: Objective, units: list[Unit],
+                 settings: Settings, ctx: JobContext, parallel: Parallel) -> None:
+        self.decoder, self.params, self.objective, self.units = decoder, params, objective, units
+        self.settings, self.ctx, self.parallel = settings, ctx, parallel
+        self.per_step = settings.batch * settings.accumulation
+        self.steps_per_epoch = math.ceil(len(units) / self.per_step)
+        self.total = self.steps_per_epoch * settings.epochs
+        self.optimizer = torch.optim.AdamW(params, lr=settings.learning_rate)
+        self.state = LoopState()
+
+    def restore(self, state: dict[str, Any], optimizer: dict[str, Any]) -> None:
+        self.state = LoopState(**state)
+        self.optimizer.load_state_dict(optimizer)
+
+    def run(self, save_checkpoint: Callable[[Loop], str | None]) -> LoopState:
+        """Train to the last step; on cancel, save a checkpoint and raise ``Cancelled`` with where it is."""
+        from ster.engine.protocol.errors import Cancelled
+
+        while self.state.step < self.total:
+            if self.ctx.cancel.is_set():
+                where = save_checkpoint(self)
+                raise Cancelled(f"cancelled after step {self.state.step} of {self.total}; "
+                                + (f"checkpoint written to {where}, continue with --resume" if where
+                                   else "nothing was written"))
+            self._step()
+            every = self.settings.checkpoint_every
+            if every and self.state.step % every == 0 and self.state.step < self.total:
+                save_checkpoint(self)
+        return self.state
+
+    def _order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.units)))
+        random.Random(self.settings.seed + epoch).shuffle(order)
+        return order
+
+    def _forwards(self, step: int) -> list[list[Unit]]:
+        epoch, within = divmod(step, self.steps_per_epoch)
+        picked = [self.units[i] for i in self._order(epoch)[within * self.per_step:(within + 1) * self.per_step]]
+        if self.settings.batch > 1:
+            picked = sorted(picked, key=lambda unit: -unit.length)  # stable: equal lengths keep their order
+        return [picked[i:i + self.settings.batch] for i in range(0, len(picked), self.settings.batch)]
+
+    def _step(self) -> None:
+        started = time.perf_counter()
+        state, step = self.state, self.state.step
+        epoch, within = divmod(step, self.steps_per_epoch)
+        forwards = self._forwards(step)
+        stats: list[tuple[int, list[Stats]]] = []
+        for number, units in self.parallel.share(forwards):
+            losses, unit_stats = self.objective.losses(self.decoder, units)
+            (losses.sum() / self.per_step).backward()
+            stats.append((number, unit_stats))
+        step_stats = self.parallel.gather(stats)
+        self.parallel.reduce_gradients(self.params)
+        rate = learning_rate(self.settings.learning_rate, step, self.settings.warmup_steps, self.total)
+        for group in self.optimizer.param_groups:
+            group["lr"] = rate
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if within == 0:
+            state.epoch_stats = []
+        state.epoch_stats.extend(step_stats)
+        loss = math.fsum(s["loss"] for s in step_stats) / len(step_stats)
+        state.first_loss = loss if state.first_loss is None else state.first_loss
+        state.final_loss = loss
+        state.step = step + 1
+        elapsed = time.perf_counter() - started
+        tokens = sum(unit.tokens for units in forwards for unit in units)
+        state.tokens, state.seconds = state.tokens + tokens, state.seconds + elapsed
+        self._report_step(epoch, within, loss, rate, tokens / elapsed, step_stats)
+        if within == self.steps_per_epoch - 1:
+            self._report_epoch(epoch)
+
+    def _report_step(self, epoch: int, within: int, loss: float, rate: float, speed: float,
+                     stats: list[Stats]) -> None:
+        done = min((within + 1) * self.per_step, len(self.units))
+        extra = self.objective.progress_extra(stats)
+        tail = "".join(f" {name} {value:.3f}" for name, value in extra.items())
+        self.ctx.progress(
+            "train",
+            f"epoch {epoch + 1}/{self.settings.epochs} step {self.state.step}/{self.total} "
+            f"{self.objective.unit} {done}/{len(self.units)} loss {loss:.4f}{tail}",
+            self.state.step, self.total,
+            {"epoch": epoch + 1, "loss": loss, "learning_rate": rate, "tokens_per_second": speed, **extra},
+        )
+
+    def _report_epoch(self, epoch: int) -> None:
+        stats = self.state.epoch_stats
+        mean = math.fsum(s["loss"] for s in stats) / len(stats)
+        self.state.epoch_history.append({"epoch": epoch + 1, "mean_loss": mean,
+                                         **self.objective.summary(stats)})
+        self.ctx.log(f"epoch {epoch + 1}/{self.settings.epochs} mean loss {mean:.4f}"
+                     + self.objective.epoch_line(stats))

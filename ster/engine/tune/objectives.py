@@ -1,0 +1,198 @@
+"""The training objectives: what one forward's units cost, and what a run reports about them.
+
+Each objective turns a list of units (examples, or pairs of a chosen and a rejected
+side) into one f32 loss per unit and a few plain numbers per unit; the loop
+(:mod:`ster.engine.tune.loop`) owns batching, accumulation, the schedule and the
+optimizer, so a new objective (GRPO) adds a class here rather than a loop.
+
+* sft: mean cross-entropy over the completion tokens; the prompt is never a target;
+* dpo: ``softplus(-β·margin)``, margin = (log π(c) − log π_ref(c)) − (log π(r) − log π_ref(r)),
+  sequence log-probabilities summed over every token after the first; ipo: ``(margin −
+  1/(2β))²`` over log-ratios divided by their token counts. The reference is the same
+  decoder with adapters off, scored once before the first step;
+* reward: Bradley–Terry ``-log σ(r_c − r_r)``, a zero-initialised ``[1, hidden]`` head
+  without bias on the final-normed state at each side's last token; no vocabulary projection.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ster.engine.model.llama import Decoder
+from ster.engine.protocol.jobs import JobContext
+from ster.engine.tune.rows import forward_rows, last_states, token_logprobs
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One trainable unit: an example (one row) or a pair (chosen row, rejected row)."""
+
+    index: int
+    """Its position in the data, 0-based."""
+    rows: tuple[list[int], ...]
+    starts: tuple[int, ...]
+    """Per row, the first scored token: the completion's first (sft), 1 for a whole side (dpo)."""
+
+    @property
+    def length(self) -> int:
+        return max(len(row) for row in self.rows)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(row) for row in self.rows)
+
+
+Stats = dict[str, float]
+
+
+def _scored(decoder: Decoder, units: list[Unit], adapters: bool = True) -> list[Tensor]:
+    """Token log-probabilities of every row of ``units`` in order; one forward for several units,
+    one per row for a single unit (a batch of one is one row per forward)."""
+    rows = [row for unit in units for row in unit.rows]
+    starts = [start for unit in units for start in unit.starts]
+    if len(units) == 1:
+        return [token_logprobs(decoder, forward_rows(decoder, [row], adapters), [row], [start])[0]
+                for row, start in zip(rows, starts)]
+    return token_logprobs(decoder, forward_rows(decoder, rows, adapters), rows, starts)
+
+
+class Objective:
+    """The interface every objective implements."""
+
+    name: str = ""
+    unit: str = "example"
+
+    def prepare(self, decoder: Decoder, units: list[Unit], batch: int, ctx: JobContext) -> None:
+        """Work done once before the first step (the reference pass of dpo)."""
+
+    def losses(self, decoder: Decoder, units: list[Unit]) -> tuple[Tensor, list[Stats]]:
+        """The [n] f32 loss of each unit, and its numbers for the report."""
+        raise NotImplementedError
+
+    def progress_extra(self, stats: list[Stats]) -> dict[str, float]:
+        """What a step's line shows besides the loss (dpo: accuracy)."""
+        return {}
+
+    def summary(self, stats: list[Stats]) -> dict[str, Any]:
+        """The report's objective-specific fields, from the final epoch's per-unit numbers."""
+        return {}
+
+    def epoch_line(self, stats: list[Stats]) -> str:
+        return ""
+
+
+class Sft(Objective):
+    name, unit = "sft", "example"
+
+    def losses(self, decoder: Decoder, units: list[Unit]) -> tuple[Tensor, list[Stats]]:
+        logps = _scored(decoder, units)
+        losses = torch.stack([-logp.mean() for logp in logps])
+        return losses, [{"loss": float(loss.detach()), "tokens": float(len(logp))} for loss, logp in zip(losses, logps)]
+
+
+@dataclass
+class Preference(Objective):
+    """dpo or ipo against the frozen base."""
+
+    beta: float
+    loss: str = "dpo"
+    unit: str = "pair"
+    reference: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """Per pair index, the reference log-probabilities of its chosen and rejected sides."""
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.loss
+
+    def prepare(self, decoder: Decoder, units: list[Unit], batch: int, ctx: JobContext) -> None:
+        if self.reference:
+            return  # restored from a checkpoint
+        ctx.progress("reference", f"scoring {len(units)} pairs under the frozen reference model", 0, len(units))
+        with torch.no_grad():
+            for start in range(0, len(units), batch):
+                ctx.check_cancelled()
+                chunk = units[start:start + batch]
+                logps = _scored(decoder, chunk, adapters=False)
+                for i, unit in enumerate(chunk):
+                    self.reference[unit.index] = (float(logps[2 * i].sum()), float(logps[2 * i + 1].sum()))
+                done = start + len(chunk)
+                ctx.progress("reference", f"reference pair {done}/{len(units)}", done, len(units))
+
+    def losses(self, decoder: Decoder, units: list[Unit]) -> tuple[Tensor, list[Stats]]:
+        logps = _scored(decoder, units)
+        losses, stats = [], []
+        for i, unit in enumerate(units):
+            chosen, rejected = logps[2 * i].sum(), logps[2 * i + 1].sum()
+            ref_c, ref_r = self.reference[unit.index]
+            ratio_c, ratio_r = chosen - ref_c, rejected - ref_r
+            if self.loss == "ipo":
+                ratio_c, ratio_r = ratio_c / len(logps[2 * i]), ratio_r / len(logps[2 * i + 1])
+                loss = (ratio_c - ratio_r - 1 / (2 * self.beta)) ** 2
+            else:
+                loss = F.softplus(-self.beta * (ratio_c - ratio_r))
+            reward_c, reward_r = self.beta * float(ratio_c.detach()), self.beta * float(ratio_r.detach())
+            losses.append(loss)
+            stats.append({"loss": float(loss.detach()), "chosen_reward": reward_c, "rejected_reward": reward_r,
+                          "correct": float(reward_c > reward_r)})
+        return torch.stack(losses), stats
+
+    def progress_extra(self, stats: list[Stats]) -> dict[str, float]:
+        return {"accuracy": _mean(s["correct"] for s in stats)}
+
+    def summary(self, stats: list[Stats]) -> dict[str, Any]:
+        chosen = _mean(s["chosen_reward"] for s in stats)
+        rejected = _mean(s["rejected_reward"] for s in stats)
+        return {"accuracy": _mean(s["correct"] for s in stats), "mean_reward_margin": chosen - rejected,
+                "mean_chosen_reward": chosen, "mean_rejected_reward": rejected}
+
+    def epoch_line(self, stats: list[Stats]) -> str:
+        summary = self.summary(stats)
+        return f" accuracy {summary['accuracy']:.3f} reward margin {summary['mean_reward_margin']:.4f}"
+
+
+class Reward(Objective):
+    """Bradley–Terry on a scalar head read from the final-normed last state."""
+
+    name, unit = "reward", "pair"
+
+    def __init__(self, head: Tensor) -> None:
+        self.head = head  # [1, D] f32 parameter
+
+    def losses(self, decoder: Decoder, units: list[Unit]) -> tuple[Tensor, list[Stats]]:
+        scores = self.scores(decoder, [row for unit in units for row in unit.rows], single=len(units) == 1)
+        chosen, rejected = scores[0::2], scores[1::2]
+        losses = F.softplus(-(chosen - rejected))
+        stats = [{"loss": float(loss.detach()), "chosen_score": float(c.detach()), "rejected_score": float(r.detach()),
+                  "correct": float(c > r), "tied": float(c == r)}
+                 for loss, c, r in zip(losses, chosen, rejected)]
+        return losses, stats
+
+    def scores(self, decoder: Decoder, rows: list[list[int]], single: bool = False) -> Tensor:
+        """The f32 score [N] of each row."""
+        groups = [[row] for row in rows] if single else [rows]
+        states = torch.cat([last_states(decoder, forward_rows(decoder, group), group) for group in groups])
+        return (states.float() @ self.head.T)[:, 0]
+
+    def progress_extra(self, stats: list[Stats]) -> dict[str, float]:
+        return {"accuracy": _mean(s["correct"] for s in stats)}
+
+    def summary(self, stats: list[Stats]) -> dict[str, Any]:
+        chosen = _mean(s["chosen_score"] for s in stats)
+        rejected = _mean(s["rejected_score"] for s in stats)
+        return {"accuracy": _mean(s["correct"] for s in stats), "tied_pairs": int(sum(s["tied"] for s in stats)),
+                "mean_chosen_score": chosen, "mean_rejected_score": rejected, "mean_score_margin": chosen - rejected}
+
+    def epoch_line(self, stats: list[Stats]) -> str:
+        summary = self.summary(stats)
+        return f" accuracy {summary['accuracy']:.3f} score margin {summary['mean_score_margin']:.4f}"
+
+
+def _mean(values: Any) -> float:
+    values = list(values)
+    return math.fsum(values) / len(values) if values else 0.0

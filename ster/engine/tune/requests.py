@@ -1,0 +1,187 @@
+"""Requests of the tune jobs: sft, dpo, reward, evaluate, merge, inspect, export-peft.
+
+Every number a run takes is checked here, before anything loads, with the contract's
+sentences: the subject names the objective (``direct preference optimization requires
+at least one epoch``) and the unit what a batch counts (example, pair).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import field_validator, model_validator
+
+from ster.engine.model.adapter import check_spec, parse_targets, sidecar_path
+from ster.engine.model.requests import ModelRequest
+from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.paths import flag, same_file
+from ster.engine.protocol.requests import Request, not_negative, seed
+from ster.engine.steering.layers import LayerSpec
+
+MIN_SEQUENCE_SENTENCE = "max_sequence must be at least two tokens, so that one token can predict another"
+
+
+class AdapterSpecRequest(ModelRequest):
+    """Where the adapter goes and how large it is."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    targets: str = "query,value"
+    """Projections that carry an adapter: query, key, value, output, gate, up, down, or q_proj and the rest."""
+    layers: str = "all"
+
+    @model_validator(mode="after")
+    def _spec(self) -> AdapterSpecRequest:
+        try:
+            check_spec(self.rank, self.alpha)
+            parse_targets(self.targets)
+            LayerSpec.parse(self.layers)
+        except Refusal as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    @property
+    def target_names(self) -> list[str]:
+        return parse_targets(self.targets)
+
+
+class TuneRequest(AdapterSpecRequest):
+    """What every training objective shares: the schedule, the batch, the output, the checkpoints."""
+
+    subject: ClassVar[str] = "training"
+    unit: ClassVar[str] = "example"
+    output: Path
+    """The adapter's safetensors file; its sidecar is the same path with ``.json``."""
+    epochs: int = 1
+    learning_rate: float = 1e-4
+    accumulation: int = 8
+    warmup_steps: int = 0
+    max_sequence: int = 512
+    batch_size: int = 1
+    seed: int = 42
+    checkpoint_every: int = 0
+    """Write a resumable checkpoint every this many optimizer steps (0: only when interrupted)."""
+    resume: bool = False
+    """Continue from the checkpoint beside ``output`` instead of starting over."""
+
+    _seed = field_validator("seed")(lambda cls, v: seed(v))
+    _warmup = field_validator("warmup_steps")(lambda cls, v: not_negative(v, "--warmup-steps"))
+    _every = field_validator("checkpoint_every")(lambda cls, v: not_negative(v, "--checkpoint-every"))
+
+    @model_validator(mode="after")
+    def _schedule(self) -> TuneRequest:
+        if self.epochs < 1:
+            raise ValueError(f"{self.subject} requires at least one epoch")
+        if self.accumulation < 1:
+            raise ValueError(f"{self.subject} requires an accumulation of at least one {self.unit}")
+        if self.batch_size < 1:
+            raise ValueError(f"{self.subject} requires a batch of at least one {self.unit}")
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise ValueError(f"{self.subject} requires a finite learning rate above zero")
+        if self.max_sequence < 2:
+            raise ValueError(MIN_SEQUENCE_SENTENCE)
+        _check_sidecar_apart(self)
+        return self
+
+
+def _check_sidecar_apart(request: Request) -> None:
+    """The sidecar is written too: it must not be the adapter itself, nor any input."""
+    output = request.output
+    side = sidecar_path(output)
+    if side == output:
+        raise ValueError(f"--output {output} ends in .json, which is where its sidecar goes; give a name such as "
+                         f"{output.with_suffix('.safetensors')}")
+    for name, value in request:
+        if isinstance(value, Path) and name != "output" and same_file(side, value):
+            raise ValueError(f"the sidecar of --output {output} would be {side}, the same file as {flag(name)} "
+                             f"{value}; give --output another name")
+
+
+class SftRequest(TuneRequest):
+    """``ster tune sft``: completion-only cross-entropy on prompt/completion examples."""
+
+    subject: ClassVar[str] = "supervised fine-tuning"
+    examples: Path
+    """``{"examples": [{"prompt", "completion"}]}``, or JSON Lines with prompt/completion or messages."""
+
+
+class PreferenceRequest(TuneRequest):
+    """The objectives that read preference pairs: the positive side chosen, the negative rejected."""
+
+    unit: ClassVar[str] = "pair"
+    pairs: Path | None = None
+    """A pair set (the workspace's active set when omitted), or JSON Lines with prompt/chosen/rejected."""
+
+
+class DpoRequest(PreferenceRequest):
+    """``ster tune dpo``: direct preference optimization (or IPO) against the frozen base."""
+
+    subject: ClassVar[str] = "direct preference optimization"
+    beta: float = 0.1
+    loss: str = "dpo"
+
+    @field_validator("loss")
+    @classmethod
+    def _loss(cls, value: str) -> str:
+        if value not in ("dpo", "ipo"):
+            raise ValueError(f'unknown preference loss "{value}"; expected dpo or ipo')
+        return value
+
+    @field_validator("beta")
+    @classmethod
+    def _beta(cls, value: float) -> float:
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError("direct preference optimization requires a finite beta above zero")
+        return value
+
+
+class RewardRequest(PreferenceRequest):
+    """``ster tune reward``: a Bradley–Terry reward model, a scalar head on the adapted model."""
+
+    subject: ClassVar[str] = "reward modeling"
+
+
+class TuneEvaluateRequest(ModelRequest):
+    """``ster tune evaluate``: completion-token loss and perplexity on held-out examples; writes nothing."""
+
+    examples: Path
+    adapter: Path | None = None
+    max_sequence: int = 512
+    batch_size: int = 1
+
+    @model_validator(mode="after")
+    def _numbers(self) -> TuneEvaluateRequest:
+        if self.max_sequence < 2:
+            raise ValueError(MIN_SEQUENCE_SENTENCE)
+        if self.batch_size < 1:
+            raise ValueError("evaluation requires a batch of at least one example")
+        return self
+
+
+class MergeRequest(Request):
+    """``ster tune merge``: the adapter folded into a copy of the checkpoint's weights."""
+
+    model: str
+    revision: str | None = None
+    device: Literal["cpu", "cuda", "mps", "metal", "auto"] = "cpu"
+    adapter: Path
+    output: Path
+    """A new (or empty) directory."""
+
+
+class TuneInspectRequest(Request):
+    """``ster tune inspect``: an adapter's sidecar with every tensor's name and shape; no model."""
+
+    artifact: Path
+
+
+class ExportPeftRequest(Request):
+    """``ster tune export-peft``: an adapter as a directory PEFT's ``from_pretrained`` loads."""
+
+    adapter: Path
+    output: Path
+    """A new (or empty) directory."""
+    base_model: str | None = None
+    """What the PEFT config names as its base model (default: the sidecar's model)."""

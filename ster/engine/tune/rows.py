@@ -1,0 +1,50 @@
+"""Forward passes over training rows: right-padded batches, scored where a loss reads.
+
+A batched forward right-pads its rows and masks every padded key out of every real
+query (the decoder's ``key_mask``), so each row sees exactly what it would alone; a
+batch of one row takes the plain causal path. Nothing here runs under
+``inference_mode``: the training path records the autograd tape (the reference and
+evaluation passes wrap it in ``no_grad`` themselves). The cache is never used.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ster.engine.model.llama import Decoder
+
+
+def forward_rows(decoder: Decoder, rows: list[list[int]], adapters: bool = True) -> Tensor:
+    """Residual states [B, T, D] after the last block (before the final norm) of right-padded rows."""
+    device = decoder.lm_head.weight.device
+    longest = max(len(row) for row in rows)
+    ids = torch.zeros(len(rows), longest, dtype=torch.long, device=device)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)] = torch.tensor(row, device=device)
+    key_mask = None
+    if any(len(row) != longest for row in rows):
+        lengths = torch.tensor([len(row) for row in rows], device=device)
+        key_mask = torch.arange(longest, device=device)[None, :] < lengths[:, None]  # [B, T]
+    return decoder(ids, key_mask=key_mask, vocab="none", adapters=adapters).hidden
+
+
+def token_logprobs(decoder: Decoder, hidden: Tensor, rows: list[list[int]], starts: list[int]) -> list[Tensor]:
+    """Per row, the f32 log-probability of each token ``ids[start:]`` given what precedes it.
+
+    Only the positions that predict those tokens go through the vocabulary projection.
+    """
+    device = hidden.device
+    picks = [(i, torch.arange(start - 1, len(row) - 1, device=device)) for i, (row, start) in enumerate(zip(rows, starts))]
+    states = torch.cat([hidden[i, positions] for i, positions in picks])  # [N, D]
+    targets = torch.cat([torch.tensor(row[start:], device=device) for row, start in zip(rows, starts)])  # [N]
+    logp = -F.cross_entropy(decoder.project(states), targets, reduction="none")  # [N] f32
+    return list(logp.split([len(row) - start for row, start in zip(rows, starts)]))
+
+
+def last_states(decoder: Decoder, hidden: Tensor, rows: list[list[int]]) -> Tensor:
+    """The final-normed state [B, D] at each row's last real token: what a reward head reads."""
+    last = torch.tensor([len(row) - 1 for row in rows], device=hidden.device)
+    picked = hidden[torch.arange(len(rows), device=hidden.device), last]
+    return decoder.final_norm(picked)

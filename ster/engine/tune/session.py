@@ -1,0 +1,106 @@
+"""One training run on a mapped decoder: adapter, objective, loop, checkpoints, report, the written pair.
+
+The part of the training jobs that needs torch; :mod:`ster.engine.tune.train` imports it
+only once every input has been checked.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ster.engine.model.loading import Checkpoint, model_store
+from ster.engine.model.lora import Adapter, attached, save_adapter
+from ster.engine.protocol.jobs import JobContext
+from ster.engine.tune.checkpoint import (
+    checkpoint_path,
+    load_checkpoint,
+    run_identity,
+    save_checkpoint,
+)
+from ster.engine.tune.loop import Loop, Settings
+from ster.engine.tune.objectives import Unit
+from ster.engine.tune.parallel import Parallel
+from ster.engine.tune.requests import DpoRequest, TuneRequest
+
+
+def run_training(request: TuneRequest, ctx: JobContext, checkpoint: Checkpoint, units: list[Any], usable: list[int],
+                 layers: list[int], make_objective: Callable[[Adapter], Any], reward: bool) -> tuple[dict[str, Any],
+                                                                                                   Adapter]:
+    from ster.engine.tune.train import sidecar_for
+
+    decoder = model_store(ctx).decoder(checkpoint, ctx)
+    device = decoder.lm_head.weight.device
+    parallel = Parallel.from_environment(device)
+    adapter = Adapter.fresh(checkpoint.config, request.rank, request.alpha, request.target_names, layers,
+                            request.seed, device, reward=reward)
+    params = adapter.trainable()
+    noun = "tensors" if reward else "adapter tensors"
+    ctx.progress("train", f"training {len(params)} {noun} ({adapter.parameter_count()} parameters) at rank "
+                          f"{request.rank} across {len(layers)} layers")
+    if parallel.world > 1:
+        ctx.log(f"data parallel over {parallel.world} processes; this is rank {parallel.rank}")
+    trained = [Unit(i, *units[i]) for i in usable]
+    objective = make_objective(adapter)
+    settings = Settings(request.epochs, request.batch_size, request.accumulation, request.learning_rate,
+                        request.warmup_steps, request.seed, request.checkpoint_every)
+    loop = Loop(decoder, params, objective, trained, settings, ctx, parallel)
+    identity = run_identity(request, checkpoint.fingerprint, [unit.rows for unit in trained])
+    where = checkpoint_path(request.output)
+    if request.resume:
+        _restore(load_checkpoint(where, identity), adapter, loop, objective, ctx)
+
+    def save(current: Loop) -> str | None:
+        if parallel.writer:
+            save_checkpoint(where, identity, {"tensors": adapter.state(), "optimizer": current.optimizer.state_dict(),
+                                              "loop": current.state.to_dict(),
+                                              "reference": getattr(objective, "reference", {})})
+            ctx.log(f"checkpoint after step {current.state.step} written to {where}")
+        return str(where)
+
+    with attached(decoder, adapter):
+        objective.prepare(decoder, trained, request.batch_size, ctx)
+        state = loop.run(save)
+    report = _report(request, checkpoint, units, trained, loop, objective, adapter, layers)
+    if parallel.writer:
+        save_adapter(request.output, sidecar_for(request, checkpoint, layers, report, reward), adapter,
+                     checkpoint.config)
+        where.unlink(missing_ok=True)
+    ctx.log(f"trained {state.step} steps, {state.tokens} tokens in {state.seconds:.1f} s "
+            f"({state.tokens / max(state.seconds, 1e-9):.1f} tokens/s)")
+    return report, adapter
+
+
+def _restore(saved: dict[str, Any], adapter: Adapter, loop: Loop, objective: Any, ctx: JobContext) -> None:
+    with torch.no_grad():
+        for name, tensor in adapter.tensors.items():
+            tensor.copy_(saved["tensors"][name])
+    loop.restore(saved["loop"], saved["optimizer"])
+    if hasattr(objective, "reference"):
+        objective.reference = {int(k): tuple(v) for k, v in saved["reference"].items()}
+    ctx.log(f"resuming after step {loop.state.step} of {loop.total}")
+
+
+def _report(request: TuneRequest, checkpoint: Checkpoint, units: list[Any], trained: list[Unit], loop: Loop,
+            objective: Any, adapter: Adapter, layers: list[int]) -> dict[str, Any]:
+    state, unit = loop.state, request.unit
+    stats = state.epoch_stats
+    report: dict[str, Any] = {}
+    if isinstance(request, DpoRequest):
+        report.update(loss=request.loss, beta=request.beta)
+    report.update({
+        f"{unit}s": len(units), f"trained_{unit}s": len(trained), "skipped_long": len(units) - len(trained),
+        "epochs": request.epochs, "steps": loop.total, "trainable_tensors": len(adapter.tensors),
+        "trainable_parameters": adapter.parameter_count(), "first_loss": state.first_loss,
+        "final_loss": state.final_loss, "mean_final_epoch_loss": math.fsum(s["loss"] for s in stats) / len(stats),
+    })
+    report.update(objective.summary(stats))
+    report.update(rank=request.rank, alpha=float(request.alpha), targets=request.target_names, layers=layers,
+                  learning_rate=request.learning_rate, accumulation=request.accumulation, batch=request.batch_size,
+                  chat_template=checkpoint.codec.decision, precision=request.precision, seed=request.seed,
+                  warmup_steps=request.warmup_steps, max_sequence=min(request.max_sequence, checkpoint.context),
+                  tokens=state.tokens, history=state.epoch_history)
+    return report

@@ -1,0 +1,121 @@
+"""The training jobs: ``tune sft``, ``tune dpo`` and ``tune reward``.
+
+Each job checks everything it can before a weight is mapped (flags in the request,
+the data, the encoded lengths against the sequence limit, the output paths), then
+draws a fresh adapter (or restores one from ``--resume``), attaches it to the shared
+decoder for the length of the run, trains it through :class:`~ster.engine.tune.loop.Loop`,
+and writes the adapter and its sidecar once, atomically, together. Only the adapter's
+tensors (and a reward run's head) train; the base stays frozen and is never copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
+
+from ster.engine.model.adapter import AdapterSidecar, sidecar_path
+from ster.engine.model.loading import Checkpoint, model_store
+from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.files import check_output_file
+from ster.engine.protocol.jobs import JobContext
+from ster.engine.protocol.kinds import ADAPTER_SIDECAR
+from ster.engine.steering.layers import LayerSpec
+from ster.engine.tune.data import load_examples, load_preferences
+from ster.engine.tune.encoding import encode_example, encode_side
+from ster.engine.tune.requests import DpoRequest, RewardRequest, SftRequest, TuneRequest
+
+
+class TrainResult(BaseModel):
+    """What every training objective prints: where the adapter is, and the run's report."""
+
+    path: str
+    report: dict[str, Any]
+
+
+def sft_job(request: SftRequest, ctx: JobContext) -> TrainResult:
+    checkpoint = model_store(ctx).open(request, ctx)
+    examples = load_examples(request.examples)
+    rows = [encode_example(checkpoint.codec, example) for example in examples.examples]
+    units = [((seq.ids,), (seq.boundary,)) for seq in rows]
+    return _train(request, ctx, checkpoint, units, lambda adapter: _objective(request, adapter))
+
+
+def dpo_job(request: DpoRequest, ctx: JobContext) -> TrainResult:
+    checkpoint = model_store(ctx).open(request, ctx)
+    return _train(request, ctx, checkpoint, _pair_units(request, checkpoint),
+                  lambda adapter: _objective(request, adapter))
+
+
+def reward_job(request: RewardRequest, ctx: JobContext) -> TrainResult:
+    checkpoint = model_store(ctx).open(request, ctx)
+    return _train(request, ctx, checkpoint, _pair_units(request, checkpoint),
+                  lambda adapter: _objective(request, adapter), reward=True)
+
+
+def _pair_units(request: DpoRequest | RewardRequest, checkpoint: Checkpoint) -> list[tuple[tuple[list[int], ...],
+                                                                                         tuple[int, ...]]]:
+    preferences = load_preferences(request.pairs)
+    units = []
+    for number, pair in enumerate(preferences.pairs, start=1):
+        sides = []
+        for which, text in (("chosen", pair.chosen), ("rejected", pair.rejected)):
+            ids = encode_side(checkpoint.codec, text, pair.prompt)
+            if len(ids) < 2:
+                raise Refusal(f"pair {number} {which} side encodes to one token, so there is nothing to predict")
+            sides.append(ids)
+        units.append((tuple(sides), (1, 1)))
+    return units
+
+
+def _objective(request: TuneRequest, adapter: Any) -> Any:
+    from ster.engine.tune.objectives import Preference, Reward, Sft
+
+    if isinstance(request, DpoRequest):
+        return Preference(beta=request.beta, loss=request.loss)
+    if isinstance(request, RewardRequest):
+        return Reward(adapter.head)
+    return Sft()
+
+
+def _usable(request: TuneRequest, checkpoint: Checkpoint, units: list[Any], ctx: JobContext) -> list[int]:
+    """Indices of the units within the sequence limit; each one over it is skipped with a line, never cut."""
+    limit = min(request.max_sequence, checkpoint.context)
+    usable = []
+    for index, (rows, _) in enumerate(units):
+        longest = max(len(row) for row in rows)
+        if longest > limit:
+            ctx.progress("skip", f"skipping {request.unit} {index + 1}: {longest} tokens exceed the {limit} token limit")
+        else:
+            usable.append(index)
+    if not usable:
+        raise Refusal(f"every {request.unit} is longer than the sequence limit, so there is nothing to train on")
+    return usable
+
+
+def _check_outputs(request: TuneRequest, ctx: JobContext) -> None:
+    check_output_file(request.output, None, what="--output")
+    check_output_file(sidecar_path(request.output), ADAPTER_SIDECAR, ctx.log, what="the adapter's sidecar")
+
+
+def _train(request: TuneRequest, ctx: JobContext, checkpoint: Checkpoint, units: list[Any],
+           make_objective: Callable[[Any], Any], reward: bool = False) -> TrainResult:
+    layers = LayerSpec.parse(request.layers).resolve(checkpoint.config.num_hidden_layers)
+    usable = _usable(request, checkpoint, units, ctx)
+    _check_outputs(request, ctx)
+    from ster.engine.tune.session import (
+        run_training,  # torch, once every input has been checked
+    )
+
+    report, _adapter = run_training(request, ctx, checkpoint, units, usable, layers, make_objective, reward)
+    return TrainResult(path=str(request.output), report=report)
+
+
+def sidecar_for(request: TuneRequest, checkpoint: Checkpoint, layers: list[int], report: dict[str, Any],
+                reward: bool) -> AdapterSidecar:
+    return AdapterSidecar(kind="reward" if reward else "adapter", model=checkpoint.source.model,
+                          model_revision=checkpoint.source.revision, model_fingerprint=checkpoint.fingerprint,
+                          rank=request.rank, alpha=float(request.alpha), targets=request.target_names,
+                          layers=layers, hidden_size=checkpoint.config.hidden_size, train=report)
+
