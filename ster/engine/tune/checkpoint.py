@@ -50,7 +50,7 @@ def load_checkpoint(path: Path, identity: dict[str, Any]) -> dict[str, Any]:
         raise Refusal(f"--resume was given, but there is no checkpoint at {path}; run without --resume to start")
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # torch raises many kinds for a damaged file
+    except Exception:  # noqa: BLE001 - torch raises many kinds for a damaged file
         raise Refusal(f"the checkpoint at {path} could not be read; run without --resume to start over") from None
     theirs = saved.get("identity", {}) if isinstance(saved, dict) else {}
     for key in sorted(set(identity) | set(theirs)):
