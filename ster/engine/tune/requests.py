@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from pydantic import field_validator, model_validator
 
 from ster.engine.model.adapter import check_spec, parse_targets, sidecar_path
-from ster.engine.model.requests import ModelRequest
+from ster.engine.model.requests import Device, ModelRequest
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.paths import flag, same_file
 from ster.engine.protocol.requests import Request, not_negative, seed
@@ -165,7 +165,7 @@ class MergeRequest(Request):
 
     model: str
     revision: str | None = None
-    device: Literal["cpu", "cuda", "mps", "metal", "auto"] = "cpu"
+    device: Device = "cpu"
     adapter: Path
     output: Path
     """A new (or empty) directory."""

@@ -96,6 +96,9 @@ def _usable(request: TuneRequest, checkpoint: Checkpoint, units: list[Any], ctx:
 
 def _check_outputs(request: TuneRequest, ctx: JobContext) -> None:
     check_output_file(request.output, None, what="--output")
+    saved = request.output.with_name(request.output.name + ".checkpoint")  # checkpoint.checkpoint_path
+    if request.resume and not saved.exists():
+        raise Refusal(f"--resume was given, but there is no checkpoint at {saved}; run without --resume to start")
     check_output_file(sidecar_path(request.output), ADAPTER_SIDECAR, ctx.log, what="the adapter's sidecar")
 
 
