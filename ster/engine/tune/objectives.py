@@ -26,7 +26,12 @@ from torch import Tensor
 
 from ster.engine.model.llama import Decoder
 from ster.engine.protocol.jobs import JobContext
-from ster.engine.tune.rows import forward_rows, pair_last_states, pair_logprobs, token_logprobs
+from ster.engine.tune.rows import (
+    forward_rows,
+    pair_last_states,
+    pair_logprobs,
+    token_logprobs,
+)
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,7 @@ def _scored(decoder: Decoder, units: list[Unit], adapters: bool = True) -> list[
     ``batch`` pairs is ``batch`` rows."""
     if units[0].pair:
         scored = pair_logprobs(decoder, [(unit.rows[0], unit.rows[1]) for unit in units], adapters)
-        return [side for sides in scored for side in sides]
+        return [side[start - 1:] for unit, sides in zip(units, scored) for side, start in zip(sides, unit.starts)]
     rows = [row for unit in units for row in unit.rows]
     starts = [start for unit in units for start in unit.starts]
     return token_logprobs(decoder, forward_rows(decoder, rows, adapters), rows, starts)
