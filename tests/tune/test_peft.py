@@ -297,10 +297,18 @@ def test_smollm2_both_ways_equal_peft(cli, smol: Path, tmp_path: Path) -> None:
         with attached(decoder, adapter):
             ours = decoder(ids, vocab="all").logits
     assert (ours - base).abs().max() > 1e-2
-    torch.testing.assert_close(peft_logits(smol, tmp_path / "out", ids), ours, atol=1e-4, rtol=1e-4)
-    # PEFT → Ster: peft's random adapter on three projections of every layer, read by Ster.
-    peft_dir = make_peft_dir(smol, tmp_path / "peft", r=4, lora_alpha=8, target_modules=["k_proj", "o_proj", "up_proj"])
-    _, theirs = read_peft_dir(peft_dir, config, CPU)
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    reference = PeftModel.from_pretrained(hf_model(smol), str(tmp_path / "out")).eval()
+    with torch.inference_mode():
+        torch.testing.assert_close(reference(ids).logits, ours, atol=1e-4, rtol=1e-4)
+    # PEFT → Ster: peft's random adapter on three projections of every layer, saved, read by Ster.
+    torch.manual_seed(5)
+    made = get_peft_model(reference.unload(), LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                                                         target_modules=["k_proj", "o_proj", "up_proj"])).eval()
+    made.save_pretrained(str(tmp_path / "peft"))
+    _, theirs = read_peft_dir(tmp_path / "peft", config, CPU)
     with torch.inference_mode(), attached(decoder, theirs):
         got = decoder(ids, vocab="all").logits
-    torch.testing.assert_close(got, peft_logits(smol, peft_dir, ids), atol=1e-4, rtol=1e-4)
+    with torch.inference_mode():
+        torch.testing.assert_close(got, made(ids).logits, atol=1e-4, rtol=1e-4)
