@@ -223,6 +223,23 @@ def test_missing_files_pickles_and_foreign_tensors_are_refused(made: Path, tmp_p
     assert f"but no {peft_key(2, 'value', 'a')}; a Ster adapter carries both factors" in refused(lopsided)
 
 
+def test_a_bare_model_prefix_reads_and_a_non_finite_factor_is_refused(made: Path, tmp_path: Path) -> None:
+    """A PEFT model wrapped around ``LlamaModel`` (no LM head) names its factors without the inner ``model.``."""
+    from safetensors.torch import load_file, save_file
+
+    config = load_config(TOY_DIR / "config.json")
+    _, expected = read_peft_dir(made, config, CPU)
+    bare = edited(made, tmp_path)
+    tensors = load_file(str(made / "adapter_model.safetensors"))
+    renamed = {name.replace("base_model.model.model.", "base_model.model."): t for name, t in tensors.items()}
+    save_file(renamed, str(bare / "adapter_model.safetensors"))
+    _, got = read_peft_dir(bare, config, CPU)
+    assert all(torch.equal(got.tensors[name], t) for name, t in expected.tensors.items())
+    key = "base_model.model.layers.1.self_attn.v_proj.lora_B.weight"
+    save_file({**renamed, key: torch.full_like(renamed[key], float("inf"))}, str(bare / "adapter_model.safetensors"))
+    assert refused(bare) == f"PEFT adapter tensor {key} contains a non-finite value"
+
+
 def test_an_adapter_for_another_model_is_refused_by_shape(made: Path, tmp_path: Path) -> None:
     document = json.loads((TOY_DIR / "config.json").read_text())
     wider = tmp_path / "wider"

@@ -97,10 +97,10 @@ def read_peft_dir(path: Path, config: LlamaConfig, device: torch.device) -> tupl
     for layer in layers:
         for target in targets:
             for factor, name in zip(("a", "b"), factor_names(layer, target), strict=True):
-                tensor = loaded[peft_key(layer, target, factor)].to(torch.float32)
-                if not torch.isfinite(tensor).all():
-                    raise Refusal(f"PEFT adapter tensor {peft_key(layer, target, factor)} contains a non-finite value")
-                tensors[name] = tensor
+                key = names[(layer, target, factor)][0]
+                tensors[name] = loaded[key].to(torch.float32)
+                if not torch.isfinite(tensors[name]).all():
+                    raise Refusal(f"PEFT adapter tensor {key} contains a non-finite value")
     from ster.engine.model.lora import Adapter
 
     return sidecar, Adapter(sidecar.rank, sidecar.alpha, targets, layers, tensors).to(device)
