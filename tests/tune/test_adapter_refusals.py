@@ -7,7 +7,6 @@ before torch is imported (checked in a fresh interpreter).
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -20,7 +19,12 @@ from ster.engine.model.adapter import sidecar_path
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.jobs import JobContext
 from tests.conftest import REPO
-from tests.tune.adapter_files import PROMPT, edit_sidecar, rewrite_tensors, write_adapter
+from tests.tune.adapter_files import (
+    PROMPT,
+    edit_sidecar,
+    rewrite_tensors,
+    write_adapter,
+)
 
 
 def error(run) -> str:
@@ -64,8 +68,8 @@ def _with_head(tensors: dict) -> dict:
      "adapter {p} has no sidecar at {s}; the pair is written together and must travel together"),
     (lambda p: p.unlink(), "failed to read adapter {p}: it does not exist"),
     (lambda p: edit_sidecar(p, product="wisent"), 'adapter artifact belongs to product "wisent", not Ster'),
-    (lambda p: edit_sidecar(p, schema_version=2), "adapter artifact schema 2 is unsupported; this Ster build reads "
-                                                  "schema 1"),
+    (lambda p: edit_sidecar(p, schema_version=2),
+     "adapter artifact schema 2 is unsupported; this Ster build reads schema 1"),
     (lambda p: edit_sidecar(p, rank=0), "adapter sidecar {s} declares rank 0, which stores nothing"),
     (lambda p: sidecar_path(p).write_text("{not json"), "invalid adapter sidecar JSON in {s}"),
     (lambda p: rewrite_tensors(p, _missing), "adapter artifact {p} is missing tensor layers.2.value.b"),
@@ -127,9 +131,9 @@ def test_a_steering_artifact_given_as_an_adapter_says_what_it_is(cli, tmp_path: 
                  ["tune", "inspect", direction],
                  ["tune", "merge", "--model", "ster:toy", "--adapter", direction, "--output", tmp_path / "m"]):
         run = cli(*args)
-        assert (run.code, error(run)) == (1, f"error: {direction} is a steering artifact, not a LoRA adapter sidecar: "
-                                             "it carries trait_name and vectors where an adapter sidecar carries rank "
-                                             "and targets")
+        assert (run.code, error(run)) == (1, (f"error: {direction} is a steering artifact, not a LoRA adapter sidecar: "
+                                              "it carries trait_name and vectors where an adapter sidecar carries "
+                                              "rank and targets"))
 
 
 def test_an_adapter_given_as_a_steering_artifact_says_what_it_is(cli, adapter: Path) -> None:
@@ -139,9 +143,9 @@ def test_an_adapter_given_as_a_steering_artifact_says_what_it_is(cli, adapter: P
                           "targets where a steering artifact carries trait_name and vectors")
     for args in (["inspect", adapter], ["generate", "--model", "ster:toy", "--prompt", PROMPT, "--vector", adapter]):
         run = cli(*args)
-        assert (run.code, error(run)) == (1, f"error: {adapter} is a LoRA adapter, not a steering artifact: its "
-                                             f"sidecar {side} carries rank and targets where a steering artifact "
-                                             "carries trait_name and vectors")
+        assert (run.code, error(run)) == (1, (f"error: {adapter} is a LoRA adapter, not a steering artifact: its "
+                                              f"sidecar {side} carries rank and targets where a steering artifact "
+                                              "carries trait_name and vectors"))
 
 
 def test_the_sidecar_given_as_the_adapter_names_the_file_to_give(cli, adapter: Path) -> None:
@@ -191,7 +195,7 @@ def test_header_refusals_come_before_torch_is_imported(tmp_path: Path) -> None:
     ]
     for args, words in cases:
         proc = subprocess.run([sys.executable, "-c", PROBE, *map(str, args)], capture_output=True, text=True,
-                              cwd=REPO, timeout=120)
+                              check=False, cwd=REPO, timeout=120)
         lines = proc.stderr.splitlines()
         assert proc.returncode == 1 and words in lines[-2] and lines[-1] == "False", (args, lines)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "a.safetensors", "good.json", "good.safetensors"]

@@ -148,8 +148,8 @@ def test_a_long_example_is_skipped_and_all_long_is_refused(cli) -> None:
     (["--examples", "ster:examples", "--pairs", "ster:pairs"],
      "tune evaluate takes --examples (completion loss) or --pairs (preference accuracy), exactly one of them"),
     ([], "tune evaluate takes --examples (completion loss) or --pairs (preference accuracy), exactly one of them"),
-    (["--pairs", "ster:pairs"], "tune evaluate --pairs measures an adapter: give --adapter, a generation adapter "
-                                "(implicit-reward accuracy) or a reward model (ranking accuracy)"),
+    (["--pairs", "ster:pairs"], ("tune evaluate --pairs measures an adapter: give --adapter, a generation adapter "
+                                 "(implicit-reward accuracy) or a reward model (ranking accuracy)")),
     (["--pairs", "ster:pairs", "--adapter", "a.safetensors", "--beta", "0"],
      "evaluation requires a finite beta above zero"),
 ])
