@@ -14,8 +14,8 @@ steps so that a bad adapter is refused before torch is imported:
 
 A directory is a PEFT adapter (``adapter_config.json`` and ``adapter_model.safetensors``,
 trained elsewhere with PEFT or TRL): :mod:`ster.engine.model.peft_format` reads it into the
-same sidecar and factors, and the model checks run once it is read. Nothing here imports
-torch at module level.
+same sidecar and factors, checking each factor's shape against the model once it is read.
+Nothing here imports torch at module level.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from ster.engine.protocol.errors import Refusal
 if TYPE_CHECKING:
     import torch
 
+    from ster.engine.model.config import LlamaConfig
     from ster.engine.model.llama import Decoder
     from ster.engine.model.loading import Checkpoint
     from ster.engine.model.lora import Adapter
@@ -104,14 +105,26 @@ def load_checked(ctx: JobContext, checked: CheckedAdapter, checkpoint: Checkpoin
                  device: torch.device) -> tuple[AdapterSidecar, Adapter]:
     """The sidecar and factors (f32, finite, on ``device``) of an adapter :func:`check_adapter` passed."""
     if checked.sidecar is None:
-        from ster.engine.model.peft_format import read_peft_dir
-
-        sidecar, adapter = read_peft_dir(checked.path, checkpoint.config, device)
-        accept(ctx, sidecar, checkpoint, checked.want)
-        return sidecar, adapter
+        return read_peft(ctx, checked.path, checkpoint.source.model, checkpoint.config, device, checked.want)
     from ster.engine.model.lora import load_adapter
 
     return load_adapter(checked.path, checkpoint.config, device)
+
+
+def read_peft(ctx: JobContext, path: Path, model: str, config: LlamaConfig, device: torch.device,
+              want: Want = "adapter") -> tuple[AdapterSidecar, Adapter]:
+    """A PEFT adapter directory as a sidecar and factors, every factor's shape checked against ``config``.
+
+    It records no fingerprint and no training run, so a base model of another name is said in a warning
+    rather than refused, and there is nothing to warn about its provenance.
+    """
+    from ster.engine.model.peft_format import peft_model_note, read_peft_dir
+
+    sidecar, adapter = read_peft_dir(path, config, device)
+    note = peft_model_note(sidecar, model, want)
+    if note is not None:
+        ctx.warn(note)
+    return sidecar, adapter
 
 
 def open_adapter(ctx: JobContext, path: Path, checkpoint: Checkpoint, want: Want = "adapter",

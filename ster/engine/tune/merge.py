@@ -32,7 +32,7 @@ from ster.engine.model.adapter import (
     factor_names,
     projection_shape,
 )
-from ster.engine.model.adapters_open import read_document
+from ster.engine.model.adapters_open import read_document, read_peft
 from ster.engine.model.config import LlamaConfig, load_config
 from ster.engine.model.fingerprint import checkpoint_fingerprint
 from ster.engine.model.resolve import ModelSource, resolve_model
@@ -101,7 +101,7 @@ def merge_job(request: MergeRequest, ctx: JobContext) -> MergeResult:
     from ster.engine.model.loading import resolve_device
 
     device = resolve_device(request.device)
-    sidecar, adapter = _read_adapter(ctx, request.adapter, sidecar, source, fingerprint, config, device, shards)
+    sidecar, adapter = _read_adapter(ctx, request.adapter, sidecar, source, config, device, shards)
     with atomic_directory(request.output) as staging:
         merged, dtypes, parameters = _write_weights(ctx, source, shards, adapter, staging / WEIGHTS, device)
         files = [WEIGHTS, *_copy_files(source, staging)]
@@ -160,13 +160,11 @@ def _check_weights(sidecar: AdapterSidecar, shards: dict[str, tuple[Path, dict[s
 
 
 def _read_adapter(ctx: JobContext, path: Path, sidecar: AdapterSidecar | None, source: ModelSource,
-                  fingerprint: str, config: LlamaConfig, device: Any,
+                  config: LlamaConfig, device: Any,
                   shards: dict[str, tuple[Path, dict[str, Any]]]) -> tuple[AdapterSidecar, Adapter]:
+    """The factors of a checked Ster adapter, or of a PEFT directory (read, then checked)."""
     if sidecar is None:
-        from ster.engine.model.peft_format import read_peft_dir
-
-        sidecar, adapter = read_peft_dir(path, config, device)
-        _check_adapter(ctx, sidecar, source, fingerprint, config)
+        sidecar, adapter = read_peft(ctx, path, source.model, config, device)
         _check_weights(sidecar, shards, config)
         return sidecar, adapter
     from ster.engine.model.lora import load_adapter
