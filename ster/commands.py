@@ -62,7 +62,7 @@ def _sampling_flags(parser: argparse.ArgumentParser, max_new_tokens: int, temper
                        help="seed of the sampler, 0 to 2^64-1; used when the temperature is above 0 (default 42)")
 
 
-def _adapter_flag(parser: argparse.ArgumentParser, what: str = "every forward pass") -> None:
+def _apply_adapter_flag(parser: argparse.ArgumentParser, what: str = "every forward pass") -> None:
     parser.add_argument("--adapter", metavar="FILE",
                         help=f"a LoRA adapter (.safetensors with its .json sidecar, or a PEFT adapter directory) "
                              f"attached for {what} (default: the bare checkpoint)")
@@ -77,7 +77,7 @@ def _fit_flags(parser: argparse.ArgumentParser, pairs_help: str) -> None:
     _model_flags(parser)
     parser.add_argument("--pairs", metavar="FILE", help=f"{pairs_help} (default: the workspace's active set)")
     parser.add_argument("--output", required=True, metavar="FILE", help="where to write the steering artifact")
-    _adapter_flag(parser, "reading the pairs")
+    _apply_adapter_flag(parser, "reading the pairs")
     _layer_flags(parser, "pairs")
 
 
@@ -102,7 +102,7 @@ def _add_generate(commands: Any) -> None:
                         help="how far along the direction: a multiple of each layer's activation norm (0.4x), or a "
                              "number in the residual stream's units (3); negative steers the other way (write "
                              "--strength=-0.4x); default 0.4x")
-    _adapter_flag(parser, "every generated token; combinable with --vector")
+    _apply_adapter_flag(parser, "every generated token; combinable with --vector")
     _sampling_flags(parser, 128)
 
 
@@ -113,7 +113,7 @@ def _add_extract(commands: Any) -> None:
     _model_flags(parser)
     parser.add_argument("--input", required=True, metavar="FILE", help='JSON file {"prompts": ["...", ...]}')
     parser.add_argument("--output", required=True, metavar="FILE", help="where to write the activation document")
-    _adapter_flag(parser, "reading the prompts")
+    _apply_adapter_flag(parser, "reading the prompts")
     _layer_flags(parser, "prompts")
 
 
@@ -140,7 +140,7 @@ def _add_evaluate(commands: Any) -> None:
     _model_flags(parser)
     parser.add_argument("--pairs", metavar="FILE", help="pair set to measure on (default: the workspace's active set)")
     parser.add_argument("--vector", required=True, metavar="FILE", help="the steering artifact")
-    _adapter_flag(parser, "reading the pairs")
+    _apply_adapter_flag(parser, "reading the pairs")
     parser.add_argument("--batch-size", default=8, metavar="N", help="pairs per forward pass (default 8)")
 
 
@@ -157,7 +157,7 @@ def _add_sweep(commands: Any) -> None:
                         help="comma list, all relative to each layer's activation norm (--strengths=-0.4x,0.4x) or "
                              "all absolute (--strengths=-8,-4,4,8); write = before a leading minus; default "
                              "-0.8x,-0.4x,-0.2x,0.2x,0.4x,0.8x")
-    _adapter_flag(parser, "generating the texts and re-reading them")
+    _apply_adapter_flag(parser, "generating the texts and re-reading them")
     _sampling_flags(parser, 48)
 
 
