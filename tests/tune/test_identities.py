@@ -145,8 +145,8 @@ def test_a_side_of_one_token_is_refused(cli, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("output", "sentence"), [
     ("a.json", "--output {tmp}/a.json ends in .json, which is where its sidecar goes"),
-    ("pairs.safetensors", "the sidecar of --output {tmp}/pairs.safetensors would be {tmp}/pairs.json, the same "
-                          "file as --pairs"),
+    ("pairs.safetensors", ("the sidecar of --output {tmp}/pairs.safetensors would be {tmp}/pairs.json, the same "
+                           "file as --pairs")),
 ])
 def test_the_sidecar_never_lands_on_an_input(cli, tmp_path: Path, output: str, sentence: str) -> None:
     pairs = tmp_path / "pairs.json"

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ster.engine.model.adapter import AdapterSidecar
 from ster.engine.model.loading import Checkpoint, model_store, resolve_device
 from ster.engine.model.lora import Adapter, attached, save_adapter
 from ster.engine.protocol.jobs import JobContext
@@ -41,8 +42,6 @@ def run_training(request: TuneRequest, ctx: JobContext, checkpoint: Checkpoint, 
 def _run(request: TuneRequest, ctx: JobContext, checkpoint: Checkpoint, units: list[Any], usable: list[int],
          layers: list[int], make_objective: Callable[[Adapter], Any], reward: bool,
          parallel: Parallel) -> tuple[dict[str, Any], Adapter]:
-    from ster.engine.tune.train import sidecar_for
-
     if parallel.world > 1:
         ctx.log(f"data parallel over {parallel.world} processes; this one, rank 0, reports and writes")
     decoder = model_store(ctx).decoder(checkpoint, ctx)
@@ -113,3 +112,11 @@ def _report(request: TuneRequest, checkpoint: Checkpoint, units: list[Any], trai
                   warmup_steps=request.warmup_steps, max_sequence=min(request.max_sequence, checkpoint.context),
                   tokens=state.tokens, history=state.epoch_history)
     return report
+
+
+def sidecar_for(request: TuneRequest, checkpoint: Checkpoint, layers: list[int], report: dict[str, Any],
+                reward: bool) -> AdapterSidecar:
+    return AdapterSidecar(kind="reward" if reward else "adapter", model=checkpoint.source.model,
+                          model_revision=checkpoint.source.revision, model_fingerprint=checkpoint.fingerprint,
+                          rank=request.rank, alpha=float(request.alpha), targets=request.target_names,
+                          layers=layers, hidden_size=checkpoint.config.hidden_size, train=report)
