@@ -37,9 +37,10 @@ def checkpoint_path(output: Path) -> Path:
 
 
 def run_identity(request: Any, fingerprint: str, units: list[Any]) -> dict[str, Any]:
-    """What makes two runs the same run: their flags, the model, and the encoded units they train on."""
+    """What makes two runs the same run: the objective and its flags, the model, and the encoded units."""
     identity = {k: v for k, v in request.model_dump(mode="json").items() if k not in NOT_IDENTITY}
     identity["objective"] = request.subject
+    identity["targets"] = ",".join(request.target_names)  # one spelling: q_proj and query are one target
     identity["model_fingerprint"] = fingerprint
     identity["data"] = hashlib.sha256(json.dumps(units).encode()).hexdigest()
     return identity

@@ -1,5 +1,8 @@
 """One training run on a mapped decoder: adapter, objective, loop, checkpoints, report, the written pair.
 
+Under ``torchrun`` this is one rank's part: it joins the process group before the
+weights load and leaves it at the end, and only rank 0 writes checkpoints and the pair.
+
 The part of the training jobs that needs torch; :mod:`ster.engine.tune.train` imports it
 only once every input has been checked.
 """
