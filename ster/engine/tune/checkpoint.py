@@ -50,7 +50,7 @@ def check_checkpoint(path: Path, identity: dict[str, Any]) -> None:
     """Refuse, in one sentence, a missing or unreadable checkpoint, or one of another run; no torch."""
     if not path.exists():
         raise Refusal(f"--resume was given, but there is no checkpoint at {path}; run without --resume to start")
-    theirs = _metadata(path).get("identity", {})
+    theirs = _metadata(path)["identity"]
     named = ["objective", "model_fingerprint", "data"]
     flags = sorted((set(identity) | set(theirs)) - set(named))
     for key in [named[0], *flags, *named[1:]]:
@@ -74,10 +74,14 @@ def save_checkpoint(path: Path, identity: dict[str, Any], tensors: dict[str, Any
 def load_checkpoint(path: Path, optimizer: dict[str, Any]) -> dict[str, Any]:
     """The checkpoint's ``tensors``, ``optimizer`` (``optimizer``, a fresh AdamW's ``state_dict()``, with the
     saved state put in), ``loop`` and ``reference``. Call :func:`check_checkpoint` first."""
+    from safetensors import SafetensorError
     from safetensors.torch import load
 
-    saved = load(path.read_bytes())
     metadata = _metadata(path)
+    try:
+        saved = load(path.read_bytes())
+    except (OSError, SafetensorError):
+        raise _unreadable(path) from None
     state: dict[int, dict[str, Any]] = {}
     for index in range(len(optimizer["param_groups"][0]["params"])):
         if f"optimizer.{index}.step" in saved:
@@ -94,9 +98,16 @@ def _metadata(path: Path) -> dict[str, Any]:
             if length > 100_000_000:
                 raise ValueError("header too large")
             header = json.loads(handle.read(length))
-        return {key: json.loads(value) for key, value in header["__metadata__"].items()}
+        documents = {key: json.loads(value) for key, value in header["__metadata__"].items()}
     except (OSError, struct.error, ValueError, KeyError, TypeError, AttributeError):
-        raise Refusal(f"the checkpoint at {path} could not be read; run without --resume to start over") from None
+        raise _unreadable(path) from None
+    if not all(isinstance(documents.get(key), dict) for key in ("identity", "loop", "reference")):
+        raise _unreadable(path)
+    return documents
+
+
+def _unreadable(path: Path) -> Refusal:
+    return Refusal(f"the checkpoint at {path} could not be read; run without --resume to start over")
 
 
 def _difference(key: str, theirs: dict[str, Any], ours: dict[str, Any]) -> str:
