@@ -55,7 +55,8 @@ MENTIONS = {"--layers": ("--layers", "layer range"), "--generator": ('unknown ge
             "--rank": ("--rank", "adapter rank"), "--alpha": ("--alpha", "adapter alpha"),
             "--targets": ("unknown adapter target", "no targets selected"),
             "--max-sequence": ("--max-sequence", "max_sequence must be at least two tokens"),
-            "--beta": ("--beta", "direct preference optimization requires a finite beta"),
+            "--beta": ("--beta", "direct preference optimization requires a finite beta",
+                       "evaluation requires a finite beta"),
             "--loss": ("unknown preference loss",),
             "--batch-size": ("--batch-size", "evaluation requires a batch", *SUBJECTS),
             **{flag: (flag, *SUBJECTS) for flag in ("--epochs", "--accumulation", "--learning-rate")}}
