@@ -9,7 +9,7 @@ optimizer, so a new objective (GRPO) adds a class here rather than a loop.
 * dpo: ``softplus(-β·margin)``, margin = (log π(c) − log π_ref(c)) − (log π(r) − log π_ref(r)),
   sequence log-probabilities summed over every token after the first; ipo: ``(margin −
   1/(2β))²`` over log-ratios divided by their token counts. The reference is the same
-  decoder with adapters off, scored once before the first step;
+  decoder with adapters off, scored once before the first step (each rank its share);
 * reward: Bradley–Terry ``-log σ(r_c − r_r)``, a zero-initialised ``[1, hidden]`` head
   without bias on the final-normed state at each side's last token; no vocabulary projection.
 """
@@ -25,7 +25,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ster.engine.model.llama import Decoder
+from ster.engine.protocol.errors import Cancelled
 from ster.engine.protocol.jobs import JobContext
+from ster.engine.tune.parallel import Parallel
 from ster.engine.tune.rows import (
     forward_rows,
     pair_last_states,
@@ -58,6 +60,7 @@ class Unit:
 
 
 Stats = dict[str, float]
+ONE_PROCESS = Parallel()
 
 
 def _scored(decoder: Decoder, units: list[Unit], adapters: bool = True) -> list[Tensor]:
@@ -79,8 +82,9 @@ class Objective:
     name: str = ""
     unit: str = "example"
 
-    def prepare(self, decoder: Decoder, units: list[Unit], batch: int, ctx: JobContext) -> None:
-        """Work done once before the first step (the reference pass of dpo)."""
+    def prepare(self, decoder: Decoder, units: list[Unit], batch: int, ctx: JobContext,
+                parallel: Parallel = ONE_PROCESS) -> None:
+        """Work done once before the first step (the reference pass of dpo), shared among the ranks."""
 
     def losses(self, decoder: Decoder, units: list[Unit]) -> tuple[Tensor, list[Stats]]:
         """The [n] f32 loss of each unit, and its numbers for the report."""
@@ -121,19 +125,26 @@ class Preference(Objective):
     def name(self) -> str:  # type: ignore[override]
         return self.loss
 
-    def prepare(self, decoder: Decoder, units: list[Unit], batch: int, ctx: JobContext) -> None:
+    def prepare(self, decoder: Decoder, units: list[Unit], batch: int, ctx: JobContext,
+                parallel: Parallel = ONE_PROCESS) -> None:
         if self.reference:
             return  # restored from a checkpoint
         ctx.progress("reference", f"scoring {len(units)} pairs under the frozen reference model", 0, len(units))
+        chunks = [units[start:start + batch] for start in range(0, len(units), batch)]
+        mine: dict[int, tuple[float, float]] = {}
         with torch.no_grad():
-            for start in range(0, len(units), batch):
-                ctx.check_cancelled()
-                chunk = units[start:start + batch]
-                logps = _scored(decoder, chunk, adapters=False)
-                for i, unit in enumerate(chunk):
-                    self.reference[unit.index] = (float(logps[2 * i].sum()), float(logps[2 * i + 1].sum()))
-                done = start + len(chunk)
+            for first in range(0, len(chunks), parallel.world):  # one chunk per rank per round
+                if parallel.any(ctx.cancel.is_set()):
+                    raise Cancelled()
+                if first + parallel.rank < len(chunks):
+                    chunk = chunks[first + parallel.rank]
+                    logps = _scored(decoder, chunk, adapters=False)
+                    for i, unit in enumerate(chunk):
+                        mine[unit.index] = (float(logps[2 * i].sum()), float(logps[2 * i + 1].sum()))
+                done = min(len(units), (first + parallel.world) * batch)
                 ctx.progress("reference", f"reference pair {done}/{len(units)}", done, len(units))
+        for scored in parallel.everyone(mine):
+            self.reference.update(scored)
 
     def losses(self, decoder: Decoder, units: list[Unit]) -> tuple[Tensor, list[Stats]]:
         logps = _scored(decoder, units)

@@ -1,11 +1,12 @@
 """The training jobs: ``tune sft``, ``tune dpo`` and ``tune reward``.
 
 Each job checks everything it can before a weight is mapped (flags in the request,
-the data, the encoded lengths against the sequence limit, the output paths), then
-draws a fresh adapter (or restores one from ``--resume``), attaches it to the shared
-decoder for the length of the run, trains it through :class:`~ster.engine.tune.loop.Loop`,
-and writes the adapter and its sidecar once, atomically, together. Only the adapter's
-tensors (and a reward run's head) train; the base stays frozen and is never copied.
+the data, the encoded lengths against the sequence limit, the output paths, and with
+``--resume`` that the checkpoint belongs to this run), then draws a fresh adapter (or
+restores the checkpoint's), attaches it to the shared decoder for the length of the
+run, trains it through :class:`~ster.engine.tune.loop.Loop`, and writes the adapter and
+its sidecar once, atomically, together. Only the adapter's tensors (and a reward run's
+head) train; the base stays frozen and is never copied.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ster.engine.protocol.files import check_output_file
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.protocol.kinds import ADAPTER_SIDECAR
 from ster.engine.steering.layers import LayerSpec
+from ster.engine.tune.checkpoint import check_checkpoint, checkpoint_path, run_identity
 from ster.engine.tune.data import PreferenceSet, load_examples, load_preferences
 from ster.engine.tune.encoding import encode_example, side_sequence
 from ster.engine.tune.requests import DpoRequest, RewardRequest, SftRequest, TuneRequest
@@ -98,9 +100,6 @@ def _usable(request: TuneRequest, checkpoint: Checkpoint, units: list[Any], ctx:
 
 def _check_outputs(request: TuneRequest, ctx: JobContext) -> None:
     check_output_file(request.output, None, what="--output")
-    saved = request.output.with_name(request.output.name + ".checkpoint")  # checkpoint.checkpoint_path
-    if request.resume and not saved.exists():
-        raise Refusal(f"--resume was given, but there is no checkpoint at {saved}; run without --resume to start")
     check_output_file(sidecar_path(request.output), ADAPTER_SIDECAR, ctx.log, what="the adapter's sidecar")
 
 
@@ -109,6 +108,9 @@ def _train(request: TuneRequest, ctx: JobContext, checkpoint: Checkpoint, units:
     layers = LayerSpec.parse(request.layers).resolve(checkpoint.config.num_hidden_layers)
     usable = _usable(request, checkpoint, units, ctx)
     _check_outputs(request, ctx)
+    if request.resume:
+        check_checkpoint(checkpoint_path(request.output),
+                         run_identity(request, checkpoint.fingerprint, [units[i] for i in usable]))
     from ster.engine.tune.session import (
         run_training,  # torch, once every input has been checked
     )
