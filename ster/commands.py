@@ -62,6 +62,12 @@ def _sampling_flags(parser: argparse.ArgumentParser, max_new_tokens: int, temper
                        help="seed of the sampler, 0 to 2^64-1; used when the temperature is above 0 (default 42)")
 
 
+def _apply_adapter_flag(parser: argparse.ArgumentParser, what: str = "every forward pass") -> None:
+    parser.add_argument("--adapter", metavar="FILE",
+                        help=f"a LoRA adapter (.safetensors with its .json sidecar, or a PEFT adapter directory) "
+                             f"attached for {what} (default: the bare checkpoint)")
+
+
 def _layer_flags(parser: argparse.ArgumentParser, unit: str = "sequences") -> None:
     parser.add_argument("--layers", default="all", metavar="LAYERS", help=f"{LAYERS_HELP}; default all")
     parser.add_argument("--batch-size", default=8, metavar="N", help=f"{unit} per forward pass (default 8)")
@@ -71,6 +77,7 @@ def _fit_flags(parser: argparse.ArgumentParser, pairs_help: str) -> None:
     _model_flags(parser)
     parser.add_argument("--pairs", metavar="FILE", help=f"{pairs_help} (default: the workspace's active set)")
     parser.add_argument("--output", required=True, metavar="FILE", help="where to write the steering artifact")
+    _apply_adapter_flag(parser, "reading the pairs")
     _layer_flags(parser, "pairs")
 
 
@@ -95,6 +102,7 @@ def _add_generate(commands: Any) -> None:
                         help="how far along the direction: a multiple of each layer's activation norm (0.4x), or a "
                              "number in the residual stream's units (3); negative steers the other way (write "
                              "--strength=-0.4x); default 0.4x")
+    _apply_adapter_flag(parser, "every generated token; combinable with --vector")
     _sampling_flags(parser, 128)
 
 
@@ -105,6 +113,7 @@ def _add_extract(commands: Any) -> None:
     _model_flags(parser)
     parser.add_argument("--input", required=True, metavar="FILE", help='JSON file {"prompts": ["...", ...]}')
     parser.add_argument("--output", required=True, metavar="FILE", help="where to write the activation document")
+    _apply_adapter_flag(parser, "reading the prompts")
     _layer_flags(parser, "prompts")
 
 
@@ -131,6 +140,7 @@ def _add_evaluate(commands: Any) -> None:
     _model_flags(parser)
     parser.add_argument("--pairs", metavar="FILE", help="pair set to measure on (default: the workspace's active set)")
     parser.add_argument("--vector", required=True, metavar="FILE", help="the steering artifact")
+    _apply_adapter_flag(parser, "reading the pairs")
     parser.add_argument("--batch-size", default=8, metavar="N", help="pairs per forward pass (default 8)")
 
 
@@ -147,6 +157,7 @@ def _add_sweep(commands: Any) -> None:
                         help="comma list, all relative to each layer's activation norm (--strengths=-0.4x,0.4x) or "
                              "all absolute (--strengths=-8,-4,4,8); write = before a leading minus; default "
                              "-0.8x,-0.4x,-0.2x,0.2x,0.4x,0.8x")
+    _apply_adapter_flag(parser, "generating the texts and re-reading them")
     _sampling_flags(parser, 48)
 
 
@@ -319,14 +330,23 @@ def _add_tune(commands: Any) -> None:
             parser.add_argument("--loss", default="dpo", metavar="{dpo,ipo}", help="sigmoid (dpo) or squared (ipo) "
                                                                                    "preference loss (default dpo)")
         _run_flags(parser, "pair")
-    evaluate = _command(sub, "evaluate", "completion loss and perplexity on held-out examples",
-                        "Score a checkpoint, or a checkpoint with an adapter, on examples; writes nothing.",
-                        "tune evaluate")
+    evaluate = _command(sub, "evaluate", "completion loss and perplexity, or preference accuracy, on held-out data",
+                        "Score a checkpoint, or a checkpoint with an adapter, on held-out examples (completion-token "
+                        "loss and perplexity), or an adapter on held-out preference pairs (a DPO adapter's implicit-"
+                        "reward accuracy, a reward model's ranking accuracy); writes nothing.", "tune evaluate")
     _model_flags(evaluate)
-    evaluate.add_argument("--examples", required=True, metavar="FILE", help="the held-out examples")
-    evaluate.add_argument("--adapter", metavar="FILE", help="an adapter (default: the bare checkpoint)")
-    evaluate.add_argument("--max-sequence", default=512, metavar="N", help="longest sequence in tokens (default 512)")
-    evaluate.add_argument("--batch-size", default=1, metavar="N", help="examples per forward pass (default 1)")
+    evaluate.add_argument("--examples", metavar="FILE", help="held-out examples (this or --pairs)")
+    evaluate.add_argument("--pairs", metavar="FILE", help="held-out preference pairs, positive chosen; needs --adapter "
+                                                          "(this or --examples)")
+    evaluate.add_argument("--adapter", metavar="FILE", help="an adapter, or with --pairs a reward model (default: the "
+                                                            "bare checkpoint)")
+    evaluate.add_argument("--beta", default=0.1, metavar="B", help="with --pairs and a generation adapter: the scale "
+                                                                   "of the implicit reward (default 0.1)")
+    evaluate.add_argument("--max-sequence", default=512, metavar="N",
+                          help="longest sequence in tokens, capped at the model's context; a longer example or pair is "
+                               "skipped, never cut (default 512)")
+    evaluate.add_argument("--batch-size", default=1, metavar="N", help="examples (or pairs) per forward pass "
+                                                                       "(default 1)")
     merge = _command(sub, "merge", "fold an adapter into a copy of the checkpoint",
                      "Write an ordinary checkpoint directory whose weights include the adapter's update.", "tune merge")
     merge.add_argument("--model", required=True, metavar="MODEL", help="the base checkpoint")

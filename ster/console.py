@@ -2,7 +2,9 @@
 
 Stdout is data only: the result document, or in ``--json`` mode the NDJSON event
 stream. Everything meant for a person goes to stderr — a live progress display when
-stderr is a terminal, plain lines when it is a file or a pipe.
+stderr is a terminal, plain lines when it is a file or a pipe. Under ``torchrun`` only
+rank 0 shows the job; every other rank says nothing but its own failure, one line on
+stderr naming the rank, so that N processes print one report.
 
 Events arrive on the job's worker thread; :meth:`Renderer.say` and :meth:`Renderer.abort`
 are called from the main thread's Ctrl-C handler. Each renderer serialises its writes with
@@ -11,6 +13,7 @@ a lock, and ``abort`` waits for it at most a second, because the process exits r
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from typing import Any, Protocol, TextIO
@@ -81,6 +84,29 @@ class PlainRenderer(_Serialised):
             _write(self.out, dumps_pretty(event.data))
         elif not isinstance(event, Token):
             _write(self.err, _line(event) + "\n")
+
+
+class RankRenderer(_Serialised):
+    """A ``torchrun`` rank other than 0: silent but for a failure of its own (rank 0 reports the rest)."""
+
+    def __init__(self, out: TextIO, err: TextIO, rank: int) -> None:
+        super().__init__(out, err)
+        self.rank = rank
+
+    def say(self, line: str) -> None:
+        return None
+
+    def _show(self, event: Event) -> None:
+        if isinstance(event, Error) and event.kind != "cancelled":
+            _write(self.err, f"rank {self.rank}: {_line(event)}\n")
+
+
+def torchrun_rank() -> int:
+    """This process's rank when ``torchrun`` started it among others, else 0."""
+    try:
+        return int(os.environ["RANK"]) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
+    except (KeyError, ValueError):
+        return 0
 
 
 def _line(event: Event) -> str:
@@ -156,8 +182,10 @@ class TerminalRenderer:
 
 
 def renderer_for(json_mode: bool, out: TextIO | None = None, err: TextIO | None = None) -> Renderer:
-    """The renderer for this process: NDJSON, a live terminal display, or plain lines."""
+    """The renderer for this process: NDJSON, a live terminal display, plain lines, or a rank's silence."""
     out, err = out or sys.stdout, err or sys.stderr
+    if torchrun_rank():
+        return RankRenderer(out, err, torchrun_rank())
     if json_mode:
         return JsonRenderer(out, err)
     if err.isatty():

@@ -36,7 +36,8 @@ from typing import Any
 
 from ster.engine.protocol.errors import ExitCode
 
-CANCELLING = "cancelling: the job stops after its current step and writes nothing; press Ctrl-C again to stop at once"
+CANCELLING = ("cancelling: the job stops after its current step without writing its output; press Ctrl-C again "
+              "to stop at once")
 STOPPED = "stopped at once at the second Ctrl-C; nothing was written"
 INTERRUPTED = "interrupted before the job started; nothing was written"
 

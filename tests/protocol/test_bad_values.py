@@ -23,6 +23,8 @@ from ster.engine.protocol.requests import SEED_MAX
 WHOLE = ["abc", "1.5", "nan", "1e3", "", "0", "-3"]
 SEED = ["abc", "1.5", "-1", str(SEED_MAX + 1), "99999999999999999999999"]
 FINITE = ["abc", "nan", "inf", "-inf", "1e400", ""]
+COUNT = ["abc", "1.5", "nan", "1e3", "", "-3"]
+"""A whole number of which 0 is a fine value."""
 VALUES: dict[str, list[str]] = {
     "--max-new-tokens": WHOLE, "--batch-size": WHOLE, "--count": WHOLE, "--retry-multiplier": WHOLE,
     "--seed": SEED,
@@ -40,18 +42,32 @@ VALUES: dict[str, list[str]] = {
     "--chat-template": ["on", ""],
     "--method": ["svm", "CAA"],
     "--generator": ["cloud", ""],
+    "--rank": WHOLE, "--epochs": WHOLE, "--accumulation": WHOLE, "--max-sequence": [*WHOLE, "1"],
+    "--warmup-steps": COUNT, "--checkpoint-every": COUNT,
+    "--alpha": [*FINITE, "0", "-1"], "--learning-rate": [*FINITE, "0", "-1e-4"], "--beta": [*FINITE, "0", "-0.1"],
+    "--targets": ["nope", "", ",", "q,zz"],
+    "--loss": ["kto", "DPO", ""],
 }
 """Each flag whose value the request model checks, and values it must refuse."""
 
-MENTIONS = {"--layers": ("--layers", "layer range"), "--generator": ('unknown generator',)}
+SUBJECTS = ("supervised fine-tuning requires", "direct preference optimization requires", "reward modeling requires")
+MENTIONS = {"--layers": ("--layers", "layer range"), "--generator": ('unknown generator',),
+            "--rank": ("--rank", "adapter rank"), "--alpha": ("--alpha", "adapter alpha"),
+            "--targets": ("unknown adapter target", "no targets selected"),
+            "--max-sequence": ("--max-sequence", "max_sequence must be at least two tokens"),
+            "--beta": ("--beta", "direct preference optimization requires a finite beta",
+                       "evaluation requires a finite beta"),
+            "--loss": ("unknown preference loss",),
+            "--batch-size": ("--batch-size", "evaluation requires a batch", *SUBJECTS),
+            **{flag: (flag, *SUBJECTS) for flag in ("--epochs", "--accumulation", "--learning-rate")}}
 """What a refusal of the flag starts with, where it is not the flag itself."""
 
 FREE_TEXT = {"--prompt", "--positive", "--negative", "--trait", "--trait-name", "--opposite", "--name",
-             "--revision", "--generator-model", "id"}
+             "--revision", "--generator-model", "id", "--base-model"}
 """Flags whose value is text with nothing to check (a route is checked only when it is used)."""
 
 PATHS = {"--model", "--pairs", "--vector", "--input", "--output", "--prompts", "--import-pairs", "artifact", "gguf",
-         "source"}
+         "source", "--examples", "--adapter", "adapter"}
 """Flags that name a file or model; the job refuses a bad one (tested in ``test_a_bad_path_is_refused``)."""
 
 BASE = {
@@ -65,6 +81,11 @@ BASE = {
     "pairs inspect": ["--pairs", "{tmp}/missing.json"],
     "pairs remove": ["--pairs", "{tmp}/missing.json", "--index", "0"],
     "pairs synthesize": ["--trait", "x", "--count", "1", "--output", "{tmp}/out.json", "--model", "ster:toy"],
+    "tune sft": ["--model", "ster:toy", "--examples", "{tmp}/missing.json", "--output", "{tmp}/out.safetensors"],
+    "tune dpo": ["--model", "ster:toy", "--output", "{tmp}/out.safetensors"],
+    "tune reward": ["--model", "ster:toy", "--output", "{tmp}/out.safetensors"],
+    "tune evaluate": ["--model", "ster:toy", "--examples", "{tmp}/missing.json"],
+    "tune merge": ["--model", "ster:toy", "--adapter", "{tmp}/a.safetensors", "--output", "{tmp}/out"],
 }
 """The required flags of each command, with values that pass the request (the files need not exist: a value
 refusal comes first, which the assertion on the sentence's start makes sure of)."""

@@ -96,6 +96,6 @@ def test_every_help_text_renders(cli) -> None:
 
 def test_the_help_says_what_exists(cli) -> None:
     top = " ".join(cli("--help").out.split())
-    assert "LoRA" not in top and "steer generation" in top
+    assert "LoRA adapters" in top and "steer generation" in top
     optimize = " ".join(cli("optimize", "--help").out.split())
     assert "on the first 80% of the pairs" in optimize

@@ -34,6 +34,12 @@ def _refusal(*args: str) -> tuple[int, list[str]]:
     ["sweep", "--model", "ster:toy", "--vector", "{tmp}/missing.json", "--prompts", "ster:prompts"],
     ["extract", "--model", "ster:toy", "--input", "{tmp}/missing.json", "--output", "{tmp}/a.json"],
     ["train", "--model", "{tmp}/no-model", "--pairs", "ster:pairs", "--output", "{tmp}/a.json"],
+    ["tune", "sft", "--model", "ster:toy", "--examples", "{tmp}/missing.json", "--output", "{tmp}/a.safetensors"],
+    ["tune", "dpo", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "{tmp}/a.safetensors", "--layers", "9"],
+    ["tune", "dpo", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "{tmp}/a.safetensors",
+     "--max-sequence", "3"],
+    ["tune", "reward", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "{tmp}"],
+    ["tune", "dpo", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "{tmp}/a.safetensors", "--resume"],
 ])
 def test_a_bad_input_is_refused_before_torch_is_imported(tmp_path: Path, args: list[str]) -> None:
     code, lines = _refusal(*(a.replace("{tmp}", str(tmp_path)) for a in args))

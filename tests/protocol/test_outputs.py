@@ -80,7 +80,8 @@ def test_every_job_that_writes_declares_its_outputs() -> None:
     assert writers == {
         "extract": ("output",), "train": ("output",), "optimize": ("output",), "pairs add": ("pairs",),
         "pairs remove": ("pairs",), "pairs save": ("pairs",), "pairs synthesize": ("output",),
-        "model import": ("output",)}
+        "model import": ("output",), "tune sft": ("output",), "tune dpo": ("output",), "tune reward": ("output",),
+        "tune merge": ("output",), "tune export-peft": ("output",)}
     for name in writers:
         fields = request_class(name).model_fields
         assert all(is_path_field(fields[out].annotation) for out in writers[name])

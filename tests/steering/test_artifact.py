@@ -101,7 +101,8 @@ def test_inspect_summarises_without_vectors_or_torch(tmp_path: Path, artifact: d
     assert "NO TORCH" in proc.stderr
     summary = json.loads(proc.stdout)
     assert list(summary) == ["schema_version", "product", "model", "model_revision", "model_fingerprint",
-                             "trait_name", "method", "hidden_size", "precision", "chat_template", "metadata", "layers"]
+                             "trait_name", "method", "hidden_size", "precision", "chat_template", "adapter", "metadata",
+                             "layers"]
     assert summary["model_fingerprint"].startswith(f"ster-fp1:{TOY_PRINT}")
     assert [list(layer) for layer in summary["layers"]][0] == ["layer", "width", "norm", "train_accuracy",
                                                                 "train_margin", "activation_norm"]

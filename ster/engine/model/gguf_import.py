@@ -21,7 +21,12 @@ from ster.engine.model.loading import load_decoder, resolve_device
 from ster.engine.model.requests import ModelImportRequest
 from ster.engine.model.resolve import resolve_model
 from ster.engine.protocol.errors import Refusal
-from ster.engine.protocol.files import atomic_directory, check_output_directory, dumps_pretty, write_atomic
+from ster.engine.protocol.files import (
+    atomic_directory,
+    check_output_directory,
+    dumps_pretty,
+    write_atomic,
+)
 from ster.engine.protocol.jobs import JobContext
 
 

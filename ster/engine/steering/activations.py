@@ -83,7 +83,7 @@ def read_pair_states(
     Reads equal :func:`read_last_states` on the whole sequences (tested to 1e-5).
     """
     device = model.lm_head.weight.device
-    rows = [_pair_row(pos, neg) for pos, neg in pairs]
+    rows = [pair_row(pos, neg) for pos, neg in pairs]
     order = sorted(range(len(pairs)), key=lambda i: len(rows[i].ids))
     positives = torch.empty(len(pairs), len(layers), model.config.hidden_size)
     negatives = torch.empty_like(positives)
@@ -91,7 +91,7 @@ def read_pair_states(
         for start in range(0, len(order), batch_size):
             check_cancelled()
             chosen = order[start:start + batch_size]
-            ids, layout = _pack([rows[i] for i in chosen], device)
+            ids, layout = pack_rows([rows[i] for i in chosen], device)
             model(ids, depth=max(layers) + 1, vocab="none", layout=layout)
             picks = torch.arange(len(chosen), device=device)
             ends = torch.tensor([rows[i].ends for i in chosen], device=device)  # [B, 2]
@@ -103,7 +103,7 @@ def read_pair_states(
 
 
 @dataclass(frozen=True)
-class _PairRow:
+class PairRow:
     ids: list[int]
     """The shared prefix, then the positive's own tokens, then the negative's."""
     positions: list[int]
@@ -113,16 +113,16 @@ class _PairRow:
     """Row indices of the positive's and the negative's last token."""
 
 
-def _pair_row(pos: list[int], neg: list[int]) -> _PairRow:
+def pair_row(pos: list[int], neg: list[int]) -> PairRow:
     shared = shared_prefix(pos, neg)
     own_pos, own_neg = pos[shared:], neg[shared:]
     ids = pos[:shared] + own_pos + own_neg
     positions = list(range(len(pos))) + list(range(shared, len(neg)))
     branch = [0] * shared + [1] * len(own_pos) + [2] * len(own_neg)
-    return _PairRow(ids, positions, branch, (len(pos) - 1, len(ids) - 1))
+    return PairRow(ids, positions, branch, (len(pos) - 1, len(ids) - 1))
 
 
-def _pack(rows: list[_PairRow], device: torch.device) -> tuple[Tensor, Layout]:
+def pack_rows(rows: list[PairRow], device: torch.device) -> tuple[Tensor, Layout]:
     """Pad packed rows to one width and build their positions and tree-shaped mask."""
     width = max(len(row.ids) for row in rows)
     ids = torch.zeros(len(rows), width, dtype=torch.long)

@@ -24,11 +24,21 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
+from ster.engine.model.adapter import sidecar_path
 from ster.engine.model.fingerprint import SCHEME, short
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import first_error, read_json, write_json
+from ster.engine.protocol.kinds import ADAPTER_SIDECAR, file_kind
 from ster.engine.steering.requests import EvaluateRequest, GenerateRequest, InspectRequest, SweepRequest
 
 if TYPE_CHECKING:
@@ -81,8 +91,18 @@ class SteeringArtifact(BaseModel):
     """The dtype the base weights were held at when the direction was fitted (null: not recorded)."""
     chat_template: Literal["applied", "absent", "off"] | None = None
     """How the pairs were encoded when the direction was fitted (null: not recorded)."""
+    adapter: str | None = None
+    """The LoRA adapter the pairs were read through, as given to ``--adapter``; absent from the file when none."""
     metadata: dict[str, str] = {}
     vectors: list[LayerVector]
+
+    @model_serializer(mode="wrap")
+    def _no_adapter_no_key(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A direction fitted on the bare checkpoint is written exactly as before adapters existed."""
+        data: dict[str, Any] = handler(self)
+        if data.get("adapter") is None:
+            data.pop("adapter", None)
+        return data
 
     @field_validator("vectors")
     @classmethod
@@ -121,6 +141,8 @@ class ArtifactSummary(BaseModel):
     hidden_size: int
     precision: str | None
     chat_template: str | None
+    adapter: str | None = None
+    """The LoRA adapter the direction was fitted through, or null for the bare checkpoint."""
     metadata: dict[str, str]
     layers: list[LayerSummary]
 
@@ -135,6 +157,7 @@ def summarize(artifact: SteeringArtifact) -> ArtifactSummary:
 
 def load_artifact(path: Path) -> SteeringArtifact:
     """Read and check a steering artifact on its own, without a model."""
+    _not_an_adapter_file(path)
     raw = read_json(path, "steering artifact")
     if isinstance(raw, dict) and "rank" in raw and "targets" in raw:
         raise Refusal(f"{path} is a LoRA adapter sidecar, not a steering artifact: it carries rank and targets "
@@ -149,6 +172,14 @@ def load_artifact(path: Path) -> SteeringArtifact:
         raise Refusal(f"steering artifact {path} is not in the expected shape: {first_error(exc)}") from None
     _check_values(artifact, path)
     return artifact
+
+
+def _not_an_adapter_file(path: Path) -> None:
+    """Refuse an adapter's safetensors file by the cross-document sentence: its sidecar beside it says what it is."""
+    side = sidecar_path(path)
+    if side != path and path.is_file() and side.is_file() and file_kind(side) == ADAPTER_SIDECAR:
+        raise Refusal(f"{path} is a LoRA adapter, not a steering artifact: its sidecar {side} carries rank and targets "
+                      f"where a steering artifact carries trait_name and vectors")
 
 
 def _check_values(artifact: SteeringArtifact, path: Path | str) -> None:
@@ -212,7 +243,23 @@ def open_artifact(ctx: JobContext, path: Path, checkpoint: Checkpoint) -> Steeri
     for sentence in provenance_sentences(artifact.precision, artifact.chat_template, checkpoint.request.precision,
                                          checkpoint.codec.decision, _consequence(checkpoint.request)):
         ctx.warn(sentence)
+    sentence = adapter_sentence(artifact.adapter, getattr(checkpoint.request, "adapter", None))
+    if sentence:
+        ctx.warn(sentence)
     return artifact
+
+
+def adapter_sentence(fitted: str | None, current: Path | None) -> str | None:
+    """The warning for a direction read through another adapter than it was fitted through (or none where it had
+    one); adapters are told apart by file name, so the same adapter reached by another path is not warned about."""
+    if fitted is None and current is None:
+        return None
+    if fitted is not None and current is not None and Path(fitted).name == current.name:
+        return None
+    was = f"through adapter {fitted}" if fitted else "on the bare checkpoint"
+    now = f"attaches adapter {current}" if current else "reads the bare checkpoint"
+    return (f"this direction was fitted {was} and this run {now}, so it is being read in a different space than "
+            f"it was fitted in")
 
 
 def _consequence(request: object) -> str:

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from ster.engine.model.adapters_open import adapted, check_adapter
 from ster.engine.model.context import encode_each
 from ster.engine.model.loading import model_store
 from ster.engine.protocol.errors import Refusal
@@ -53,6 +54,8 @@ class ActivationDocument(BaseModel):
     hidden_size: int
     precision: str
     chat_template: str
+    adapter: str | None = None
+    """The LoRA adapter the states were read through (null: the bare checkpoint, and in older documents)."""
     records: list[ExtractRecord]
 
     @field_validator("records")
@@ -76,6 +79,7 @@ class ExtractResult(BaseModel):
     hidden_size: int
     precision: str
     chat_template: str
+    adapter: str | None
 
 
 def extract_job(request: ExtractRequest, ctx: JobContext) -> ExtractResult:
@@ -84,6 +88,7 @@ def extract_job(request: ExtractRequest, ctx: JobContext) -> ExtractResult:
     checkpoint = model_store(ctx).open(request, ctx)
     layers = LayerSpec.parse(request.layers).resolve(checkpoint.config.num_hidden_layers)
     sequences = encode_each(checkpoint.codec, prompts, checkpoint.context, "prompt")
+    adapter = check_adapter(ctx, request.adapter, checkpoint)
     from ster.engine.steering.activations import read_last_states  # torch, once every input has been checked
     from ster.engine.steering.floats import f32_values
 
@@ -92,8 +97,9 @@ def extract_job(request: ExtractRequest, ctx: JobContext) -> ExtractResult:
     def on_batch(done: int, total: int) -> None:
         ctx.progress("read", f"reading prompt {done}/{total}", done, total)
 
-    states = read_last_states(decoder, sequences, layers, batch_size=request.batch_size,
-                              on_batch=on_batch, check_cancelled=ctx.check_cancelled).numpy()
+    with adapted(ctx, decoder, adapter, checkpoint):
+        states = read_last_states(decoder, sequences, layers, batch_size=request.batch_size,
+                                  on_batch=on_batch, check_cancelled=ctx.check_cancelled).numpy()
     records = [
         ExtractRecord(prompt=prompt, tokens=len(ids),
                       layers={str(layer): f32_values(states[i, j]) for j, layer in enumerate(layers)})
@@ -103,11 +109,13 @@ def extract_job(request: ExtractRequest, ctx: JobContext) -> ExtractResult:
     try:
         document = ActivationDocument(model=checkpoint.source.model, model_revision=checkpoint.source.revision,
                                       hidden_size=checkpoint.config.hidden_size, precision=request.precision,
-                                      chat_template=checkpoint.chat_template, records=records)
+                                      chat_template=checkpoint.chat_template,
+                                      adapter=str(request.adapter) if adapter else None, records=records)
     except ValidationError as exc:
         raise Refusal(f"nothing was written: {first_error(exc)}") from None
     write_json(request.output, document)
     return ExtractResult(output=str(request.output), model=document.model, model_revision=document.model_revision,
                          prompts=len(records), layers=layers, hidden_size=document.hidden_size,
-                         precision=request.precision, chat_template=document.chat_template)
+                         precision=request.precision, chat_template=document.chat_template,
+                         adapter=document.adapter)
 

@@ -12,6 +12,7 @@ import math
 import torch
 from torch import Tensor
 
+from ster.engine.model.adapters_open import CheckedAdapter, adapted
 from ster.engine.model.loading import Checkpoint, model_store
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.steering.activations import read_pair_states
@@ -21,15 +22,16 @@ from ster.engine.steering.floats import f32_values
 
 
 def read_pairs(ctx: JobContext, checkpoint: Checkpoint, encoded: list[tuple[list[int], list[int]]],
-               layers: list[int], batch_size: int) -> tuple[Tensor, Tensor]:
-    """Positive and negative states [N, len(layers), D] of every encoded pair."""
+               layers: list[int], batch_size: int, adapter: CheckedAdapter | None = None) -> tuple[Tensor, Tensor]:
+    """Positive and negative states [N, len(layers), D] of every encoded pair, read through ``adapter`` if given."""
     decoder = model_store(ctx).decoder(checkpoint, ctx)
 
     def on_batch(done: int, total: int) -> None:
         ctx.progress("read", f"reading pair {done}/{total}", done, total)
 
-    return read_pair_states(decoder, encoded, layers, batch_size=batch_size, on_batch=on_batch,
-                            check_cancelled=ctx.check_cancelled)
+    with adapted(ctx, decoder, adapter, checkpoint):
+        return read_pair_states(decoder, encoded, layers, batch_size=batch_size, on_batch=on_batch,
+                                check_cancelled=ctx.check_cancelled)
 
 
 def layer_vector(layer: int, method: Method, positives: Tensor, negatives: Tensor) -> LayerVector:

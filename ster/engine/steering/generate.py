@@ -6,6 +6,7 @@ import time
 
 from pydantic import BaseModel
 
+from ster.engine.model.adapters_open import adapted, check_adapter
 from ster.engine.model.context import encode_within, generation_budget
 from ster.engine.model.loading import model_store
 from ster.engine.model.sampling import Sampling, StopReason
@@ -34,6 +35,8 @@ class GenerateResult(BaseModel):
     max_new_tokens: int
     vector: str | None
     """The steering artifact applied, or null for the unsteered baseline."""
+    adapter: str | None
+    """The LoRA adapter the text was generated through, or null for the bare checkpoint."""
     strength: float | None
     """The strength as given: in the residual stream's units, or a multiple of each layer's norm (``strength_unit``)."""
     strength_unit: Unit | None
@@ -79,6 +82,7 @@ def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
     strength = given_strength(request, ctx)
     artifact = open_artifact(ctx, request.vector, checkpoint) if request.vector else None
     scales = scales_for(artifact, strength, ctx) if artifact else None
+    adapter = check_adapter(ctx, request.adapter, checkpoint)
     codec = checkpoint.codec
     prompt_ids = encode_within(codec, request.prompt, checkpoint.context, "the prompt")
     max_new_tokens = generation_budget(len(prompt_ids), request.max_new_tokens, request.default_max_new_tokens,
@@ -94,13 +98,15 @@ def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
             ctx.token(delta, index)
 
     what = f"steered at strength {strength}" if artifact else "unsteered"
+    through = f" through adapter {request.adapter}" if adapter else ""
     ctx.progress("generate", f"generating up to {max_new_tokens} tokens from a {len(prompt_ids)}-token "
-                             f"prompt, {what}")
-    started = time.perf_counter()
-    generation = steered_decode(decoder, prompt_ids, artifact.by_layer() if artifact else None,
-                                scales.absolute if scales else None, max_new_tokens=max_new_tokens,
-                                sampling=Sampling(request.temperature, request.top_p, request.seed),
-                                eos_ids=codec.eos_ids, on_token=on_token, check_cancelled=ctx.check_cancelled)
+                             f"prompt, {what}{through}")
+    with adapted(ctx, decoder, adapter, checkpoint):
+        started = time.perf_counter()
+        generation = steered_decode(decoder, prompt_ids, artifact.by_layer() if artifact else None,
+                                    scales.absolute if scales else None, max_new_tokens=max_new_tokens,
+                                    sampling=Sampling(request.temperature, request.top_p, request.seed),
+                                    eos_ids=codec.eos_ids, on_token=on_token, check_cancelled=ctx.check_cancelled)
     elapsed = time.perf_counter() - started
     count = len(generation.ids)
     ctx.log(f"generated {count} tokens in {elapsed:.2f} s ({count / elapsed:.1f} tokens/s, prefill included)")
@@ -110,6 +116,7 @@ def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
         stop_reason=generation.stop_reason, chat_template=codec.decision, precision=request.precision,
         temperature=request.temperature, top_p=request.top_p, seed=request.seed,
         max_new_tokens=max_new_tokens, vector=str(request.vector) if artifact else None,
+        adapter=str(request.adapter) if adapter else None,
         strength=strength.value if artifact else None,
         strength_unit=strength.unit if artifact else None,
         absolute_strength=scales.labelled(scales.absolute) if scales else None,

@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from ster.engine.model.adapter import sidecar_path
 from ster.engine.model.requests import ModelRequest, SampledRequest
 from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.paths import flag, same_file
 from ster.engine.protocol.requests import Request, at_least_one
 from ster.engine.steering.layers import LayerSpec
 from ster.engine.steering.strength import DEFAULT_SWEEP, Strength, parse_strengths
@@ -28,11 +30,33 @@ class GenerateRequest(SampledRequest):
     """Most tokens to generate; None means up to ``default_max_new_tokens``, as many as the model's
     context leaves room for (an explicit value that runs past the context is refused)."""
     default_max_new_tokens: ClassVar[int] = 128
+    adapter: Path | None = None
+    """A LoRA adapter (or a PEFT adapter directory) attached while generating; combinable with ``vector``."""
 
     _tokens = field_validator("max_new_tokens")(lambda cls, v: _budget(v))
 
 
-class LayeredRead(ModelRequest):
+class AdaptedRequest(ModelRequest):
+    """A steering command that may read an adapted model: the adapter attached around every forward."""
+
+    adapter: Path | None = None
+    """A LoRA adapter file (its sidecar beside it) or a PEFT adapter directory; None reads the bare checkpoint."""
+
+    @model_validator(mode="after")
+    def _sidecar_not_written(self) -> AdaptedRequest:
+        """The adapter's sidecar is an input too, though no field names it: an output must not replace it."""
+        if self.adapter is None:
+            return self
+        side = sidecar_path(self.adapter)
+        for name in self.outputs:
+            value = getattr(self, name, None)
+            if isinstance(value, Path) and same_file(value, side):
+                raise ValueError(f"{flag(name)} {value} is the sidecar of --adapter {self.adapter}, so writing it "
+                                 f"would destroy the adapter's description; give {flag(name)} another path")
+        return self
+
+
+class LayeredRead(AdaptedRequest):
     """A read at selected layers, in batches, that writes one document."""
 
     output: Path
@@ -64,7 +88,7 @@ class TrainRequest(OptimizeRequest):
     method: Literal["caa", "pca", "logistic"] = "caa"
 
 
-class EvaluateRequest(ModelRequest):
+class EvaluateRequest(AdaptedRequest):
     """``ster evaluate``: an artifact's accuracy and margin on a pair set."""
 
     pairs: Path | None = None
@@ -89,6 +113,8 @@ class SweepRequest(SampledRequest):
     max_new_tokens: int | None = None
     """Most tokens per text; None means up to ``default_max_new_tokens``, as the context allows."""
     default_max_new_tokens: ClassVar[int] = 48
+    adapter: Path | None = None
+    """A LoRA adapter attached while generating and re-reading the texts."""
 
     _tokens = field_validator("max_new_tokens")(lambda cls, v: _budget(v))
 

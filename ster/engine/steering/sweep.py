@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ValidationError
 
+from ster.engine.model.adapters_open import adapted, check_adapter
 from ster.engine.model.codec import TextCodec
 from ster.engine.model.context import encode_each, generation_budget
 from ster.engine.model.loading import model_store
@@ -111,6 +112,8 @@ class SweepResult(BaseModel):
     model: str
     model_revision: str | None
     vector: str
+    adapter: str | None
+    """The LoRA adapter the texts were generated and re-read through, or null for the bare checkpoint."""
     trait_name: str
     layers: list[int]
     strength_unit: Unit
@@ -155,14 +158,16 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
     checkpoint = model_store(ctx).open(request, ctx)
     artifact = open_artifact(ctx, request.vector, checkpoint)
     scales_for(artifact, max(request.strengths, key=lambda s: abs(s.value)), ctx)  # refuses or warns before loading
+    adapter = check_adapter(ctx, request.adapter, checkpoint)
     codec = checkpoint.codec
     encoded = encode_each(codec, prompts, checkpoint.context, "sweep prompt")
     request = request.model_copy(update={"max_new_tokens": generation_budget(
         max(map(len, encoded)), request.max_new_tokens, request.default_max_new_tokens, checkpoint.context, ctx.log)})
     model = model_store(ctx).decoder(checkpoint, ctx)
     directions = artifact.by_layer()
-    rows = [_sweep_strength(ctx, model, checkpoint.codec, artifact, request, prompts, encoded, directions, step)
-            for step in range(len(request.strengths))]
+    with adapted(ctx, model, adapter, checkpoint):
+        rows = [_sweep_strength(ctx, model, checkpoint.codec, artifact, request, prompts, encoded, directions, step)
+                for step in range(len(request.strengths))]
     rows = _judge(rows, _mean_norm(artifact))
     verdicts = [Judged(strength=r.strength, label=request.strengths[i].signed(), effect=r.effect,
                        threshold=r.threshold, distinguishable=r.distinguishable, fluent=r.fluent)
@@ -172,7 +177,8 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
     if sentence:
         ctx.warn(sentence)
     return SweepResult(model=checkpoint.source.model, model_revision=checkpoint.source.revision,
-                       vector=str(request.vector), trait_name=artifact.trait_name, layers=sorted(directions),
+                       vector=str(request.vector), adapter=str(request.adapter) if adapter else None,
+                       trait_name=artifact.trait_name, layers=sorted(directions),
                        strength_unit=request.strengths[0].unit,
                        chat_template=codec.decision, precision=request.precision,
                        max_new_tokens=request.max_new_tokens, temperature=request.temperature, seed=request.seed,

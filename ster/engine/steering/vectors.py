@@ -12,6 +12,7 @@ import math
 
 from pydantic import BaseModel
 
+from ster.engine.model.adapters_open import CheckedAdapter, check_adapter
 from ster.engine.model.context import encode_pairs
 from ster.engine.model.loading import Checkpoint, model_store
 from ster.engine.pairs.model import PairSet
@@ -40,12 +41,12 @@ def _encode(checkpoint: Checkpoint, pair_set: PairSet) -> list[tuple[list[int], 
 
 
 def _artifact(checkpoint: Checkpoint, pair_set: PairSet, method: str, vectors: list[LayerVector],
-              metadata: dict[str, str] | None = None) -> SteeringArtifact:
+              adapter: CheckedAdapter | None, metadata: dict[str, str] | None = None) -> SteeringArtifact:
     return SteeringArtifact(model=checkpoint.source.model, model_revision=checkpoint.source.revision,
                             model_fingerprint=checkpoint.fingerprint,
                             trait_name=pair_set.trait_name, method=method, hidden_size=checkpoint.config.hidden_size,
                             precision=checkpoint.request.precision, chat_template=checkpoint.codec.decision,
-                            metadata=metadata or {}, vectors=vectors)
+                            adapter=str(adapter.path) if adapter else None, metadata=metadata or {}, vectors=vectors)
 
 
 def train_job(request: TrainRequest, ctx: JobContext) -> ArtifactSummary:
@@ -54,15 +55,16 @@ def train_job(request: TrainRequest, ctx: JobContext) -> ArtifactSummary:
     checkpoint = model_store(ctx).open(request, ctx)
     layers = LayerSpec.parse(request.layers).resolve(checkpoint.config.num_hidden_layers)
     encoded = _encode(checkpoint, pair_set)
+    adapter = check_adapter(ctx, request.adapter, checkpoint)
     from ster.engine.steering import fitting  # torch, once every input has been checked
 
-    positives, negatives = fitting.read_pairs(ctx, checkpoint, encoded, layers, request.batch_size)
+    positives, negatives = fitting.read_pairs(ctx, checkpoint, encoded, layers, request.batch_size, adapter)
     vectors = []
     for column, layer in enumerate(layers):
         ctx.check_cancelled()
         ctx.progress("fit", f"fitting {request.method} at layer {layer}", column + 1, len(layers))
         vectors.append(fitting.layer_vector(layer, request.method, positives[:, column], negatives[:, column]))
-    artifact = _artifact(checkpoint, pair_set, request.method, vectors)
+    artifact = _artifact(checkpoint, pair_set, request.method, vectors, adapter)
     ctx.check_cancelled()
     save_artifact(request.output, artifact)
     return summarize(artifact)
@@ -113,9 +115,10 @@ def optimize_job(request: OptimizeRequest, ctx: JobContext) -> OptimizeResult:
     if total - fit_count == 1:
         ctx.warn(ONE_PAIR_HOLDOUT)
     encoded = _encode(checkpoint, pair_set)
+    adapter = check_adapter(ctx, request.adapter, checkpoint)
     from ster.engine.steering import fitting  # torch, once every input has been checked
 
-    positives, negatives = fitting.read_pairs(ctx, checkpoint, encoded, layers, request.batch_size)
+    positives, negatives = fitting.read_pairs(ctx, checkpoint, encoded, layers, request.batch_size, adapter)
     candidates = [Candidate(**numbers, selected=False)  # type: ignore[arg-type]
                   for numbers in fitting.rank(ctx, layers, positives, negatives, fit_count)]
     best = max(range(len(candidates)), key=lambda i: _rank_key(candidates[i], i))
@@ -125,7 +128,7 @@ def optimize_job(request: OptimizeRequest, ctx: JobContext) -> OptimizeResult:
     vector = fitting.layer_vector(winner.layer, winner.method, positives[:, column], negatives[:, column])  # type: ignore[arg-type]
     sentence = (f"chosen over {len(candidates)} candidates on a {total - fit_count}-pair holdout, "
                 f"then refitted on all {total} pairs")
-    artifact = _artifact(checkpoint, pair_set, winner.method, [vector], {"selection": sentence})
+    artifact = _artifact(checkpoint, pair_set, winner.method, [vector], adapter, {"selection": sentence})
     ctx.check_cancelled()
     save_artifact(request.output, artifact)
     selection = Selection(holdout=Holdout(fit_pairs=fit_count, holdout_pairs=total - fit_count), candidates=candidates)
@@ -161,6 +164,8 @@ class EvaluateResult(BaseModel):
     pair_count: int
     chat_template: str
     precision: str
+    adapter: str | None
+    """The LoRA adapter the pairs were read through, or null for the bare checkpoint."""
     layers: list[LayerScore]
 
 
@@ -171,11 +176,13 @@ def evaluate_job(request: EvaluateRequest, ctx: JobContext) -> EvaluateResult:
     vectors = artifact.by_layer()
     layers = sorted(vectors)
     encoded = _encode(checkpoint, pair_set)
+    adapter = check_adapter(ctx, request.adapter, checkpoint)
     from ster.engine.steering import fitting  # torch, once every input has been checked
 
-    positives, negatives = fitting.read_pairs(ctx, checkpoint, encoded, layers, request.batch_size)
+    positives, negatives = fitting.read_pairs(ctx, checkpoint, encoded, layers, request.batch_size, adapter)
     scores = [LayerScore(layer=layer, accuracy=accuracy, margin=margin)
               for layer, accuracy, margin in fitting.layer_scores(vectors, positives, negatives)]
     return EvaluateResult(model=checkpoint.source.model, model_revision=checkpoint.source.revision,
                           trait_name=artifact.trait_name, method=artifact.method, pair_count=len(pair_set.pairs),
-                          chat_template=checkpoint.codec.decision, precision=request.precision, layers=scores)
+                          chat_template=checkpoint.codec.decision, precision=request.precision,
+                          adapter=str(request.adapter) if adapter else None, layers=scores)

@@ -6,10 +6,18 @@ user turn):
 * a supervised example is rendered twice under a template — the prompt alone with the
   marker that opens the assistant's turn, then the whole conversation — and the
   completion is the difference, its turn's end marker included; neither half gets the
-  tokenizer's own special tokens. Without a template the prompt is encoded as raw text
-  (special tokens as the tokenizer adds them) and the completion without special tokens;
-* a preference side is rendered as an assistant turn (after the pair's prompt as a user
-  turn, when the data has one); without a template it is raw text.
+  tokenizer's own special tokens. A text prompt is one user turn; a conversational
+  prompt (system, user and earlier assistant turns) is rendered turn by turn as it is,
+  so a multi-turn example trains only on its last answer. Without a template the prompt
+  is encoded as raw text (special tokens as the tokenizer adds them) and the completion
+  without special tokens;
+* a preference side without a prompt is rendered as an assistant turn alone (raw text
+  without a template); a side with a prompt is split exactly as an example is, the side
+  taking the completion's place, so the prompt's ids are the same for both sides.
+
+Raw text of a conversational prompt: its turns' contents joined by newlines, without
+role names (a model without a template has no convention for them), so a conversation
+of one user turn encodes exactly as the same prompt given as text, in both modes.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from dataclasses import dataclass
 
 from ster.engine.model.codec import TextCodec
 from ster.engine.protocol.errors import Refusal
-from ster.engine.tune.data import Example, Message
+from ster.engine.tune.data import Example, Prompt
 
 
 @dataclass(frozen=True)
@@ -27,35 +35,37 @@ class Sequence:
 
     ids: list[int]
     boundary: int
-    """Index of the first scored token: the completion's first token (sft), 1 for a whole side (dpo)."""
+    """Index of the first token after the prompt: the completion's (sft), or the side's (1 without a prompt)."""
 
 
-def _turns(prompt: str | list[Message]) -> list[Message]:
+def _turns(prompt: Prompt) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
 
 
-def _raw(prompt: str | list[Message]) -> str:
-    return prompt if isinstance(prompt, str) else "\n".join(m.get("content", "") for m in prompt)
+def _raw(prompt: Prompt) -> str:
+    return prompt if isinstance(prompt, str) else "\n".join(turn["content"] for turn in prompt)
+
+
+def _halves(codec: TextCodec, prompt: Prompt, answer: str) -> tuple[list[int], list[int]]:
+    """Ids of the prompt (with the assistant's opening marker) and of the answer after it."""
+    tokenizer = codec.tokenizer
+    if codec.template is None:
+        return tokenizer.encode(_raw(prompt)).ids, tokenizer.encode(answer, add_special_tokens=False).ids
+    turns = _turns(prompt)
+    head = codec.template.render(turns, add_generation_prompt=True)
+    whole = codec.template.render([*turns, {"role": "assistant", "content": answer}], add_generation_prompt=False)
+    if not whole.startswith(head):
+        raise Refusal("the chat template renders the conversation with a different beginning than the prompt "
+                      "alone, so the completion cannot be told apart from the prompt")
+    return (tokenizer.encode(head, add_special_tokens=False).ids,
+            tokenizer.encode(whole[len(head):], add_special_tokens=False).ids)
 
 
 def encode_example(codec: TextCodec, example: Example) -> Sequence:
     """Prompt and completion ids of a supervised example, and the boundary between them."""
     if not example.completion.strip():
         raise Refusal("training example has an empty completion")
-    tokenizer = codec.tokenizer
-    if codec.template is not None:
-        turns = _turns(example.prompt)
-        head = codec.template.render(turns, add_generation_prompt=True)
-        whole = codec.template.render([*turns, {"role": "assistant", "content": example.completion}],
-                                      add_generation_prompt=False)
-        if not whole.startswith(head):
-            raise Refusal("the chat template renders the conversation with a different beginning than the prompt "
-                          "alone, so the completion cannot be told apart from the prompt")
-        prompt_ids = tokenizer.encode(head, add_special_tokens=False).ids
-        completion_ids = tokenizer.encode(whole[len(head):], add_special_tokens=False).ids
-    else:
-        prompt_ids = tokenizer.encode(_raw(example.prompt)).ids
-        completion_ids = tokenizer.encode(example.completion, add_special_tokens=False).ids
+    prompt_ids, completion_ids = _halves(codec, example.prompt, example.completion)
     if not completion_ids:
         raise Refusal("training example completion produced no tokens")
     ids = prompt_ids + completion_ids
@@ -64,13 +74,18 @@ def encode_example(codec: TextCodec, example: Example) -> Sequence:
     return Sequence(ids, len(prompt_ids))
 
 
-def encode_side(codec: TextCodec, side: str, prompt: str | list[Message] | None = None) -> list[int]:
-    """Ids of one side of a preference pair: an assistant turn under a template, raw text otherwise."""
+def side_sequence(codec: TextCodec, side: str, prompt: Prompt | None = None) -> Sequence:
+    """Ids of one side of a preference pair, and where the side begins after its prompt (1 without one)."""
+    if prompt is not None:
+        prompt_ids, side_ids = _halves(codec, prompt, side)
+        return Sequence(prompt_ids + side_ids, max(len(prompt_ids), 1))
     tokenizer = codec.tokenizer
-    if codec.template is not None:
-        turns = _turns(prompt) if prompt is not None else []
-        text = codec.template.render([*turns, {"role": "assistant", "content": side}], add_generation_prompt=False)
-        return tokenizer.encode(text, add_special_tokens=False).ids
-    if prompt is None:
-        return tokenizer.encode(side).ids
-    return tokenizer.encode(_raw(prompt)).ids + tokenizer.encode(side, add_special_tokens=False).ids
+    if codec.template is None:
+        return Sequence(tokenizer.encode(side).ids, 1)
+    text = codec.template.render([{"role": "assistant", "content": side}], add_generation_prompt=False)
+    return Sequence(tokenizer.encode(text, add_special_tokens=False).ids, 1)
+
+
+def encode_side(codec: TextCodec, side: str, prompt: Prompt | None = None) -> list[int]:
+    """Ids of one side of a preference pair: an assistant turn under a template, raw text otherwise."""
+    return side_sequence(codec, side, prompt).ids

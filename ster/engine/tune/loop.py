@@ -7,11 +7,13 @@ losses into one AdamW step; each unit's loss is divided by the constant ``batch 
 accumulation``, so a short tail step is proportionally smaller. The learning rate ramps
 linearly over the warmup steps and then decays on a cosine to a tenth of the base rate.
 
-Between steps the loop checks the job's cancel flag: a cancelled run writes a
-checkpoint (adapter, optimizer moments, step, the per-unit numbers so far, the
-objective's reference) and stops; ``--resume`` continues from it and ends where an
+Between steps the loop checks the job's cancel flag: a cancelled run saves a
+checkpoint (see :mod:`ster.engine.tune.checkpoint`) and stops with a sentence saying
+where it is; ``--checkpoint-every N`` saves one every N steps as well. ``--resume``
+restores the loop's :class:`LoopState` and AdamW's moments from it and ends where an
 uninterrupted run would, byte for byte. Under ``torchrun`` each rank runs its share of
-every step's forwards and the gradients are summed across ranks before the step.
+every step's forwards, the gradients are summed across ranks before the step, and the
+ranks stop together (see :mod:`ster.engine.tune.parallel`).
 """
 
 from __future__ import annotations
@@ -87,20 +89,23 @@ class Loop:
         self.state = LoopState(**state)
         self.optimizer.load_state_dict(optimizer)
 
-    def run(self, save_checkpoint: Callable[[Loop], str | None]) -> LoopState:
-        """Train to the last step; on cancel, save a checkpoint and raise ``Cancelled`` with where it is."""
+    def run(self, save_checkpoint: Callable[[Loop], str]) -> LoopState:
+        """Train to the last step; on cancel, save a checkpoint and raise ``Cancelled`` saying where it is.
+
+        ``save_checkpoint`` writes one (on the writing rank) and returns its path.
+        """
         from ster.engine.protocol.errors import Cancelled
 
         while self.state.step < self.total:
-            if self.ctx.cancel.is_set():
+            if self.parallel.any(self.ctx.cancel.is_set()):  # every rank stops before the same step
                 where = save_checkpoint(self)
-                raise Cancelled(f"cancelled after step {self.state.step} of {self.total}; "
-                                + (f"checkpoint written to {where}, continue with --resume" if where
-                                   else "nothing was written"))
+                raise Cancelled(f"cancelled after step {self.state.step} of {self.total}; the checkpoint at {where} "
+                                "continues it when the same command is given with --resume")
             self._step()
             every = self.settings.checkpoint_every
             if every and self.state.step % every == 0 and self.state.step < self.total:
-                save_checkpoint(self)
+                where = save_checkpoint(self)
+                self.ctx.log(f"checkpoint after step {self.state.step} written to {where}")
         return self.state
 
     def _order(self, epoch: int) -> list[int]:

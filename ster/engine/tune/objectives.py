@@ -9,7 +9,7 @@ optimizer, so a new objective (GRPO) adds a class here rather than a loop.
 * dpo: ``softplus(-β·margin)``, margin = (log π(c) − log π_ref(c)) − (log π(r) − log π_ref(r)),
   sequence log-probabilities summed over every token after the first; ipo: ``(margin −
   1/(2β))²`` over log-ratios divided by their token counts. The reference is the same
-  decoder with adapters off, scored once before the first step;
+  decoder with adapters off, scored once before the first step (each rank its share);
 * reward: Bradley–Terry ``-log σ(r_c − r_r)``, a zero-initialised ``[1, hidden]`` head
   without bias on the final-normed state at each side's last token; no vocabulary projection.
 """
@@ -25,8 +25,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ster.engine.model.llama import Decoder
+from ster.engine.protocol.errors import Cancelled
 from ster.engine.protocol.jobs import JobContext
-from ster.engine.tune.rows import forward_rows, last_states, token_logprobs
+from ster.engine.tune.parallel import Parallel
+from ster.engine.tune.rows import (
+    forward_rows,
+    pair_last_states,
+    pair_logprobs,
+    token_logprobs,
+)
 
 
 @dataclass(frozen=True)
@@ -47,18 +54,25 @@ class Unit:
     def tokens(self) -> int:
         return sum(len(row) for row in self.rows)
 
+    @property
+    def pair(self) -> bool:
+        return len(self.rows) == 2
+
 
 Stats = dict[str, float]
+ONE_PROCESS = Parallel()
 
 
 def _scored(decoder: Decoder, units: list[Unit], adapters: bool = True) -> list[Tensor]:
-    """Token log-probabilities of every row of ``units`` in order; one forward for several units,
-    one per row for a single unit (a batch of one is one row per forward)."""
+    """Token log-probabilities of every row of ``units`` in order, in one forward.
+
+    A pair's two sides run as one packed row (their shared prefix once), so a forward of
+    ``batch`` pairs is ``batch`` rows."""
+    if units[0].pair:
+        scored = pair_logprobs(decoder, [(unit.rows[0], unit.rows[1]) for unit in units], adapters)
+        return [side[start - 1:] for unit, sides in zip(units, scored) for side, start in zip(sides, unit.starts)]
     rows = [row for unit in units for row in unit.rows]
     starts = [start for unit in units for start in unit.starts]
-    if len(units) == 1:
-        return [token_logprobs(decoder, forward_rows(decoder, [row], adapters), [row], [start])[0]
-                for row, start in zip(rows, starts)]
     return token_logprobs(decoder, forward_rows(decoder, rows, adapters), rows, starts)
 
 
@@ -68,8 +82,9 @@ class Objective:
     name: str = ""
     unit: str = "example"
 
-    def prepare(self, decoder: Decoder, units: list[Unit], batch: int, ctx: JobContext) -> None:
-        """Work done once before the first step (the reference pass of dpo)."""
+    def prepare(self, decoder: Decoder, units: list[Unit], batch: int, ctx: JobContext,
+                parallel: Parallel = ONE_PROCESS) -> None:
+        """Work done once before the first step (the reference pass of dpo), shared among the ranks."""
 
     def losses(self, decoder: Decoder, units: list[Unit]) -> tuple[Tensor, list[Stats]]:
         """The [n] f32 loss of each unit, and its numbers for the report."""
@@ -110,19 +125,26 @@ class Preference(Objective):
     def name(self) -> str:  # type: ignore[override]
         return self.loss
 
-    def prepare(self, decoder: Decoder, units: list[Unit], batch: int, ctx: JobContext) -> None:
+    def prepare(self, decoder: Decoder, units: list[Unit], batch: int, ctx: JobContext,
+                parallel: Parallel = ONE_PROCESS) -> None:
         if self.reference:
             return  # restored from a checkpoint
         ctx.progress("reference", f"scoring {len(units)} pairs under the frozen reference model", 0, len(units))
+        chunks = [units[start:start + batch] for start in range(0, len(units), batch)]
+        mine: dict[int, tuple[float, float]] = {}
         with torch.no_grad():
-            for start in range(0, len(units), batch):
-                ctx.check_cancelled()
-                chunk = units[start:start + batch]
-                logps = _scored(decoder, chunk, adapters=False)
-                for i, unit in enumerate(chunk):
-                    self.reference[unit.index] = (float(logps[2 * i].sum()), float(logps[2 * i + 1].sum()))
-                done = start + len(chunk)
+            for first in range(0, len(chunks), parallel.world):  # one chunk per rank per round
+                if parallel.any(ctx.cancel.is_set()):
+                    raise Cancelled()
+                if first + parallel.rank < len(chunks):
+                    chunk = chunks[first + parallel.rank]
+                    logps = _scored(decoder, chunk, adapters=False)
+                    for i, unit in enumerate(chunk):
+                        mine[unit.index] = (float(logps[2 * i].sum()), float(logps[2 * i + 1].sum()))
+                done = min(len(units), (first + parallel.world) * batch)
                 ctx.progress("reference", f"reference pair {done}/{len(units)}", done, len(units))
+        for scored in parallel.everyone(mine):
+            self.reference.update(scored)
 
     def losses(self, decoder: Decoder, units: list[Unit]) -> tuple[Tensor, list[Stats]]:
         logps = _scored(decoder, units)
@@ -165,18 +187,16 @@ class Reward(Objective):
         self.head = head  # [1, D] f32 parameter
 
     def losses(self, decoder: Decoder, units: list[Unit]) -> tuple[Tensor, list[Stats]]:
-        scores = self.scores(decoder, [row for unit in units for row in unit.rows], single=len(units) == 1)
-        chosen, rejected = scores[0::2], scores[1::2]
+        chosen_states, rejected_states = pair_last_states(decoder, [(unit.rows[0], unit.rows[1]) for unit in units])
+        chosen, rejected = self.score(chosen_states), self.score(rejected_states)
         losses = F.softplus(-(chosen - rejected))
         stats = [{"loss": float(loss.detach()), "chosen_score": float(c.detach()), "rejected_score": float(r.detach()),
                   "correct": float(c > r), "tied": float(c == r)}
                  for loss, c, r in zip(losses, chosen, rejected)]
         return losses, stats
 
-    def scores(self, decoder: Decoder, rows: list[list[int]], single: bool = False) -> Tensor:
-        """The f32 score [N] of each row."""
-        groups = [[row] for row in rows] if single else [rows]
-        states = torch.cat([last_states(decoder, forward_rows(decoder, group), group) for group in groups])
+    def score(self, states: Tensor) -> Tensor:
+        """The f32 score [N] of final-normed states [N, D]: the head read at its own f32."""
         return (states.float() @ self.head.T)[:, 0]
 
     def progress_extra(self, stats: list[Stats]) -> dict[str, float]:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from pydantic import field_validator, model_validator
 
 from ster.engine.model.adapter import check_spec, parse_targets, sidecar_path
-from ster.engine.model.requests import ModelRequest
+from ster.engine.model.requests import Device, ModelRequest
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.paths import flag, same_file
 from ster.engine.protocol.requests import Request, not_negative, seed
@@ -144,20 +144,43 @@ class RewardRequest(PreferenceRequest):
 
 
 class TuneEvaluateRequest(ModelRequest):
-    """``ster tune evaluate``: completion-token loss and perplexity on held-out examples; writes nothing."""
+    """``ster tune evaluate``: held-out numbers of a checkpoint or an adapter; writes nothing.
 
-    examples: Path
+    On ``examples``: completion-token loss and perplexity, with or without an adapter. On
+    ``pairs`` (beyond the original): with a generation adapter, the DPO implicit-reward accuracy
+    against the bare checkpoint as the reference; with a reward model, its ranking accuracy.
+    """
+
+    examples: Path | None = None
+    """Held-out supervised examples (exactly one of ``examples`` and ``pairs``)."""
+    pairs: Path | None = None
+    """Held-out preference pairs, the positive side chosen; needs ``adapter``."""
     adapter: Path | None = None
+    """A generation adapter (a reward model too, with ``pairs``); None scores the bare checkpoint on examples."""
+    beta: float = 0.1
+    """With pairs and a generation adapter: the implicit reward is beta times the log-ratio to the reference."""
     max_sequence: int = 512
     batch_size: int = 1
 
     @model_validator(mode="after")
     def _numbers(self) -> TuneEvaluateRequest:
+        if (self.examples is None) == (self.pairs is None):
+            raise ValueError("tune evaluate takes --examples (completion loss) or --pairs (preference accuracy), "
+                             "exactly one of them")
+        if self.pairs is not None and self.adapter is None:
+            raise ValueError("tune evaluate --pairs measures an adapter: give --adapter, a generation adapter "
+                             "(implicit-reward accuracy) or a reward model (ranking accuracy)")
         if self.max_sequence < 2:
             raise ValueError(MIN_SEQUENCE_SENTENCE)
         if self.batch_size < 1:
-            raise ValueError("evaluation requires a batch of at least one example")
+            raise ValueError(f"evaluation requires a batch of at least one {self.unit}")
+        if not (math.isfinite(self.beta) and self.beta > 0):
+            raise ValueError("evaluation requires a finite beta above zero")
         return self
+
+    @property
+    def unit(self) -> str:
+        return "pair" if self.pairs is not None else "example"
 
 
 class MergeRequest(Request):
@@ -165,7 +188,7 @@ class MergeRequest(Request):
 
     model: str
     revision: str | None = None
-    device: Literal["cpu", "cuda", "mps", "metal", "auto"] = "cpu"
+    device: Device = "cpu"
     adapter: Path
     output: Path
     """A new (or empty) directory."""

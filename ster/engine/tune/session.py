@@ -1,5 +1,8 @@
 """One training run on a mapped decoder: adapter, objective, loop, checkpoints, report, the written pair.
 
+Under ``torchrun`` this is one rank's part: it joins the process group before the
+weights load and leaves it at the end, and only rank 0 writes checkpoints and the pair.
+
 The part of the training jobs that needs torch; :mod:`ster.engine.tune.train` imports it
 only once every input has been checked.
 """
@@ -12,7 +15,8 @@ from typing import Any
 
 import torch
 
-from ster.engine.model.loading import Checkpoint, model_store
+from ster.engine.model.adapter import AdapterSidecar
+from ster.engine.model.loading import Checkpoint, model_store, resolve_device
 from ster.engine.model.lora import Adapter, attached, save_adapter
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.tune.checkpoint import (
@@ -30,39 +34,46 @@ from ster.engine.tune.requests import DpoRequest, TuneRequest
 def run_training(request: TuneRequest, ctx: JobContext, checkpoint: Checkpoint, units: list[Any], usable: list[int],
                  layers: list[int], make_objective: Callable[[Adapter], Any], reward: bool) -> tuple[dict[str, Any],
                                                                                                    Adapter]:
-    from ster.engine.tune.train import sidecar_for
+    """Train, report and (on rank 0) write; under ``torchrun`` inside the process group, left at the end."""
+    parallel = Parallel.from_environment(resolve_device(request.device))
+    try:
+        return _run(request, ctx, checkpoint, units, usable, layers, make_objective, reward, parallel)
+    finally:
+        parallel.close()
 
+
+def _run(request: TuneRequest, ctx: JobContext, checkpoint: Checkpoint, units: list[Any], usable: list[int],
+         layers: list[int], make_objective: Callable[[Adapter], Any], reward: bool,
+         parallel: Parallel) -> tuple[dict[str, Any], Adapter]:
+    if parallel.world > 1:
+        ctx.log(f"data parallel over {parallel.world} processes; this one, rank 0, reports and writes")
     decoder = model_store(ctx).decoder(checkpoint, ctx)
-    device = decoder.lm_head.weight.device
-    parallel = Parallel.from_environment(device)
     adapter = Adapter.fresh(checkpoint.config, request.rank, request.alpha, request.target_names, layers,
-                            request.seed, device, reward=reward)
+                            request.seed, decoder.lm_head.weight.device, reward=reward)
     params = adapter.trainable()
     noun = "tensors" if reward else "adapter tensors"
     ctx.progress("train", f"training {len(params)} {noun} ({adapter.parameter_count()} parameters) at rank "
                           f"{request.rank} across {len(layers)} layers")
-    if parallel.world > 1:
-        ctx.log(f"data parallel over {parallel.world} processes; this is rank {parallel.rank}")
     trained = [Unit(i, *units[i]) for i in usable]
     objective = make_objective(adapter)
     settings = Settings(request.epochs, request.batch_size, request.accumulation, request.learning_rate,
                         request.warmup_steps, request.seed, request.checkpoint_every)
     loop = Loop(decoder, params, objective, trained, settings, ctx, parallel)
-    identity = run_identity(request, checkpoint.fingerprint, [unit.rows for unit in trained])
+    identity = run_identity(request, checkpoint.fingerprint, [units[i] for i in usable])
     where = checkpoint_path(request.output)
     if request.resume:
-        _restore(load_checkpoint(where, identity), adapter, loop, objective, ctx)
+        _restore(load_checkpoint(where, loop.optimizer.state_dict()), adapter, loop, objective, ctx)
+    elif where.exists() and parallel.writer:
+        ctx.log(f"starting over; the checkpoint of an earlier run at {where} will be replaced")
 
-    def save(current: Loop) -> str | None:
+    def save(current: Loop) -> str:
         if parallel.writer:
-            save_checkpoint(where, identity, {"tensors": adapter.state(), "optimizer": current.optimizer.state_dict(),
-                                              "loop": current.state.to_dict(),
-                                              "reference": getattr(objective, "reference", {})})
-            ctx.log(f"checkpoint after step {current.state.step} written to {where}")
+            save_checkpoint(where, identity, adapter.state(), current.optimizer.state_dict(),
+                            current.state.to_dict(), getattr(objective, "reference", {}))
         return str(where)
 
     with attached(decoder, adapter):
-        objective.prepare(decoder, trained, request.batch_size, ctx)
+        objective.prepare(decoder, trained, request.batch_size, ctx, parallel)
         state = loop.run(save)
     report = _report(request, checkpoint, units, trained, loop, objective, adapter, layers)
     if parallel.writer:
@@ -80,7 +91,7 @@ def _restore(saved: dict[str, Any], adapter: Adapter, loop: Loop, objective: Any
             tensor.copy_(saved["tensors"][name])
     loop.restore(saved["loop"], saved["optimizer"])
     if hasattr(objective, "reference"):
-        objective.reference = {int(k): tuple(v) for k, v in saved["reference"].items()}
+        objective.reference = saved["reference"]
     ctx.log(f"resuming after step {loop.state.step} of {loop.total}")
 
 
@@ -104,3 +115,11 @@ def _report(request: TuneRequest, checkpoint: Checkpoint, units: list[Any], trai
                   warmup_steps=request.warmup_steps, max_sequence=min(request.max_sequence, checkpoint.context),
                   tokens=state.tokens, history=state.epoch_history)
     return report
+
+
+def sidecar_for(request: TuneRequest, checkpoint: Checkpoint, layers: list[int], report: dict[str, Any],
+                reward: bool) -> AdapterSidecar:
+    return AdapterSidecar(kind="reward" if reward else "adapter", model=checkpoint.source.model,
+                          model_revision=checkpoint.source.revision, model_fingerprint=checkpoint.fingerprint,
+                          rank=request.rank, alpha=float(request.alpha), targets=request.target_names,
+                          layers=layers, hidden_size=checkpoint.config.hidden_size, train=report)

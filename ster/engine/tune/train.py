@@ -1,11 +1,12 @@
 """The training jobs: ``tune sft``, ``tune dpo`` and ``tune reward``.
 
 Each job checks everything it can before a weight is mapped (flags in the request,
-the data, the encoded lengths against the sequence limit, the output paths), then
-draws a fresh adapter (or restores one from ``--resume``), attaches it to the shared
-decoder for the length of the run, trains it through :class:`~ster.engine.tune.loop.Loop`,
-and writes the adapter and its sidecar once, atomically, together. Only the adapter's
-tensors (and a reward run's head) train; the base stays frozen and is never copied.
+the data, the encoded lengths against the sequence limit, the output paths, and with
+``--resume`` that the checkpoint belongs to this run), then draws a fresh adapter (or
+restores the checkpoint's), attaches it to the shared decoder for the length of the
+run, trains it through :class:`~ster.engine.tune.loop.Loop`, and writes the adapter and
+its sidecar once, atomically, together. Only the adapter's tensors (and a reward run's
+head) train; the base stays frozen and is never copied.
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ster.engine.model.adapter import AdapterSidecar, sidecar_path
+from ster.engine.model.adapter import sidecar_path
 from ster.engine.model.loading import Checkpoint, model_store
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import check_output_file
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.protocol.kinds import ADAPTER_SIDECAR
 from ster.engine.steering.layers import LayerSpec
-from ster.engine.tune.data import load_examples, load_preferences
-from ster.engine.tune.encoding import encode_example, encode_side
+from ster.engine.tune.checkpoint import check_checkpoint, checkpoint_path, run_identity
+from ster.engine.tune.data import PreferenceSet, load_examples, load_preferences
+from ster.engine.tune.encoding import encode_example, side_sequence
 from ster.engine.tune.requests import DpoRequest, RewardRequest, SftRequest, TuneRequest
 
 
@@ -35,37 +37,39 @@ class TrainResult(BaseModel):
 
 
 def sft_job(request: SftRequest, ctx: JobContext) -> TrainResult:
-    checkpoint = model_store(ctx).open(request, ctx)
     examples = load_examples(request.examples)
+    checkpoint = model_store(ctx).open(request, ctx)
     rows = [encode_example(checkpoint.codec, example) for example in examples.examples]
     units = [((seq.ids,), (seq.boundary,)) for seq in rows]
     return _train(request, ctx, checkpoint, units, lambda adapter: _objective(request, adapter))
 
 
 def dpo_job(request: DpoRequest, ctx: JobContext) -> TrainResult:
+    preferences = load_preferences(request.pairs)
     checkpoint = model_store(ctx).open(request, ctx)
-    return _train(request, ctx, checkpoint, _pair_units(request, checkpoint),
+    return _train(request, ctx, checkpoint, pair_units(preferences, checkpoint),
                   lambda adapter: _objective(request, adapter))
 
 
 def reward_job(request: RewardRequest, ctx: JobContext) -> TrainResult:
+    preferences = load_preferences(request.pairs)
     checkpoint = model_store(ctx).open(request, ctx)
-    return _train(request, ctx, checkpoint, _pair_units(request, checkpoint),
+    return _train(request, ctx, checkpoint, pair_units(preferences, checkpoint),
                   lambda adapter: _objective(request, adapter), reward=True)
 
 
-def _pair_units(request: DpoRequest | RewardRequest, checkpoint: Checkpoint) -> list[tuple[tuple[list[int], ...],
-                                                                                         tuple[int, ...]]]:
-    preferences = load_preferences(request.pairs)
+def pair_units(preferences: PreferenceSet, checkpoint: Checkpoint) -> list[tuple[tuple[list[int], ...],
+                                                                                  tuple[int, ...]]]:
+    """Each pair's chosen and rejected ids, and where each side's scored tokens start (after a prompt)."""
     units = []
     for number, pair in enumerate(preferences.pairs, start=1):
         sides = []
         for which, text in (("chosen", pair.chosen), ("rejected", pair.rejected)):
-            ids = encode_side(checkpoint.codec, text, pair.prompt)
-            if len(ids) < 2:
+            sequence = side_sequence(checkpoint.codec, text, pair.prompt)
+            if len(sequence.ids) - sequence.boundary < 1 or len(sequence.ids) < 2:
                 raise Refusal(f"pair {number} {which} side encodes to one token, so there is nothing to predict")
-            sides.append(ids)
-        units.append((tuple(sides), (1, 1)))
+            sides.append(sequence)
+        units.append(((sides[0].ids, sides[1].ids), (sides[0].boundary, sides[1].boundary)))
     return units
 
 
@@ -104,18 +108,12 @@ def _train(request: TuneRequest, ctx: JobContext, checkpoint: Checkpoint, units:
     layers = LayerSpec.parse(request.layers).resolve(checkpoint.config.num_hidden_layers)
     usable = _usable(request, checkpoint, units, ctx)
     _check_outputs(request, ctx)
+    if request.resume:
+        check_checkpoint(checkpoint_path(request.output),
+                         run_identity(request, checkpoint.fingerprint, [units[i] for i in usable]))
     from ster.engine.tune.session import (
         run_training,  # torch, once every input has been checked
     )
 
     report, _adapter = run_training(request, ctx, checkpoint, units, usable, layers, make_objective, reward)
     return TrainResult(path=str(request.output), report=report)
-
-
-def sidecar_for(request: TuneRequest, checkpoint: Checkpoint, layers: list[int], report: dict[str, Any],
-                reward: bool) -> AdapterSidecar:
-    return AdapterSidecar(kind="reward" if reward else "adapter", model=checkpoint.source.model,
-                          model_revision=checkpoint.source.revision, model_fingerprint=checkpoint.fingerprint,
-                          rank=request.rank, alpha=float(request.alpha), targets=request.target_names,
-                          layers=layers, hidden_size=checkpoint.config.hidden_size, train=report)
-

@@ -1,0 +1,219 @@
+"""The ``tune merge`` job: an adapter folded into a copy of the checkpoint's weights.
+
+It writes an ordinary checkpoint directory — ``model.safetensors`` beside the source's
+own config.json, tokenizer.json, tokenizer_config.json, chat_template.jinja and
+generation_config.json (those present) — that any Llama loader reads; the output is
+deliberately not a Ster format. No decoder is built: the source's safetensors are read
+tensor by tensor, and each adapted projection ``W`` becomes ``W + (alpha / rank) · B @ A``,
+accumulated in f32 and cast back to ``W``'s own dtype; every other tensor is copied as it is.
+
+Everything that can be refused is refused before torch is imported: the model (its family,
+its files), a sharded source that names one tensor twice (refused rather than half-merged),
+the adapter (its sidecar and tensor shapes, its kind — a reward model has nothing to merge —
+and the model and width it was trained for), and the output directory (new, or empty).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from ster.engine.model.adapter import (
+    ATTENTION,
+    TARGETS,
+    AdapterSidecar,
+    check_for_model,
+    check_tensors,
+    factor_names,
+    projection_shape,
+)
+from ster.engine.model.adapters_open import read_document, read_peft
+from ster.engine.model.config import LlamaConfig, load_config
+from ster.engine.model.fingerprint import checkpoint_fingerprint
+from ster.engine.model.resolve import ModelSource, resolve_model
+from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.files import atomic_directory, check_output_directory
+from ster.engine.protocol.jobs import JobContext
+from ster.engine.tune.requests import MergeRequest
+
+if TYPE_CHECKING:
+    from ster.engine.model.lora import Adapter
+
+WEIGHTS = "model.safetensors"
+
+
+class MergeReport(BaseModel):
+    model: str
+    model_revision: str | None
+    adapter: str
+    output: str
+    rank: int
+    alpha: float
+    scale: float
+    """alpha / rank: the factor of every folded update."""
+    targets: list[str]
+    layers: list[int]
+    hidden_size: int
+    merged_tensors: int
+    """Projections whose weight now includes the adapter's update."""
+    copied_tensors: int
+    total_tensors: int
+    parameters: int
+    dtype: str
+    """The safetensors dtype of the adapted weights, which the merged ones keep (``F32``, ``BF16``, …)."""
+    files: list[str]
+    """What the output directory holds."""
+
+
+class MergeResult(BaseModel):
+    """What ``tune merge`` prints."""
+
+    report: MergeReport
+
+
+def weight_name(layer: int, target: str) -> str:
+    """The checkpoint tensor a target's adapter updates: ``model.layers.{l}.self_attn.q_proj.weight`` and so on."""
+    module = "self_attn" if target in ATTENTION else "mlp"
+    return f"model.layers.{layer}.{module}.{TARGETS[target]}.weight"
+
+
+def merge_job(request: MergeRequest, ctx: JobContext) -> MergeResult:
+    ctx.progress("resolve", f"resolving model {request.model}")
+    source = resolve_model(request.model, request.revision)
+    if source.warning:
+        ctx.warn(source.warning)
+    config = load_config(source.config)
+    fingerprint = checkpoint_fingerprint(config, source.weights)
+    shards = _shard_headers(source.weights)
+    sidecar = None
+    if not request.adapter.is_dir():  # a PEFT directory is checked once it is read, below
+        sidecar, header = read_document(request.adapter)
+        _check_adapter(ctx, sidecar, source, fingerprint, config)
+        check_tensors(sidecar, header, sidecar.expected_shapes(config), request.adapter)
+        _check_weights(sidecar, shards, config)
+    check_output_directory(request.output)
+    # torch, once every input has been checked
+    from ster.engine.model.loading import resolve_device
+
+    device = resolve_device(request.device)
+    sidecar, adapter = _read_adapter(ctx, request.adapter, sidecar, source, config, device, shards)
+    with atomic_directory(request.output) as staging:
+        merged, dtypes, parameters = _write_weights(ctx, source, shards, adapter, staging / WEIGHTS, device)
+        files = [WEIGHTS, *_copy_files(source, staging)]
+    ctx.log(f"merged {len(merged)} projections into {request.output}")
+    return MergeResult(report=MergeReport(
+        model=source.model, model_revision=source.revision, adapter=str(request.adapter),
+        output=str(request.output), rank=sidecar.rank, alpha=sidecar.alpha, scale=sidecar.scale,
+        targets=sidecar.targets, layers=sidecar.layers, hidden_size=sidecar.hidden_size,
+        merged_tensors=len(merged), copied_tensors=len(shards) - len(merged), total_tensors=len(shards),
+        parameters=parameters, dtype=",".join(sorted(dtypes)), files=sorted(files)))
+
+
+def _check_adapter(ctx: JobContext, sidecar: AdapterSidecar, source: ModelSource, fingerprint: str,
+                   config: LlamaConfig) -> None:
+    note = check_for_model(sidecar, source.model, fingerprint, config.hidden_size, config.num_hidden_layers)
+    if note is not None:
+        ctx.log(note)
+
+
+def _shard_headers(weights: tuple[Path, ...]) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """Tensor name → (its shard, its header entry) across every shard, refusing a name two shards both hold."""
+    found: dict[str, tuple[Path, dict[str, Any]]] = {}
+    for path in weights:
+        for name, entry in _header(path).items():
+            if name in found:
+                raise Refusal(f"tensor {name} is in both {found[name][0].name} and {path.name}; a checkpoint names "
+                              "each tensor once, so this one is refused rather than half-merged")
+            found[name] = (path, entry)
+    return found
+
+
+def _header(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(min(length, 100_000_000)))
+    except (OSError, struct.error, ValueError):
+        raise Refusal(f"weights file {path} could not be read") from None
+    if not isinstance(header, dict):
+        raise Refusal(f"weights file {path} could not be read")
+    header.pop("__metadata__", None)
+    return header
+
+
+def _check_weights(sidecar: AdapterSidecar, shards: dict[str, tuple[Path, dict[str, Any]]],
+                   config: LlamaConfig) -> None:
+    """Every weight the adapter updates is in the checkpoint, shaped as the adapter's factors multiply to."""
+    for layer in sidecar.layers:
+        for target in sidecar.targets:
+            name, shape = weight_name(layer, target), list(projection_shape(config, target))
+            if name not in shards:
+                raise Refusal(f"the weights of {sidecar.model} have no tensor {name}, which the adapter updates")
+            if list(shards[name][1].get("shape", [])) != shape:
+                raise Refusal(f"tensor {name} has shape {shards[name][1].get('shape')}, but the adapter's update is "
+                              f"shaped {shape}")
+
+
+def _read_adapter(ctx: JobContext, path: Path, sidecar: AdapterSidecar | None, source: ModelSource,
+                  config: LlamaConfig, device: Any,
+                  shards: dict[str, tuple[Path, dict[str, Any]]]) -> tuple[AdapterSidecar, Adapter]:
+    """The factors of a checked Ster adapter, or of a PEFT directory (read, then checked)."""
+    if sidecar is None:
+        sidecar, adapter = read_peft(ctx, path, source.model, config, device)
+        _check_weights(sidecar, shards, config)
+        return sidecar, adapter
+    from ster.engine.model.lora import load_adapter
+
+    return load_adapter(path, config, device)
+
+
+def _write_weights(ctx: JobContext, source: ModelSource, shards: dict[str, tuple[Path, dict[str, Any]]],
+                   adapter: Adapter, target: Path, device: Any) -> tuple[list[str], set[str], int]:
+    """Write every tensor of the source into one file, the adapted projections with their update folded in;
+    return the merged names, the merged weights' dtypes and the parameter count."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    updates = {weight_name(layer, target): factor_names(layer, target)
+               for layer in adapter.layers for target in adapter.targets}
+    state: dict[str, torch.Tensor] = {}
+    merged, dtypes = [], set()
+    for number, path in enumerate(source.weights, start=1):
+        ctx.check_cancelled()
+        ctx.progress("merge", f"reading {path.name} ({number}/{len(source.weights)})", number, len(source.weights))
+        with safe_open(str(path), framework="pt", device="cpu") as weights:
+            for name in weights.keys():  # noqa: SIM118 - safe_open is not iterable
+                tensor = weights.get_tensor(name)
+                if name in updates:
+                    a, b = (adapter.tensors[factor].detach().to(device, torch.float32) for factor in updates[name])
+                    folded = tensor.to(device, torch.float32) + adapter.scale * (b @ a)  # [out, in] f32
+                    tensor = folded.to(tensor.dtype).cpu()
+                    merged.append(name)
+                    dtypes.add(str(shards[name][1].get("dtype")))
+                state[name] = tensor.contiguous()
+    save_file(state, str(target), metadata={"format": "pt"})
+    return merged, dtypes, sum(t.numel() for t in state.values())
+
+
+def _copy_files(source: ModelSource, staging: Path) -> list[str]:
+    """The source's config, tokenizer, chat template and generation config, under their usual names."""
+    files = {"config.json": source.config, "tokenizer.json": source.tokenizer,
+             "tokenizer_config.json": source.tokenizer_config, "chat_template.jinja": source.chat_template_file,
+             "generation_config.json": source.generation_config,
+             "special_tokens_map.json": _optional(source.root / "special_tokens_map.json")}
+    copied = []
+    for name, path in files.items():
+        if path is not None:
+            shutil.copyfile(path, staging / name)
+            copied.append(name)
+    return copied
+
+
+def _optional(path: Path) -> Path | None:
+    return path if path.is_file() else None

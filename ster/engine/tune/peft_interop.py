@@ -1,0 +1,119 @@
+"""``ster tune export-peft``: a Ster adapter written as a directory ``peft.PeftModel.from_pretrained`` loads.
+
+No model is opened: the factors' shapes come from the adapter file itself, and are checked
+against each other (every factor of a target the same shape on every layer, each B's rank
+its A's, the widths the sidecar and the projections imply) before torch is imported. The
+directory format is :mod:`ster.engine.model.peft_format`'s, which also reads such
+directories back for ``--adapter``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from ster.engine.model.adapter import (
+    TARGETS,
+    AdapterSidecar,
+    check_tensors,
+    factor_names,
+    read_sidecar,
+    safetensors_header,
+)
+from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.files import check_output_directory
+from ster.engine.protocol.jobs import JobContext
+from ster.engine.tune.requests import ExportPeftRequest
+
+READS_HIDDEN = ("query", "key", "value", "gate", "up")
+"""Targets whose input is the residual stream; ``output`` and ``down`` write to it."""
+SAME_WIDTH = ((("query", 0), ("output", 1), "the attention width"),
+              (("key", 0), ("value", 0), "the key-value width"),
+              (("gate", 0), ("up", 0), "the feed-forward width"),
+              (("gate", 0), ("down", 1), "the feed-forward width"),
+              (("up", 0), ("down", 1), "the feed-forward width"))
+"""Pairs of (target, axis of its (out, in)) that one width of the model fixes, and what that width is."""
+
+
+class ExportPeftResult(BaseModel):
+    """Where the PEFT directory is and what it holds."""
+
+    output: str
+    base_model: str
+    rank: int
+    alpha: float
+    target_modules: list[str]
+    """Hugging Face projection names, in Ster's target order."""
+    layers: list[int]
+    tensors: int
+    files: list[str]
+
+
+def export_job(request: ExportPeftRequest, ctx: JobContext) -> ExportPeftResult:
+    check_output_directory(request.output, "--output")
+    sidecar = read_sidecar(request.adapter)
+    if sidecar.kind == "reward":
+        raise Refusal("adapter artifact is a reward model, not a generation adapter")
+    check_factor_shapes(sidecar, safetensors_header(request.adapter), request.adapter)
+    base_model = request.base_model or sidecar.model
+    ctx.progress("export", f"writing {request.adapter} as a PEFT adapter for {base_model}")
+    tensors = _load(request.adapter)  # torch, once every input has been checked
+    from ster.engine.model.peft_format import write_peft_dir
+
+    files = write_peft_dir(request.output, sidecar, tensors, base_model)
+    return ExportPeftResult(output=str(request.output), base_model=base_model, rank=sidecar.rank,
+                            alpha=sidecar.alpha, target_modules=[TARGETS[t] for t in sidecar.targets],
+                            layers=sidecar.layers, tensors=len(tensors), files=files)
+
+
+def check_factor_shapes(sidecar: AdapterSidecar, header: dict[str, dict[str, Any]], path: Path) -> None:
+    """Refuse factors no single model could carry: the projections' shapes, read off the first layer's
+    factors, must hold on every layer and agree where one width of the model fixes two of them."""
+    widths = {target: _widths(sidecar, header, target) for target in sidecar.targets}
+    expected = {}
+    for target, (out, inner) in widths.items():
+        for layer in sidecar.layers:
+            a, b = factor_names(layer, target)
+            expected[a], expected[b] = (sidecar.rank, inner), (out, sidecar.rank)
+    check_tensors(sidecar, header, expected, path)
+    for (first, axis1), (second, axis2), what in SAME_WIDTH:
+        if first in widths and second in widths and widths[first][axis1] != widths[second][axis2]:
+            raise Refusal(f"adapter factors disagree on {what}: {first} gives {widths[first][axis1]} and {second} "
+                          f"gives {widths[second][axis2]}")
+
+
+def _widths(sidecar: AdapterSidecar, header: dict[str, dict[str, Any]], target: str) -> tuple[int, int]:
+    """(out, in) of a target's projection: the hidden size on the residual side, the first layer's factor elsewhere."""
+    out = inner = sidecar.hidden_size
+    if target in READS_HIDDEN:
+        out = _axis(header, [factor_names(layer, target)[1] for layer in sidecar.layers], 0)
+    else:
+        inner = _axis(header, [factor_names(layer, target)[0] for layer in sidecar.layers], 1)
+    return out, inner
+
+
+def _axis(header: dict[str, dict[str, Any]], names: list[str], axis: int) -> int:
+    """The size of ``axis`` in the first of ``names`` the file holds with two axes (0 when none: refused later)."""
+    for name in names:
+        shape = header.get(name, {}).get("shape", [])
+        if len(shape) == 2:
+            return int(shape[axis])
+    return 0
+
+
+def _load(path: Path) -> dict[str, Any]:
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(path))
+    except (OSError, SafetensorError):
+        raise Refusal(f"failed to read adapter {path}") from None
+    for name, tensor in tensors.items():
+        if not torch.isfinite(tensor.float()).all():
+            raise Refusal(f"adapter tensor {name} contains a non-finite value")
+    return tensors
+
