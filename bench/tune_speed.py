@@ -94,12 +94,12 @@ def run_worker(python: str, args: list[str], env: dict[str, str]) -> dict[str, A
     return result
 
 
-def environment(threads: int, ster: bool) -> dict[str, str]:
+def environment(threads: int, ster_root: Path | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", TQDM_DISABLE="1", PYTHONUNBUFFERED="1")
-    if ster:
-        env["PYTHONPATH"] = str(ROOT)  # this checkout's ster, whatever is installed
+    if ster_root is not None:
+        env["PYTHONPATH"] = str(ster_root)  # that checkout's ster, whatever is installed
     return env
 
 
@@ -112,30 +112,31 @@ def spread(results: list[dict[str, Any]], key: str) -> str:
     return f"{min(values):.2f}–{max(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
 
 
-def table(results: dict[tuple[str, str], list[dict[str, Any]]], ceilings: dict[str, list[dict[str, Any]]]) -> str:
+def table(results: dict[tuple[str, str], list[dict[str, Any]]], ceilings: dict[str, list[dict[str, Any]]],
+          sides: list[str]) -> str:
     hf_ceiling = statistics.median(r["tokens_per_s"] for r in ceilings["trl"]) if ceilings.get("trl") else None
-    lines = [("| objective | side | s per unit (range) | TRL / Ster | train s | tokens | tokens/s | of ceiling "
-              "| load s | process s | cpu s | peak RSS MiB |"),
+    lines = [("| objective | side | s per unit (range) | TRL / side | train s | train cpu s | tokens | tokens/s "
+              "| of ceiling | load s | process s | peak RSS MiB |"),
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for objective in OBJECTIVES:
-        runs = {side: results.get((objective, side)) for side in ("ster", "trl")}
-        if not all(runs.values()):
+        runs = {side: results[(objective, side)] for side in sides if (objective, side) in results}
+        if "trl" not in runs:
             continue
-        per = {side: median(r, "per_unit_s") for side, r in runs.items()}
+        trl = median(runs["trl"], "per_unit_s")
         for side, r in runs.items():
-            speed = median(r, "tokens_per_s")
-            ratio = f"{per['trl'] / per['ster']:.2f}x" if side == "ster" else ""
+            per, speed = median(r, "per_unit_s"), median(r, "tokens_per_s")
+            ratio = f"{trl / per:.2f}x" if side != "trl" else ""
             of_ceiling = f"{speed / hf_ceiling:.0%}" if hf_ceiling else "-"
-            lines.append(f"| {objective} (per {UNIT[objective]}) | {side} | {per[side]:.2f} "
-                         f"({spread(r, 'per_unit_s')}) | {ratio} | {median(r, 'train_s'):.1f} | {r[0]['tokens']} "
+            lines.append(f"| {objective} (per {UNIT[objective]}) | {side} | {per:.2f} ({spread(r, 'per_unit_s')}) "
+                         f"| {ratio} | {median(r, 'train_s'):.1f} | {median(r, 'train_cpu_s'):.1f} | {r[0]['tokens']} "
                          f"| {speed:.1f} | {of_ceiling} | {median(r, 'load_s'):.1f} | {median(r, 'process_s'):.1f} "
-                         f"| {median(r, 'cpu_s'):.1f} | {max(x['peak_rss_mib'] for x in r):.0f} |")
-    for side, name in (("trl", "transformers + PEFT"), ("ster", "Ster decoder")):
+                         f"| {max(x['peak_rss_mib'] for x in r):.0f} |")
+    for side, name in (("trl", "transformers + PEFT"), ("ster", "Ster's decoder")):
         if ceilings.get(side):
             r = ceilings[side]
-            lines.append(f"| ceiling: {name}, batch {CEILING_BATCH}x{CEILING_LENGTH} forward+backward | {side} "
-                         f"| {median(r, 'step_s'):.2f} per batch | | | {CEILING_BATCH * CEILING_LENGTH} "
-                         f"| {median(r, 'tokens_per_s'):.1f} | | | | | {max(x['peak_rss_mib'] for x in r):.0f} |")
+            lines.append(f"| ceiling: {name}, {CEILING_BATCH}x{CEILING_LENGTH} tokens forward+backward | {side} "
+                         f"| {median(r, 'step_s'):.2f} per batch | | | | {CEILING_BATCH * CEILING_LENGTH} "
+                         f"| {median(r, 'tokens_per_s'):.1f} | | | | {max(x['peak_rss_mib'] for x in r):.0f} |")
     return "\n".join(lines)
 
 
@@ -144,6 +145,8 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=Path("/work/smol"), help="a checkpoint directory both load")
     parser.add_argument("--trl-python", default="/work/trl-venv/bin/python", help="the TRL environment's python")
     parser.add_argument("--python", default=sys.executable, help="the project environment's python (Ster)")
+    parser.add_argument("--also-ster", type=Path, metavar="DIR",
+                        help="a second checkout of the project whose ster runs as a third side, ster@DIR")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--objectives", default=",".join(OBJECTIVES))
     parser.add_argument("--threads", type=int, default=2)
@@ -157,32 +160,35 @@ def main() -> None:
         print(json.dumps(WORKERS[side](what, args.model.resolve(), args.threads, args.units)), flush=True)
         return
     objectives = [o for o in args.objectives.split(",") if o]
-    pythons = {"ster": args.python, "trl": args.trl_python}
+    sides: dict[str, tuple[str, Path | None]] = {"ster": (args.python, ROOT), "trl": (args.trl_python, None)}
+    if args.also_ster:
+        sides[f"ster@{args.also_ster}"] = (args.python, args.also_ster.resolve())
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     ceilings: dict[str, list[dict[str, Any]]] = {}
     worker_args = ["--model", str(args.model), "--threads", str(args.threads), "--units", str(args.units)]
     load = os.getloadavg()[0]
     for round_ in range(args.rounds):
-        order = ("ster", "trl") if round_ % 2 == 0 else ("trl", "ster")
+        order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
         for objective in objectives:
             for side in order:
-                result = run_worker(pythons[side], ["--worker", side, objective, *worker_args],
-                                    environment(args.threads, side == "ster"))
+                python, root = sides[side]
+                result = run_worker(python, ["--worker", "trl" if root is None else "ster", objective, *worker_args],
+                                    environment(args.threads, root))
                 results.setdefault((objective, side), []).append(result)
                 print(f"round {round_ + 1} {objective} {side}: {result['per_unit_s']:.2f} s per "
                       f"{UNIT[objective]}, train {result['train_s']:.1f} s, {result['tokens_per_s']:.1f} tokens/s, "
                       f"peak {result['peak_rss_mib']:.0f} MiB, load average {os.getloadavg()[0]:.1f}",
                       file=sys.stderr, flush=True)
         if not args.no_ceiling:
-            for side in order:
-                result = run_worker(pythons[side], ["--worker", side, "ceiling", *worker_args],
-                                    environment(args.threads, side == "ster"))
+            for side in ("ster", "trl") if round_ % 2 == 0 else ("trl", "ster"):
+                python, root = sides[side]
+                result = run_worker(python, ["--worker", side, "ceiling", *worker_args], environment(args.threads, root))
                 ceilings.setdefault(side, []).append(result)
                 print(f"round {round_ + 1} ceiling {side}: {result['tokens_per_s']:.1f} tokens/s",
                       file=sys.stderr, flush=True)
     versions = {side: results[next(k for k in results if k[1] == side)][0]["versions"]
-                for side in ("ster", "trl") if any(k[1] == side for k in results)}
-    print(table(results, ceilings))
+                for side in sides if any(k[1] == side for k in results)}
+    print(table(results, ceilings, list(sides)))
     print(f"\nversions: {json.dumps(versions)}; {args.rounds} rounds, {args.threads} threads; "
           f"1-minute load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
     if args.results:
@@ -227,15 +233,15 @@ def ster_worker(what: str, model: Path, threads: int, count: int) -> dict[str, A
     def note(event: Any) -> None:
         marks.append((time.perf_counter(), getattr(event, "stage", "") or getattr(event, "type", "")))
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     final = run_job(f"tune {what}", request, note, models=store)
-    train = time.perf_counter() - started
+    train, cpu = time.perf_counter() - started, time.process_time() - cpu
     assert final.type == "result", final
     report = final.data["report"]
     units = report["examples"] if what == "sft" else report["pairs"]
     tokens = report["tokens"]
     reference = [t for t, stage in marks if stage == "reference"]
-    return {"side": "ster", "objective": what, "load_s": load, "train_s": train,
+    return {"side": "ster", "objective": what, "load_s": load, "train_s": train, "train_cpu_s": cpu,
             "reference_s": reference[-1] - reference[0] if reference else 0.0,
             "steps": report["steps"], "units": units, "tokens": tokens,
             "per_unit_s": train / (report["steps"] if what == "sft" else units), "tokens_per_s": tokens / train,
@@ -349,13 +355,13 @@ def trl_worker(what: str, model_dir: Path, threads: int, count: int) -> dict[str
                                 processing_class=tokenizer, peft_config=LoraConfig(task_type="SEQ_CLS", **lora))
         tokens = sum(len(row["chosen_ids"]) + len(row["rejected_ids"]) for row in trainer.train_dataset)
     setup = time.perf_counter() - started
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     output = trainer.train()
-    train = time.perf_counter() - started
+    train, cpu = time.perf_counter() - started, time.process_time() - cpu
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     units = len(trainer.train_dataset)
     steps = trainer.state.global_step
-    return {"side": "trl", "objective": what, "load_s": load, "setup_s": setup, "train_s": train,
+    return {"side": "trl", "objective": what, "load_s": load, "setup_s": setup, "train_s": train, "train_cpu_s": cpu,
             "steps": steps, "units": units, "tokens": tokens,
             "per_unit_s": train / (steps if what == "sft" else units), "tokens_per_s": tokens / train,
             "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else output.training_loss,
