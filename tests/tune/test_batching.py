@@ -65,7 +65,7 @@ def _objective(name: str, decoder, adapter: Adapter, units: list[Unit]):  # type
     if name == "reward":
         return Reward(adapter.head)
     objective = Preference(beta=0.1, loss=name)
-    objective.prepare(decoder, units, 1, JobContext(lambda event: None))
+    objective.prepare(decoder, [[[unit] for unit in units]], JobContext(lambda event: None))
     return objective
 
 

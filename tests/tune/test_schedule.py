@@ -94,6 +94,6 @@ def test_every_unit_loss_is_divided_by_the_constant_batch_times_accumulation() -
     loop.optimizer.step = lambda: (gradients.append(float(weight.grad)), step())[1]  # type: ignore[method-assign]
     loop.run(lambda current: "unused")
     assert loop.total == 2 and gradients == [1.0, 0.25]  # four units / 4, then the one left over / 4
-    first, second, tail = objective.forwards
-    assert first + second == sorted(first + second, reverse=True)  # a step's units go longest first
-    assert sorted(first + second + tail) == [2, 3, 4, 5, 6]
+    step, tail = objective.forwards  # the step's two forwards of two pack into one (rows.PACK_TOKENS)
+    assert step == sorted(step, reverse=True)  # a step's units go longest first
+    assert sorted(step + tail) == [2, 3, 4, 5, 6]

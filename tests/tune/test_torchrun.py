@@ -95,8 +95,9 @@ def test_two_ranks_train_the_adapter_one_process_trains(cli, tmp_path: Path, com
 REFUSES_ON_RANK_1 = '''
 import os, sys
 from ster.engine.protocol.errors import Refusal
-from ster.engine.tune import objectives
+from ster.engine.tune import objectives, rows
 
+rows.PACK_TOKENS = 0  # every forward alone: the toy's short pairs would otherwise pack a step into one, on rank 0
 if os.environ["RANK"] == "1":
     forwards, scored = [], objectives.Preference.losses
 

@@ -2,9 +2,11 @@
 
 One optimizer step takes ``batch × accumulation`` units from the epoch's order (shuffled
 by ``random.Random(seed + epoch)``), stably sorts them by descending length when the
-batch holds more than one, cuts them into forwards of ``batch`` units, and folds their
-losses into one AdamW step; each unit's loss is divided by the constant ``batch ×
-accumulation``, so a short tail step is proportionally smaller. The learning rate ramps
+batch holds more than one, cuts them into forwards of ``batch`` units, runs consecutive
+forwards as one while their rows packed along shared prefixes fit in
+:data:`~ster.engine.tune.rows.PACK_TOKENS` (the step's gradient is the same either way),
+and folds their losses into one AdamW step; each unit's loss is divided by the constant
+``batch × accumulation``, so a short tail step is proportionally smaller. The learning rate ramps
 linearly over the warmup steps and then decays on a cosine to a tenth of the base rate.
 
 Between steps the loop checks the job's cancel flag: a cancelled run saves a
@@ -30,8 +32,9 @@ from torch import Tensor
 
 from ster.engine.model.llama import Decoder
 from ster.engine.protocol.jobs import JobContext
-from ster.engine.tune.objectives import Objective, Stats, Unit
+from ster.engine.tune.objectives import Objective, Stats, Unit, rows_of
 from ster.engine.tune.parallel import Parallel
+from ster.engine.tune.rows import fuse
 
 
 @dataclass(frozen=True)
@@ -120,16 +123,31 @@ class Loop:
             picked = sorted(picked, key=lambda unit: -unit.length)  # stable: equal lengths keep their order
         return [picked[i:i + self.settings.batch] for i in range(0, len(picked), self.settings.batch)]
 
+    def _groups(self, step: int) -> list[list[tuple[int, list[Unit]]]]:
+        """The step's forwards, numbered, consecutive ones joined while they pack within
+        :data:`~ster.engine.tune.rows.PACK_TOKENS`. Each group runs as one forward, group ``g`` on rank
+        ``g % world``, so every world size computes the same forwards."""
+        return fuse(list(enumerate(self._forwards(step))), lambda forward: rows_of(forward[1]))
+
+    def first_epoch(self) -> list[list[list[Unit]]]:
+        """Per rank, the units of each forward it runs in the first epoch (what the reference pass scores)."""
+        world, steps = self.parallel.world, range(min(self.steps_per_epoch, self.total))
+        groups = [(g, [unit for _, units in group for unit in units])
+                  for step in steps for g, group in enumerate(self._groups(step))]
+        return [[units for g, units in groups if g % world == rank] for rank in range(world)]
+
     def _step(self) -> None:
         started = time.perf_counter()
         state, step = self.state, self.state.step
         epoch, within = divmod(step, self.steps_per_epoch)
         forwards = self._forwards(step)
         stats: list[tuple[int, list[Stats]]] = []
-        for number, units in self.parallel.share(forwards):
-            losses, unit_stats = self.objective.losses(self.decoder, units)
+        for _, group in self.parallel.share(self._groups(step)):
+            losses, unit_stats = self.objective.losses(self.decoder, [unit for _, units in group for unit in units])
             (losses.sum() / self.per_step).backward()
-            stats.append((number, unit_stats))
+            for number, units in group:  # each forward's numbers under its own number, as every rank orders them
+                stats.append((number, unit_stats[:len(units)]))
+                unit_stats = unit_stats[len(units):]
         step_stats = self.parallel.gather(stats)
         self.parallel.reduce_gradients(self.params)
         rate = learning_rate(self.settings.learning_rate, step, self.settings.warmup_steps, self.total)

@@ -28,12 +28,7 @@ from ster.engine.model.llama import Decoder
 from ster.engine.protocol.errors import Cancelled
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.tune.parallel import Parallel
-from ster.engine.tune.rows import (
-    forward_rows,
-    pair_last_states,
-    pair_logprobs,
-    token_logprobs,
-)
+from ster.engine.tune.rows import forward_tree, tree_last_states, tree_logprobs
 
 
 @dataclass(frozen=True)
@@ -63,17 +58,18 @@ Stats = dict[str, float]
 ONE_PROCESS = Parallel()
 
 
-def _scored(decoder: Decoder, units: list[Unit], adapters: bool = True) -> list[Tensor]:
-    """Token log-probabilities of every row of ``units`` in order, in one forward.
+def rows_of(units: list[Unit]) -> list[list[int]]:
+    """Every row of ``units``, in order."""
+    return [row for unit in units for row in unit.rows]
 
-    A pair's two sides run as one packed row (their shared prefix once), so a forward of
-    ``batch`` pairs is ``batch`` rows."""
-    if units[0].pair:
-        scored = pair_logprobs(decoder, [(unit.rows[0], unit.rows[1]) for unit in units], adapters)
-        return [side[start - 1:] for unit, sides in zip(units, scored) for side, start in zip(sides, unit.starts)]
-    rows = [row for unit in units for row in unit.rows]
-    starts = [start for unit in units for start in unit.starts]
-    return token_logprobs(decoder, forward_rows(decoder, rows, adapters), rows, starts)
+
+def _scored(decoder: Decoder, units: list[Unit], adapters: bool = True) -> list[Tensor]:
+    """Token log-probabilities of every row of ``units`` in order, from one forward of the rows packed
+    along their shared prefixes (a pair's prompt, the system turn before every example) so that each
+    shared token is computed once; equal to scoring every row alone (tested to 1e-5)."""
+    rows, starts = rows_of(units), [start for unit in units for start in unit.starts]
+    hidden, tree = forward_tree(decoder, rows, adapters)
+    return tree_logprobs(decoder, hidden, tree, rows, starts)
 
 
 class Objective:
@@ -82,9 +78,10 @@ class Objective:
     name: str = ""
     unit: str = "example"
 
-    def prepare(self, decoder: Decoder, units: list[Unit], batch: int, ctx: JobContext,
+    def prepare(self, decoder: Decoder, shares: list[list[list[Unit]]], ctx: JobContext,
                 parallel: Parallel = ONE_PROCESS) -> None:
-        """Work done once before the first step (the reference pass of dpo), shared among the ranks."""
+        """Work done once before the first step (the reference pass of dpo), shared among the ranks:
+        ``shares[rank]`` is that rank's forwards, each a list of units, as it first runs them."""
 
     def losses(self, decoder: Decoder, units: list[Unit]) -> tuple[Tensor, list[Stats]]:
         """The [n] f32 loss of each unit, and its numbers for the report."""
@@ -125,24 +122,28 @@ class Preference(Objective):
     def name(self) -> str:  # type: ignore[override]
         return self.loss
 
-    def prepare(self, decoder: Decoder, units: list[Unit], batch: int, ctx: JobContext,
+    def prepare(self, decoder: Decoder, shares: list[list[list[Unit]]], ctx: JobContext,
                 parallel: Parallel = ONE_PROCESS) -> None:
+        """Score every pair under the frozen reference, each in the forward it is first trained in, so that
+        with a fresh adapter (the identity) the first step's log-ratios are exactly zero."""
         if self.reference:
             return  # restored from a checkpoint
-        ctx.progress("reference", f"scoring {len(units)} pairs under the frozen reference model", 0, len(units))
-        chunks = [units[start:start + batch] for start in range(0, len(units), batch)]
+        total = sum(len(forward) for share in shares for forward in share)
+        ctx.progress("reference", f"scoring {total} pairs under the frozen reference model", 0, total)
         mine: dict[int, tuple[float, float]] = {}
+        done = 0
         with torch.no_grad():
-            for first in range(0, len(chunks), parallel.world):  # one chunk per rank per round
+            for round_ in range(max(len(share) for share in shares)):  # one forward per rank per round
                 if parallel.any(ctx.cancel.is_set()):
                     raise Cancelled()
-                if first + parallel.rank < len(chunks):
-                    chunk = chunks[first + parallel.rank]
-                    logps = _scored(decoder, chunk, adapters=False)
-                    for i, unit in enumerate(chunk):
+                own = shares[parallel.rank]
+                if round_ < len(own):
+                    logps = _scored(decoder, own[round_], adapters=False)
+                    for i, unit in enumerate(own[round_]):
                         mine[unit.index] = (float(logps[2 * i].sum()), float(logps[2 * i + 1].sum()))
-                done = min(len(units), (first + parallel.world) * batch)
-                ctx.progress("reference", f"reference pair {done}/{len(units)}", done, len(units))
+                for _ in range(sum(len(share[round_]) for share in shares if round_ < len(share))):
+                    done += 1
+                    ctx.progress("reference", f"reference pair {done}/{total}", done, total)
         for scored in parallel.everyone(mine):
             self.reference.update(scored)
 
@@ -187,8 +188,9 @@ class Reward(Objective):
         self.head = head  # [1, D] f32 parameter
 
     def losses(self, decoder: Decoder, units: list[Unit]) -> tuple[Tensor, list[Stats]]:
-        chosen_states, rejected_states = pair_last_states(decoder, [(unit.rows[0], unit.rows[1]) for unit in units])
-        chosen, rejected = self.score(chosen_states), self.score(rejected_states)
+        hidden, tree = forward_tree(decoder, rows_of(units))
+        scores = self.score(tree_last_states(decoder, hidden, tree))  # chosen, rejected, chosen, ...
+        chosen, rejected = scores[0::2], scores[1::2]
         losses = F.softplus(-(chosen - rejected))
         stats = [{"loss": float(loss.detach()), "chosen_score": float(c.detach()), "rejected_score": float(r.detach()),
                   "correct": float(c > r), "tied": float(c == r)}

@@ -51,7 +51,7 @@ def pair_stats(objective: Objective, decoder: Decoder, units: list[Unit], batch:
     the chosen side won), without a gradient; the objective's reference pass first (dpo)."""
     stats: list[Stats] = []
     with torch.inference_mode():
-        objective.prepare(decoder, units, batch, ctx)
+        objective.prepare(decoder, [list(_chunks(units, batch))], ctx)
         for chunk in _chunks(units, batch):
             ctx.check_cancelled()
             for numbers in objective.losses(decoder, chunk)[1]:

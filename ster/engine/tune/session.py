@@ -73,7 +73,7 @@ def _run(request: TuneRequest, ctx: JobContext, checkpoint: Checkpoint, units: l
         return str(where)
 
     with attached(decoder, adapter):
-        objective.prepare(decoder, trained, request.batch_size, ctx, parallel)
+        objective.prepare(decoder, loop.first_epoch(), ctx, parallel)
         state = loop.run(save)
     report = _report(request, checkpoint, units, trained, loop, objective, adapter, layers)
     if parallel.writer:
