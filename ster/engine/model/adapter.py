@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ster.engine.model.fingerprint import SCHEME, short
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import first_error
+from ster.engine.protocol.files import safetensors_header as read_header
 
 if TYPE_CHECKING:
     from ster.engine.model.config import LlamaConfig
@@ -165,11 +166,7 @@ def parse_sidecar(raw: Any, side: Path) -> AdapterSidecar:
 def safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
     """Tensor name → {dtype, shape} from a safetensors file's header, without reading the values."""
     try:
-        with path.open("rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            if length > 100_000_000:
-                raise ValueError("header too large")
-            header = json.loads(handle.read(length))
+        header = read_header(path)
     except (OSError, struct.error, ValueError):
         raise Refusal(f"failed to read adapter {path}") from None
     if not isinstance(header, dict):

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import stat
+import struct
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +24,14 @@ from pydantic import BaseModel, ValidationError
 
 from ster.engine.protocol import inflight
 from ster.engine.protocol.errors import Refusal
-from ster.engine.protocol.kinds import ACTIVATIONS, ARTIFACT, PAIR_SET, describe_existing, existing, with_article  # noqa: F401 (re-exported)
+from ster.engine.protocol.kinds import (  # noqa: F401 (re-exported)
+    ACTIVATIONS,
+    ARTIFACT,
+    PAIR_SET,
+    describe_existing,
+    existing,
+    with_article,
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -53,31 +61,46 @@ def read_json(path: Path, what: str) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise Refusal(f"{what} {path} could not be read: {exc}") from None
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
+        return json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
         raise Refusal(
             f"{what} {path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
-    except _DuplicateKey as exc:
+    except DuplicateKey as exc:
         raise Refusal(f'{what} {path} gives the key "{exc.key}" twice in one object, so which value '
                       "is meant is ambiguous") from None
     except RecursionError:
         raise Refusal(f"{what} {path} nests its arrays or objects too deeply to be read") from None
 
 
-class _DuplicateKey(ValueError):
+class DuplicateKey(ValueError):
+    """A key given twice in one JSON object (raised by :func:`unique_keys`)."""
+
     def __init__(self, key: str) -> None:
         super().__init__(key)
         self.key = key
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` for ``json.loads`` that refuses a key given twice in one object."""
     document: dict[str, Any] = {}
     for key, value in pairs:
         if key in document:
-            raise _DuplicateKey(key)
+            raise DuplicateKey(key)
         document[key] = value
     return document
+
+
+def safetensors_header(path: Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file (tensor names, dtypes, shapes, ``__metadata__``), values unread.
+
+    Raises OSError, struct.error or ValueError for a file that is not one; callers say which file it was.
+    """
+    with path.open("rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        if length > 100_000_000:
+            raise ValueError("header too large")
+        return json.loads(handle.read(length))  # type: ignore[no-any-return]
 
 
 def first_error(exc: ValidationError) -> str:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ster.engine.protocol.errors import Refusal
-from ster.engine.protocol.files import write_atomic
+from ster.engine.protocol.files import safetensors_header, write_atomic
 
 NOT_IDENTITY = {"output", "resume", "checkpoint_every", "device", "model", "revision", "examples", "pairs"}
 """Fields that do not change what a run computes (where it writes, how often it saves, where it
@@ -93,11 +93,7 @@ def load_checkpoint(path: Path, optimizer: dict[str, Any]) -> dict[str, Any]:
 def _metadata(path: Path) -> dict[str, Any]:
     """The JSON documents in the checkpoint's safetensors header."""
     try:
-        with path.open("rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            if length > 100_000_000:
-                raise ValueError("header too large")
-            header = json.loads(handle.read(length))
+        header = safetensors_header(path)
         documents = {key: json.loads(value) for key, value in header["__metadata__"].items()}
     except (OSError, struct.error, ValueError, KeyError, TypeError, AttributeError):
         raise _unreadable(path) from None

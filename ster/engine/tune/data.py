@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ster.engine.protocol.errors import Refusal
-from ster.engine.protocol.files import read_json
+from ster.engine.protocol.files import DuplicateKey, read_json, unique_keys
 
 Message = dict[str, str]
 """One turn of a conversation: ``{"role": ..., "content": ...}``."""
@@ -279,12 +279,12 @@ def _read(path: Path, what: str, key: str, columns: set[str]) -> tuple[Any, list
     text = _text(path, what)
     if path.suffix.lower() != ".jsonl" and text.strip():
         try:
-            whole = json.loads(text, object_pairs_hook=_unique_keys)
+            whole = json.loads(text, object_pairs_hook=unique_keys)
         except json.JSONDecodeError:
             first = next(line for line in text.split("\n") if line.strip())
             if not _parses(first):
                 return read_json(path, what), None  # a malformed document: refused with the shared sentence
-        except (_DuplicateKey, RecursionError):
+        except (DuplicateKey, RecursionError):
             return read_json(path, what), None
         else:
             if not (isinstance(whole, dict) and key not in whole and columns & whole.keys()):
@@ -315,10 +315,10 @@ def _lines(text: str, path: Path) -> list[_Line]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line, object_pairs_hook=_unique_keys)
+            record = json.loads(line, object_pairs_hook=unique_keys)
         except json.JSONDecodeError as exc:
             raise Refusal(f"{path} line {number} is not valid JSON: {exc.msg} at column {exc.colno}") from None
-        except _DuplicateKey as exc:
+        except DuplicateKey as exc:
             raise Refusal(f'{path} line {number} gives the key "{exc.key}" twice, so which value is meant is '
                           "ambiguous") from None
         except RecursionError:
@@ -339,18 +339,3 @@ def _parses(line: str) -> bool:
 
 def _first_line(text: str) -> int:
     return next(number for number, line in enumerate(text.split("\n"), start=1) if line.strip())
-
-
-class _DuplicateKey(ValueError):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    record: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in record:
-            raise _DuplicateKey(key)
-        record[key] = value
-    return record
