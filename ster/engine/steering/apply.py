@@ -8,8 +8,8 @@ each new token's — and the hooks are removed in ``finally`` whatever happens.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -27,18 +27,41 @@ def plan(model: Decoder, vectors: dict[int, list[float]], scales: dict[int, floa
 @contextmanager
 def steer(model: Decoder, additions: dict[int, Tensor]) -> Iterator[None]:
     """Add ``additions[layer]`` to the output of each listed block for the duration of the block."""
+    with _added(model, list(additions), additions.__getitem__):
+        yield
+
+
+@contextmanager
+def _added(model: Decoder, layers: list[int], addition: Callable[[int], Tensor]) -> Iterator[None]:
+    """Forward hooks adding ``addition(layer)`` (read at each forward) to each listed block's output."""
     handles = []
 
-    def hook_for(addition: Tensor):  # noqa: ANN202 - a forward hook's signature is torch's
+    def hook_for(layer: int):  # noqa: ANN202 - a forward hook's signature is torch's
         def hook(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-            return output + addition
+            return output + addition(layer)
 
         return hook
 
     try:
-        for layer, addition in additions.items():
-            handles.append(model.blocks[layer].register_forward_hook(hook_for(addition)))
+        for layer in layers:
+            handles.append(model.blocks[layer].register_forward_hook(hook_for(layer)))
         yield
     finally:
         for handle in handles:
             handle.remove()
+
+
+class RowSteering:
+    """Per-row additions for a batch decoded together: ``additions[layer]`` is [B, D], one row per sequence,
+    and :meth:`select` follows the batch as rows leave it (the group decoder's ``select_rows``)."""
+
+    def __init__(self, additions: dict[int, Tensor]) -> None:
+        self.full = additions
+        self.current = {layer: rows[:, None, :] for layer, rows in additions.items()}  # [B, 1, D]
+
+    def select(self, rows: Tensor) -> None:
+        self.current = {layer: full.index_select(0, rows)[:, None, :] for layer, full in self.full.items()}
+
+    def applied(self, model: Decoder) -> AbstractContextManager[None]:
+        """Add the current rows' vectors to the output of each listed block, every position."""
+        return _added(model, list(self.full), lambda layer: self.current[layer])

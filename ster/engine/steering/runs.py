@@ -13,10 +13,11 @@ from contextlib import nullcontext
 import torch
 
 from ster.engine.model.decoding import decode
+from ster.engine.model.group_decoding import decode_group
 from ster.engine.model.llama import Decoder
 from ster.engine.model.sampling import Generation, Sampling
 from ster.engine.steering.activations import read_last_states
-from ster.engine.steering.apply import plan, steer
+from ster.engine.steering.apply import RowSteering, plan, steer
 
 
 def steered_decode(model: Decoder, prompt_ids: list[int], vectors: dict[int, list[float]] | None,
@@ -30,6 +31,29 @@ def steered_decode(model: Decoder, prompt_ids: list[int], vectors: dict[int, lis
     with steering:
         return decode(model, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, eos_ids=eos_ids,
                       on_token=on_token, check_cancelled=check_cancelled)
+
+
+def steered_rows_decode(model: Decoder, prompt_ids: list[int], vectors: dict[int, list[float]],
+                        scales: list[dict[int, float]], *, max_new_tokens: int, sampling: Sampling,
+                        eos_ids: frozenset[int], on_token: Callable[[int, int, int], None],
+                        check_cancelled: Callable[[], None]) -> list[Generation]:
+    """One generation per entry of ``scales`` (row ``i`` steered at ``scales[i][layer] × vectors[layer]``),
+    decoded as one batch; a row whose scales are all 0 is the unsteered baseline."""
+    weight = model.lm_head.weight
+    samplings = [sampling] * len(scales)
+    if not any(any(row.values()) for row in scales):
+        return decode_group(model, prompt_ids, samplings, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
+                            check_cancelled=check_cancelled, on_token=on_token)
+    stacked = torch.tensor([vectors[layer] for layer in sorted(vectors)], dtype=torch.float32)  # [L, D]
+    by_row = torch.tensor([[row.get(layer, 0.0) for layer in sorted(vectors)] for row in scales],
+                          dtype=torch.float32)  # [B, L]
+    additions = {layer: (by_row[:, i, None] * stacked[i]).to(weight.device, weight.dtype)
+                 for i, layer in enumerate(sorted(vectors))}  # each [B, D], scaled as plan() scales
+    steering = RowSteering(additions)
+    with steering.applied(model):
+        return decode_group(model, prompt_ids, samplings, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
+                            check_cancelled=check_cancelled, on_token=on_token, shared_prefill=False,
+                            select_rows=steering.select)
 
 
 def text_projections(model: Decoder, texts: list[list[int]], directions: dict[int, list[float]]) -> list[float]:

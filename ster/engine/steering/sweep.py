@@ -35,7 +35,7 @@ from ster.engine.model.adapters_open import adapted, check_adapter
 from ster.engine.model.codec import TextCodec
 from ster.engine.model.context import encode_each, generation_budget
 from ster.engine.model.loading import model_store
-from ster.engine.model.sampling import Sampling, StopReason
+from ster.engine.model.sampling import Generation, Sampling, StopReason
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import first_error, load_document
 from ster.engine.protocol.jobs import JobContext
@@ -166,8 +166,9 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
     model = model_store(ctx).decoder(checkpoint, ctx)
     directions = artifact.by_layer()
     with adapted(ctx, model, adapter, checkpoint):
-        rows = [_sweep_strength(ctx, model, checkpoint.codec, artifact, request, prompts, encoded, directions, step)
-                for step in range(len(request.strengths))]
+        generated = _generate(ctx, model, codec, artifact, request, encoded, directions)
+        rows = [_measure(model, codec, artifact, request, prompts, [by_strength[step] for by_strength in generated],
+                         directions, step) for step in range(len(request.strengths))]
     rows = _judge(rows, _mean_norm(artifact))
     verdicts = [Judged(strength=r.strength, label=request.strengths[i].signed(), effect=r.effect,
                        threshold=r.threshold, distinguishable=r.distinguishable, fluent=r.fluent)
@@ -187,36 +188,42 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
                        moved=sentence is None)
 
 
-def _sweep_strength(ctx: JobContext, model: Decoder, codec: TextCodec, artifact: SteeringArtifact,
-                    request: SweepRequest, prompts: list[str], encoded: list[list[int]],
-                    directions: dict[int, list[float]], step: int) -> SweepRow:
-    """Generate every prompt at one strength, then re-read the texts unsteered and measure them."""
-    from ster.engine.steering.runs import steered_decode  # torch, once every input has been checked
+def _generate(ctx: JobContext, model: Decoder, codec: TextCodec, artifact: SteeringArtifact, request: SweepRequest,
+              encoded: list[list[int]], directions: dict[int, list[float]]) -> list[list[Generation]]:
+    """Per prompt, the text at every strength, decoded as one batch (each row steered at its own strength)."""
+    from ster.engine.steering.runs import steered_rows_decode  # torch, once every input has been checked
 
+    strengths = request.strengths
+    scales = [scales_for(artifact, strength).absolute for strength in strengths]
+    generated = []
+    for index, ids in enumerate(encoded):
+        ctx.progress("sweep", f"prompt {index + 1}/{len(encoded)}: {len(strengths)} strengths in one batch",
+                     index + 1, len(encoded))
+        streams = [codec.stream() for _ in strengths]
+
+        def on_token(row: int, i: int, token: int, index: int = index, streams: list = streams) -> None:
+            delta = streams[row].step(codec.tokenizer, token)
+            if delta:
+                ctx.token(delta, i, stream=f"{strengths[row].signed()}/{index}")
+
+        generated.append(steered_rows_decode(
+            model, ids, directions, scales, max_new_tokens=request.max_new_tokens,
+            sampling=Sampling(request.temperature, request.top_p, request.seed), eos_ids=codec.eos_ids,
+            on_token=on_token, check_cancelled=ctx.check_cancelled))
+    return generated
+
+
+def _measure(model: Decoder, codec: TextCodec, artifact: SteeringArtifact, request: SweepRequest,
+             prompts: list[str], generations: list[Generation], directions: dict[int, list[float]],
+             step: int) -> SweepRow:
+    """One strength's row: the texts re-read unsteered, their projections and degeneracy."""
     strength = request.strengths[step]
     scales = scales_for(artifact, strength)
-    texts: list[str] = []
-    generated: list[list[int]] = []
-    stops: list[StopReason] = []
-    for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
-        ctx.progress("sweep", f"strength {strength.signed()}: prompt {index + 1}/{len(prompts)}",
-                     step * len(prompts) + index + 1, len(request.strengths) * len(prompts))
-        stream, label = codec.stream(), f"{strength.signed()}/{index}"
-
-        def on_token(i: int, token: int) -> None:
-            delta = stream.step(codec.tokenizer, token)
-            if delta:
-                ctx.token(delta, i, stream=label)
-
-        generation = steered_decode(model, ids, directions, scales.absolute, max_new_tokens=request.max_new_tokens,
-                                    sampling=Sampling(request.temperature, request.top_p, request.seed),
-                                    eos_ids=codec.eos_ids, on_token=on_token, check_cancelled=ctx.check_cancelled)
-        stops.append(generation.stop_reason)
-        texts.append(codec.decode(generation.ids))
-        generated.append(generation.ids)
+    generated = [generation.ids for generation in generations]
+    texts = [codec.decode(ids) for ids in generated]
     readings = _readings(model, codec, texts, directions)
-    outputs = [SweepOutput(prompt=prompt, text=text, tokens=len(ids), stop_reason=stop, projection=reading)
-               for prompt, text, ids, stop, reading in zip(prompts, texts, generated, stops, readings)]
+    outputs = [SweepOutput(prompt=prompt, text=text, tokens=len(g.ids), stop_reason=g.stop_reason, projection=reading)
+               for prompt, text, g, reading in zip(prompts, texts, generations, readings)]
     projections = [r for r in readings if r is not None]
     distincts = [d for d in map(distinct_2, generated) if d is not None]
     return SweepRow(strength=strength.value, absolute_strength=scales.labelled(scales.absolute),
