@@ -277,11 +277,14 @@ def _adapter_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--layers", default="all", metavar="LAYERS", help=f"{LAYERS_HELP}; default all")
 
 
-def _run_flags(parser: argparse.ArgumentParser, unit: str, accumulation: int = 8) -> None:
+def _run_flags(parser: argparse.ArgumentParser, unit: str, accumulation: int = 8, grpo: bool = False) -> None:
     group = parser.add_argument_group("run")
     group.add_argument("--output", required=True, metavar="FILE",
                        help="the adapter's .safetensors file; its sidecar is written beside it with .json")
-    group.add_argument("--epochs", default=1, metavar="N", help="passes over the data (default 1)")
+    if grpo:
+        group.add_argument("--iterations", default=1, metavar="N", help="passes over the prompts (default 1)")
+    else:
+        group.add_argument("--epochs", default=1, metavar="N", help="passes over the data (default 1)")
     group.add_argument("--learning-rate", default=1e-4, metavar="LR", help="AdamW's base rate (default 0.0001)")
     group.add_argument("--accumulation", default=accumulation, metavar="N",
                        help=f"forwards folded into one optimizer step (default {accumulation})")
@@ -290,9 +293,12 @@ def _run_flags(parser: argparse.ArgumentParser, unit: str, accumulation: int = 8
     group.add_argument("--max-sequence", default=512, metavar="N",
                        help=f"longest sequence in tokens, capped at the model's context; a longer {unit} is "
                             "skipped, never cut (default 512)")
-    group.add_argument("--batch-size", default=1, metavar="N",
-                       help=f"{unit}s per forward pass (a pair is two rows; default 1)")
-    group.add_argument("--seed", default=42, metavar="N", help="seeds the adapter's draw and the shuffle (default 42)")
+    if not grpo:
+        group.add_argument("--batch-size", default=1, metavar="N",
+                           help=f"{unit}s per forward pass (a pair is two rows; default 1)")
+    group.add_argument("--seed", default=42, metavar="N",
+                       help="seeds the adapter's draw, the shuffle" + (" and every sampled completion" if grpo else "")
+                            + " (default 42)")
     group.add_argument("--checkpoint-every", default=0, metavar="N",
                        help="write a resumable checkpoint beside the output every N steps (default 0: only when "
                             "interrupted)")
@@ -330,6 +336,25 @@ def _add_tune(commands: Any) -> None:
             parser.add_argument("--loss", default="dpo", metavar="{dpo,ipo}", help="sigmoid (dpo) or squared (ipo) "
                                                                                    "preference loss (default dpo)")
         _run_flags(parser, "pair")
+    grpo = _command(sub, "grpo", "group-relative policy optimization on completions the model samples",
+                    "For each prompt, sample --group completions from the adapted model, score them with the reward "
+                    "source, and step the adapter toward the completions that beat their group's mean, with a KL pull "
+                    "(--beta) toward the frozen base.", "tune grpo")
+    _model_flags(grpo)
+    grpo.add_argument("--prompts", required=True, metavar="FILE",
+                      help='{"prompts": ["..."]}, as extract reads (ster:grpo-prompts has six for the toy)')
+    grpo.add_argument("--reward", default="length", metavar="SOURCE",
+                      help="length (the completion's token count) or a reward model written by tune reward "
+                           "(default length)")
+    grpo.add_argument("--group", default=4, metavar="N", help="completions sampled per prompt, at least 2 (default 4)")
+    grpo.add_argument("--beta", default=0.04, metavar="B", help="weight of the KL pull toward the frozen base "
+                                                                "(default 0.04; 0 turns it off)")
+    _adapter_flags(grpo)
+    sampling = grpo.add_argument_group("sampling")
+    sampling.add_argument("--max-new-tokens", default=64, metavar="N", help="longest completion (default 64)")
+    sampling.add_argument("--temperature", default=0.9, metavar="T", help="above 0 (default 0.9)")
+    sampling.add_argument("--top-p", default=0.95, metavar="P", help="nucleus sampling (default 0.95)")
+    _run_flags(grpo, "prompt", accumulation=1, grpo=True)
     evaluate = _command(sub, "evaluate", "completion loss and perplexity, or preference accuracy, on held-out data",
                         "Score a checkpoint, or a checkpoint with an adapter, on held-out examples (completion-token "
                         "loss and perplexity), or an adapter on held-out preference pairs (a DPO adapter's implicit-"

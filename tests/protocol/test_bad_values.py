@@ -47,16 +47,22 @@ VALUES: dict[str, list[str]] = {
     "--alpha": [*FINITE, "0", "-1"], "--learning-rate": [*FINITE, "0", "-1e-4"], "--beta": [*FINITE, "0", "-0.1"],
     "--targets": ["nope", "", ",", "q,zz"],
     "--loss": ["kto", "DPO", ""],
+    "--group": [*WHOLE, "1"], "--iterations": WHOLE,
 }
 """Each flag whose value the request model checks, and values it must refuse."""
 
-SUBJECTS = ("supervised fine-tuning requires", "direct preference optimization requires", "reward modeling requires")
+SUBJECTS = ("supervised fine-tuning requires", "direct preference optimization requires", "reward modeling requires",
+            "group-relative policy optimization requires")
 MENTIONS = {"--layers": ("--layers", "layer range"), "--generator": ('unknown generator',),
             "--rank": ("--rank", "adapter rank"), "--alpha": ("--alpha", "adapter alpha"),
             "--targets": ("unknown adapter target", "no targets selected"),
             "--max-sequence": ("--max-sequence", "max_sequence must be at least two tokens"),
             "--beta": ("--beta", "direct preference optimization requires a finite beta",
-                       "evaluation requires a finite beta"),
+                       "evaluation requires a finite beta", "group-relative policy optimization requires a finite beta"),
+            "--temperature": ("--temperature", "group-relative policy optimization requires a temperature"),
+            "--max-new-tokens": ("--max-new-tokens", "max_new_tokens must be greater than zero"),
+            "--group": ("--group", "group-relative policy optimization requires a group"),
+            "--iterations": ("--iterations", "group-relative policy optimization requires at least one iteration"),
             "--loss": ("unknown preference loss",),
             "--batch-size": ("--batch-size", "evaluation requires a batch", *SUBJECTS),
             **{flag: (flag, *SUBJECTS) for flag in ("--epochs", "--accumulation", "--learning-rate")}}
@@ -67,7 +73,7 @@ FREE_TEXT = {"--prompt", "--positive", "--negative", "--trait", "--trait-name", 
 """Flags whose value is text with nothing to check (a route is checked only when it is used)."""
 
 PATHS = {"--model", "--pairs", "--vector", "--input", "--output", "--prompts", "--import-pairs", "artifact", "gguf",
-         "source", "--examples", "--adapter", "adapter"}
+         "source", "--examples", "--adapter", "adapter", "--reward"}
 """Flags that name a file or model; the job refuses a bad one (tested in ``test_a_bad_path_is_refused``)."""
 
 BASE = {
@@ -85,6 +91,7 @@ BASE = {
     "tune dpo": ["--model", "ster:toy", "--output", "{tmp}/out.safetensors"],
     "tune reward": ["--model", "ster:toy", "--output", "{tmp}/out.safetensors"],
     "tune evaluate": ["--model", "ster:toy", "--examples", "{tmp}/missing.json"],
+    "tune grpo": ["--model", "ster:toy", "--prompts", "{tmp}/missing.json", "--output", "{tmp}/out.safetensors"],
     "tune merge": ["--model", "ster:toy", "--adapter", "{tmp}/a.safetensors", "--output", "{tmp}/out"],
 }
 """The required flags of each command, with values that pass the request (the files need not exist: a value
@@ -104,8 +111,10 @@ def _value_flags(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) ->
 
 
 FLAGS = _value_flags(build_parser())
+FINE = {("tune grpo", "--beta", "0")}
+"""Values one command accepts though the flag's list refuses them elsewhere (grpo's beta 0 turns the KL off)."""
 CASES = [(command, flag, value) for command, flag in FLAGS if flag in VALUES and command.removeprefix("vector ")
-         in BASE for value in VALUES[flag]]
+         in BASE for value in VALUES[flag] if (command, flag, value) not in FINE]
 
 
 def test_every_value_flag_is_covered() -> None:

@@ -75,8 +75,10 @@ def assert_same_numbers(a: Any, b: Any) -> None:
 SFT = ["sft", "--examples", "ster:examples", "--batch-size", "2", "--accumulation", "2", "--epochs", "2"]
 DPO = ["dpo", "--pairs", "ster:pairs", "--accumulation", "4", "--epochs", "2"]
 
+GRPO = ["grpo", "--prompts", "ster:grpo-prompts", "--accumulation", "2", "--iterations", "2", "--max-new-tokens", "8"]
 
-@pytest.mark.parametrize("command", [SFT, DPO], ids=["sft", "dpo"])
+
+@pytest.mark.parametrize("command", [SFT, DPO, GRPO], ids=["sft", "dpo", "grpo"])
 def test_two_ranks_train_the_adapter_one_process_trains(cli, tmp_path: Path, command: list[str]) -> None:
     tune = ["tune", *command, "--model", "ster:toy", "--learning-rate", "1e-2"]
     run = torchrun(tmp_path, "-m", "ster", *tune, "--output", tmp_path / "two.safetensors")

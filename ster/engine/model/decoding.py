@@ -52,7 +52,7 @@ def decode(
             check_cancelled()
             token = choose(logits[0], sampling, generator)
             if token in eos_ids:
-                return Generation(out, "eos")
+                return Generation(out, "eos", token)
             out.append(token)
             on_token(len(out) - 1, token)
             if len(out) == max_new_tokens:

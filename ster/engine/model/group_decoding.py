@@ -63,7 +63,7 @@ def decode_group(
             for position, row in enumerate(active):
                 token = choose(logits[position], samplings[row], generators[row])
                 if token in eos_ids:
-                    results[row] = Generation(outputs[row], "eos")
+                    results[row] = Generation(outputs[row], "eos", token)
                     continue
                 outputs[row].append(token)
                 if on_token is not None:

@@ -94,23 +94,27 @@ class Adapter:
 
 @contextmanager
 def attached(decoder: Decoder, adapter: Adapter | None) -> Iterator[Decoder]:
-    """The decoder with ``adapter``'s factors on its projections for the block; nothing when None."""
+    """The decoder with ``adapter``'s factors, and only them, on its projections for the block; as it is when
+    None. Factors attached before (GRPO's policy, while its reward model scores) are set aside and put back."""
     if adapter is None:
         yield decoder
         return
-    touched = []
+    modules = [module for block in decoder.blocks for module in (block.self_attn, block.mlp)]
+    before = [dict(module.lora) for module in modules]
     try:
+        for module in modules:
+            module.lora.clear()
         for layer in adapter.layers:
             block = decoder.blocks[layer]
             for target in adapter.targets:
                 a, b = factor_names(layer, target)
                 module = block.self_attn if TARGETS[target] in ATTENTION_PROJECTIONS else block.mlp
                 module.lora[TARGETS[target]] = LoraFactors(adapter.tensors[a], adapter.tensors[b], adapter.scale)
-                touched.append(module)
         yield decoder
     finally:
-        for module in touched:
+        for module, factors in zip(modules, before):
             module.lora.clear()
+            module.lora.update(factors)
 
 
 def load_adapter(path: Path, config: LlamaConfig, device: torch.device) -> tuple[AdapterSidecar, Adapter]:

@@ -36,3 +36,5 @@ class Generation:
     ids: list[int]
     """Generated ids, without the EOS that stopped them."""
     stop_reason: StopReason
+    end: int | None = None
+    """The EOS id that stopped the text (None when it ran to its token budget)."""

@@ -49,6 +49,7 @@ JOBS: dict[str, tuple[str, str]] = {
     "tune sft": ("ster.engine.tune.train:sft_job", "ster.engine.tune.requests:SftRequest"),
     "tune dpo": ("ster.engine.tune.train:dpo_job", "ster.engine.tune.requests:DpoRequest"),
     "tune reward": ("ster.engine.tune.train:reward_job", "ster.engine.tune.requests:RewardRequest"),
+    "tune grpo": ("ster.engine.tune.train:grpo_job", "ster.engine.tune.requests:GrpoRequest"),
     "tune evaluate": ("ster.engine.tune.evaluate:evaluate_job", "ster.engine.tune.requests:TuneEvaluateRequest"),
     "tune merge": ("ster.engine.tune.merge:merge_job", "ster.engine.tune.requests:MergeRequest"),
     "tune inspect": ("ster.engine.tune.inspect:inspect_job", "ster.engine.tune.requests:TuneInspectRequest"),

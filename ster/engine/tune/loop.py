@@ -127,7 +127,10 @@ class Loop:
         """The step's forwards, numbered, consecutive ones joined while they pack within
         :data:`~ster.engine.tune.rows.PACK_TOKENS`. Each group runs as one forward, group ``g`` on rank
         ``g % world``, so every world size computes the same forwards."""
-        return fuse(list(enumerate(self._forwards(step))), lambda forward: rows_of(forward[1]))
+        numbered = list(enumerate(self._forwards(step)))
+        if not self.objective.fusable:
+            return [[forward] for forward in numbered]
+        return fuse(numbered, lambda forward: rows_of(forward[1]))
 
     def first_epoch(self) -> list[list[list[Unit]]]:
         """Per rank, the units of each forward it runs in the first epoch (what the reference pass scores)."""
@@ -141,6 +144,7 @@ class Loop:
         state, step = self.state, self.state.step
         epoch, within = divmod(step, self.steps_per_epoch)
         forwards = self._forwards(step)
+        self.objective.begin(epoch)
         stats: list[tuple[int, list[Stats]]] = []
         for _, group in self.parallel.share(self._groups(step)):
             losses, unit_stats = self.objective.losses(self.decoder, [unit for _, units in group for unit in units])
@@ -163,7 +167,7 @@ class Loop:
         state.final_loss = loss
         state.step = step + 1
         elapsed = time.perf_counter() - started
-        tokens = sum(unit.tokens for units in forwards for unit in units)
+        tokens = self.objective.step_tokens([unit for units in forwards for unit in units], step_stats)
         state.tokens, state.seconds = state.tokens + tokens, state.seconds + elapsed
         self._report_step(epoch, within, loss, rate, tokens / elapsed, step_stats)
         if within == self.steps_per_epoch - 1:
@@ -173,19 +177,13 @@ class Loop:
                      stats: list[Stats]) -> None:
         done = min((within + 1) * self.per_step, len(self.units))
         extra = self.objective.progress_extra(stats)
-        tail = "".join(f" {name} {value:.3f}" for name, value in extra.items())
-        self.ctx.progress(
-            "train",
-            f"epoch {epoch + 1}/{self.settings.epochs} step {self.state.step}/{self.total} "
-            f"{self.objective.unit} {done}/{len(self.units)} loss {loss:.4f}{tail}",
-            self.state.step, self.total,
-            {"epoch": epoch + 1, "loss": loss, "learning_rate": rate, "tokens_per_second": speed, **extra},
-        )
+        message = self.objective.step_message(epoch, self.settings.epochs, within, self.steps_per_epoch, done,
+                                              len(self.units), loss, extra)
+        self.ctx.progress("train", message, self.state.step, self.total,
+                          {"epoch": epoch + 1, "loss": loss, "learning_rate": rate, "tokens_per_second": speed,
+                           **extra})
 
     def _report_epoch(self, epoch: int) -> None:
-        stats = self.state.epoch_stats
-        mean = math.fsum(s["loss"] for s in stats) / len(stats)
-        self.state.epoch_history.append({"epoch": epoch + 1, "mean_loss": mean,
-                                         **self.objective.summary(stats)})
-        self.ctx.log(f"epoch {epoch + 1}/{self.settings.epochs} mean loss {mean:.4f}"
-                     + self.objective.epoch_line(stats))
+        entry, line = self.objective.epoch_report(epoch, self.settings.epochs, self.state.epoch_stats)
+        self.state.epoch_history.append(entry)
+        self.ctx.log(line)

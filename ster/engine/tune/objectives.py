@@ -77,6 +77,28 @@ class Objective:
 
     name: str = ""
     unit: str = "example"
+    fusable: bool = True
+    """Whether a step's consecutive forwards may run as one (GRPO's prompts each run alone)."""
+
+    def begin(self, epoch: int) -> None:
+        """Called before each step's forwards with the epoch (GRPO's iteration) it belongs to."""
+
+    def step_tokens(self, units: list[Unit], stats: list[Stats]) -> int:
+        """Tokens a step processed, for its tokens/s: every row's, by default."""
+        return sum(unit.tokens for unit in units)
+
+    def step_message(self, epoch: int, epochs: int, within: int, steps: int, done: int, units: int, loss: float,
+                     extra: dict[str, float]) -> str:
+        """The progress line of a step (``within`` counts from 0 in its epoch; ``done`` units of ``units``)."""
+        tail = "".join(f" {name} {value:.3f}" for name, value in extra.items())
+        return (f"epoch {epoch + 1}/{epochs} step {epoch * steps + within + 1}/{epochs * steps} "
+                f"{self.unit} {done}/{units} loss {loss:.4f}{tail}")
+
+    def epoch_report(self, epoch: int, epochs: int, stats: list[Stats]) -> tuple[dict[str, Any], str]:
+        """The report's history entry of a finished epoch, and its log line."""
+        mean = _mean(s["loss"] for s in stats)
+        return ({"epoch": epoch + 1, "mean_loss": mean, **self.summary(stats)},
+                f"epoch {epoch + 1}/{epochs} mean loss {mean:.4f}" + self.epoch_line(stats))
 
     def prepare(self, decoder: Decoder, shares: list[list[list[Unit]]], ctx: JobContext,
                 parallel: Parallel = ONE_PROCESS) -> None:

@@ -1,4 +1,4 @@
-"""Requests of the tune jobs: sft, dpo, reward, evaluate, merge, inspect, export-peft.
+"""Requests of the tune jobs: sft, dpo, reward, grpo, evaluate, merge, inspect, export-peft.
 
 Every number a run takes is checked here, before anything loads, with the contract's
 sentences: the subject names the objective (``direct preference optimization requires
@@ -17,7 +17,7 @@ from ster.engine.model.adapter import check_spec, parse_targets, sidecar_path
 from ster.engine.model.requests import Device, ModelRequest
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.paths import flag, same_file
-from ster.engine.protocol.requests import Request, not_negative, seed
+from ster.engine.protocol.requests import Request, nucleus, not_negative, seed
 from ster.engine.steering.layers import LayerSpec
 
 MIN_SEQUENCE_SENTENCE = "max_sequence must be at least two tokens, so that one token can predict another"
@@ -85,6 +85,11 @@ class TuneRequest(AdapterSpecRequest):
         _check_sidecar_apart(self)
         return self
 
+    @property
+    def passes(self) -> int:
+        """Passes over the data: epochs (GRPO's iterations)."""
+        return self.epochs
+
 
 def _check_sidecar_apart(request: Request) -> None:
     """The sidecar is written too: it must not be the adapter itself, nor any input."""
@@ -141,6 +146,63 @@ class RewardRequest(PreferenceRequest):
     """``ster tune reward``: a Bradley–Terry reward model, a scalar head on the adapted model."""
 
     subject: ClassVar[str] = "reward modeling"
+
+
+class GrpoRequest(TuneRequest):
+    """``ster tune grpo``: group-relative policy optimization on completions the policy samples itself.
+
+    An iteration is one pass over the prompts (the other objectives' epoch); one optimizer step takes
+    ``accumulation`` prompts, and there is no batch size: a prompt's group is decoded as one batch.
+    """
+
+    subject: ClassVar[str] = "group-relative policy optimization"
+    unit: ClassVar[str] = "prompt"
+    prompts: Path
+    """``{"prompts": ["..."]}``, the shape extract reads."""
+    reward: str = "length"
+    """``length`` (the completion's token count) or a reward model written by ``tune reward``."""
+    group: int = 4
+    iterations: int = 1
+    beta: float = 0.04
+    accumulation: int = 1
+    max_new_tokens: int = 64
+    temperature: float = 0.9
+    top_p: float | None = 0.95
+
+    _top_p = field_validator("top_p")(lambda cls, v: nucleus(v))
+
+    @model_validator(mode="after")
+    def _grpo(self) -> GrpoRequest:
+        if not self.reward.strip():
+            raise ValueError(f"{self.subject} requires a reward source; pass length or a reward artifact")
+        if self.group < 2:
+            raise ValueError(f"{self.subject} requires a group of at least two completions, because the group is "
+                             "the baseline")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"{self.subject} requires a temperature above zero; argmax sampling would draw one "
+                             "identical completion per group")
+        if not (math.isfinite(self.beta) and self.beta >= 0):
+            raise ValueError(f"{self.subject} requires a finite beta of zero or more")
+        if self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be greater than zero")
+        if self.iterations < 1:
+            raise ValueError(f"{self.subject} requires at least one iteration")
+        if self.batch_size != 1:
+            raise ValueError(f"{self.subject} takes no batch size: each prompt's group is decoded as one batch")
+        source = self.reward_path
+        if source is not None and same_file(source, self.output):
+            raise ValueError(f"--output {self.output} is the reward model given as --reward; give --output "
+                             "another name")
+        return self
+
+    @property
+    def reward_path(self) -> Path | None:
+        """The reward model's path, or None for the ``length`` keyword."""
+        return None if self.reward.strip() == "length" else Path(self.reward)
+
+    @property
+    def passes(self) -> int:
+        return self.iterations
 
 
 class TuneEvaluateRequest(ModelRequest):

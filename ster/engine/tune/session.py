@@ -28,7 +28,7 @@ from ster.engine.tune.checkpoint import (
 from ster.engine.tune.loop import Loop, Settings
 from ster.engine.tune.objectives import Unit
 from ster.engine.tune.parallel import Parallel
-from ster.engine.tune.requests import DpoRequest, TuneRequest
+from ster.engine.tune.requests import DpoRequest, GrpoRequest, TuneRequest
 
 
 def run_training(request: TuneRequest, ctx: JobContext, checkpoint: Checkpoint, units: list[Any], usable: list[int],
@@ -56,7 +56,7 @@ def _run(request: TuneRequest, ctx: JobContext, checkpoint: Checkpoint, units: l
                           f"{request.rank} across {len(layers)} layers")
     trained = [Unit(i, *units[i]) for i in usable]
     objective = make_objective(adapter)
-    settings = Settings(request.epochs, request.batch_size, request.accumulation, request.learning_rate,
+    settings = Settings(request.passes, request.batch_size, request.accumulation, request.learning_rate,
                         request.warmup_steps, request.seed, request.checkpoint_every)
     loop = Loop(decoder, params, objective, trained, settings, ctx, parallel)
     identity = run_identity(request, checkpoint.fingerprint, [units[i] for i in usable])
@@ -99,6 +99,8 @@ def _report(request: TuneRequest, checkpoint: Checkpoint, units: list[Any], trai
             objective: Any, adapter: Adapter, layers: list[int]) -> dict[str, Any]:
     state, unit = loop.state, request.unit
     stats = state.epoch_stats
+    if isinstance(request, GrpoRequest):
+        return _grpo_report(request, checkpoint, units, trained, loop, objective, adapter, layers)
     report: dict[str, Any] = {}
     if isinstance(request, DpoRequest):
         report.update(loss=request.loss, beta=request.beta)
@@ -115,6 +117,27 @@ def _report(request: TuneRequest, checkpoint: Checkpoint, units: list[Any], trai
                   warmup_steps=request.warmup_steps, max_sequence=min(request.max_sequence, checkpoint.context),
                   tokens=state.tokens, history=state.epoch_history)
     return report
+
+
+def _grpo_report(request: GrpoRequest, checkpoint: Checkpoint, units: list[Any], trained: list[Unit], loop: Loop,
+                 objective: Any, adapter: Adapter, layers: list[int]) -> dict[str, Any]:
+    """The contract's GRPO report; the top-level mean_* fields are the last iteration's."""
+    state = loop.state
+    last = objective.summary(state.epoch_stats)
+    return {
+        "reward": "length" if request.reward_path is None else f"reward:{request.reward_path}",
+        "prompts": len(units), "trained_prompts": len(trained), "skipped_long": len(units) - len(trained),
+        "group": request.group, "iterations": request.iterations, "steps": loop.total, "beta": request.beta,
+        "trainable_tensors": len(adapter.tensors), "trainable_parameters": adapter.parameter_count(),
+        "first_loss": state.first_loss, "final_loss": state.final_loss, "mean_reward": last["mean_reward"],
+        "mean_kl": last["mean_kl"], "policy_loss": last["policy_loss"], "max_new_tokens": request.max_new_tokens,
+        "temperature": request.temperature, "top_p": request.top_p, "seed": request.seed, "rank": request.rank,
+        "alpha": float(request.alpha), "targets": request.target_names, "layers": layers,
+        "learning_rate": request.learning_rate, "accumulation": request.accumulation,
+        "warmup_steps": request.warmup_steps, "max_sequence": min(request.max_sequence, checkpoint.context),
+        "chat_template": checkpoint.codec.decision, "precision": request.precision, "tokens": state.tokens,
+        "history": state.epoch_history,
+    }
 
 
 def sidecar_for(request: TuneRequest, checkpoint: Checkpoint, layers: list[int], report: dict[str, Any],

@@ -1,4 +1,4 @@
-"""The training jobs: ``tune sft``, ``tune dpo`` and ``tune reward``.
+"""The training jobs: ``tune sft``, ``tune dpo``, ``tune reward`` and ``tune grpo``.
 
 Each job checks everything it can before a weight is mapped (flags in the request,
 the data, the encoded lengths against the sequence limit, the output paths, and with
@@ -17,16 +17,18 @@ from typing import Any
 from pydantic import BaseModel
 
 from ster.engine.model.adapter import sidecar_path
+from ster.engine.model.adapters_open import CheckedAdapter, check_adapter
 from ster.engine.model.loading import Checkpoint, model_store
 from ster.engine.protocol.errors import Refusal
-from ster.engine.protocol.files import check_output_file
+from ster.engine.protocol.files import check_output_file, load_document
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.protocol.kinds import ADAPTER_SIDECAR
+from ster.engine.steering.extract import PromptSet
 from ster.engine.steering.layers import LayerSpec
 from ster.engine.tune.checkpoint import check_checkpoint, checkpoint_path, run_identity
 from ster.engine.tune.data import PreferenceSet, load_examples, load_preferences
 from ster.engine.tune.encoding import encode_example, side_sequence
-from ster.engine.tune.requests import DpoRequest, RewardRequest, SftRequest, TuneRequest
+from ster.engine.tune.requests import DpoRequest, GrpoRequest, RewardRequest, SftRequest, TuneRequest
 
 
 class TrainResult(BaseModel):
@@ -58,6 +60,39 @@ def reward_job(request: RewardRequest, ctx: JobContext) -> TrainResult:
                   lambda adapter: _objective(request, adapter), reward=True)
 
 
+def grpo_job(request: GrpoRequest, ctx: JobContext) -> TrainResult:
+    prompts = load_document(request.prompts, PromptSet, "prompts").prompts
+    checkpoint = model_store(ctx).open(request, ctx)
+    reward = _reward_source(request, ctx, checkpoint)  # before the policy loads
+    units = [((checkpoint.codec.encode_prompt(prompt),), (0,)) for prompt in prompts]
+
+    def objective(adapter: Any) -> Any:
+        from ster.engine.tune.grpo import Grpo, RewardModel
+
+        reward_model = None
+        if reward is not None:
+            from ster.engine.model.adapters_open import load_checked
+
+            _, frozen = load_checked(ctx, reward, checkpoint, adapter.tensors[next(iter(adapter.tensors))].device)
+            reward_model = RewardModel(frozen)
+        return Grpo(group=request.group, beta=request.beta, max_new_tokens=request.max_new_tokens,
+                    temperature=request.temperature, top_p=request.top_p, seed=request.seed,
+                    eos_ids=checkpoint.codec.eos_ids, prompts=len(units), iterations=request.iterations,
+                    reward_model=reward_model)
+
+    return _train(request, ctx, checkpoint, units, objective)
+
+
+def _reward_source(request: GrpoRequest, ctx: JobContext, checkpoint: Checkpoint) -> CheckedAdapter | None:
+    """None for the length reward; otherwise the reward model, checked as one (kind, model, shapes)."""
+    path = request.reward_path
+    if path is None:
+        return None
+    if not path.exists():
+        raise Refusal(f'reward source "{request.reward}" is neither the keyword length nor a file that exists')
+    return check_adapter(ctx, path, checkpoint, want="reward")
+
+
 def pair_units(preferences: PreferenceSet, checkpoint: Checkpoint) -> list[tuple[tuple[list[int], ...],
                                                                                   tuple[int, ...]]]:
     """Each pair's chosen and rejected ids, and where each side's scored tokens start (after a prompt)."""
@@ -86,11 +121,13 @@ def _objective(request: TuneRequest, adapter: Any) -> Any:
 def _usable(request: TuneRequest, checkpoint: Checkpoint, units: list[Any], ctx: JobContext) -> list[int]:
     """Indices of the units within the sequence limit; each one over it is skipped with a line, never cut."""
     limit = min(request.max_sequence, checkpoint.context)
+    new = request.max_new_tokens if isinstance(request, GrpoRequest) else 0
     usable = []
     for index, (rows, _) in enumerate(units):
-        longest = max(len(row) for row in rows)
+        longest = max(len(row) for row in rows) + new
         if longest > limit:
-            ctx.progress("skip", f"skipping {request.unit} {index + 1}: {longest} tokens exceed the {limit} token limit")
+            tokens = f"{longest - new} tokens and {new} new tokens" if new else f"{longest} tokens"
+            ctx.progress("skip", f"skipping {request.unit} {index + 1}: {tokens} exceed the {limit} token limit")
         else:
             usable.append(index)
     if not usable:
