@@ -81,6 +81,7 @@ def test_every_job_that_writes_declares_its_outputs() -> None:
         "extract": ("output",), "train": ("output",), "optimize": ("output",), "pairs add": ("pairs",),
         "pairs remove": ("pairs",), "pairs save": ("pairs",), "pairs synthesize": ("output",),
         "model import": ("output",), "tune sft": ("output",), "tune dpo": ("output",), "tune reward": ("output",),
+        "tune grpo": ("output",),
         "tune merge": ("output",), "tune export-peft": ("output",)}
     for name in writers:
         fields = request_class(name).model_fields
