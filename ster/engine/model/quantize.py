@@ -24,28 +24,14 @@ torchao is imported only here, and only when int8 is asked for.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 from torch import Tensor
 
 
 def int8_tensor_type() -> type:
-    """torchao's ``Int8Tensor``, importing torchao quietly the first time.
+    """torchao's ``Int8Tensor`` (its import-time warnings are silenced in :mod:`ster.engine.model`)."""
+    from torchao.quantization import Int8Tensor
 
-    On a CPU-only torch, torchao's import logs a warning for each of its CUDA extensions it
-    cannot load, and torch logs one for an enum torchao registers; none concerns a CPU run,
-    so both loggers are raised to errors for the duration of the import.
-    """
-    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        from torchao.quantization import Int8Tensor
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
     return Int8Tensor
 
 
