@@ -154,8 +154,8 @@ def load_decoder(source: ModelSource, config: LlamaConfig, precision: str, devic
                     tensor = weights.get_tensor(name)
                     if quantize is not None and tensor.ndim == 2:  # projections, head, embedding
                         state[name] = quantize(tensor.to(device=device))
-                    else:
-                        state[name] = tensor.to(device=device, dtype=dtype)
+                    else:  # at int8 a copy: a view would keep the whole mapped file alive for the norms
+                        state[name] = tensor.to(device=device, dtype=dtype, copy=quantize is not None)
         except (OSError, SafetensorError) as exc:
             raise Refusal(f"weights file {path} could not be read: {exc}") from None
     if config.tie_word_embeddings:
@@ -163,6 +163,8 @@ def load_decoder(source: ModelSource, config: LlamaConfig, precision: str, devic
         state["lm_head.weight"] = state.get("model.embed_tokens.weight", torch.empty(0))
     _check_state(decoder, state, source)
     decoder.load_state_dict(state, strict=True, assign=True)
+    state.clear()  # the decoder holds the only references now, so prepare() frees each block's separate
+    # q/k/v and gate/up tensors as it fuses them: the peak stays one block above the model
     return decoder.prepare()
 
 

@@ -36,11 +36,19 @@ def int8_tensor_type() -> type:
 
 
 def quantize(weight: Tensor) -> Tensor:
-    """``weight`` [out, in] (any float dtype) as a per-row symmetric int8 torchao tensor."""
+    """``weight`` [out, in] (any float dtype) as a per-row symmetric int8 torchao tensor.
+
+    Rows are independent under per-row scales, so a large tensor (an embedding table) is
+    quantized a block of rows at a time: the f32 temporaries stay small whatever the vocabulary.
+    """
     Int8Tensor = int8_tensor_type()
     from torchao.quantization.granularity import PerRow
 
-    return Int8Tensor.from_hp(weight.float(), PerRow())
+    blocks = [Int8Tensor.from_hp(rows.float(), PerRow()) for rows in weight.split(_ROWS_AT_ONCE)]
+    return blocks[0] if len(blocks) == 1 else concatenate(blocks)
+
+
+_ROWS_AT_ONCE = 4096
 
 
 def concatenate(weights: list[Tensor]) -> Tensor:
