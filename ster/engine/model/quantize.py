@@ -1,0 +1,96 @@
+"""Weight-only int8 for the frozen base (``--precision int8``), through torchao.
+
+Each projection's weight, the output head and the embedding table are quantized per row
+(symmetric, one f32 scale per output channel) into torchao's ``Int8Tensor`` as they are
+read from the checkpoint, so a model is never held whole at f32. Everything else stays
+f32: norms, the residual stream, the KV cache, rotary, attention and the logits. LoRA
+factors, a reward head and optimizer state are f32 as at every precision; gradients
+reach a factor through the quantized projection's input (the weight is frozen), which is
+what QLoRA does.
+
+Two paths run an int8 product, chosen per call:
+
+- a single row that needs no gradient (a decode step) goes to PyTorch's own CPU
+  int8-weight kernel, ``aten._weight_int8pack_mm``. It takes bf16 activations, so that
+  row's input and the product are rounded to bf16 (the f32 scale is applied after, in
+  f32). torchao 0.18's own int8 linear converts the whole weight to f32 on every call,
+  which at one row is several times slower than the f32 model it replaces;
+- everything else — a prefill, reading activations, training and its backward — uses
+  torchao's own linear (the weight dequantized to f32 inside an ordinary, differentiable
+  matmul), so those run at f32 activations.
+
+torchao is imported only here, and only when int8 is asked for.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def int8_tensor_type() -> type:
+    """torchao's ``Int8Tensor`` (its import-time warnings are silenced in :mod:`ster.engine.model`)."""
+    from torchao.quantization import Int8Tensor
+
+    return Int8Tensor
+
+
+def quantize(weight: Tensor) -> Tensor:
+    """``weight`` [out, in] (any float dtype) as a per-row symmetric int8 torchao tensor.
+
+    Rows are independent under per-row scales, so a large tensor (an embedding table) is
+    quantized a block of rows at a time: the f32 temporaries stay small whatever the vocabulary.
+    """
+    Int8Tensor = int8_tensor_type()
+    from torchao.quantization.granularity import PerRow
+
+    blocks = [Int8Tensor.from_hp(rows.float(), PerRow()) for rows in weight.split(_ROWS_AT_ONCE)]
+    return blocks[0] if len(blocks) == 1 else concatenate(blocks)
+
+
+_ROWS_AT_ONCE = 4096
+
+
+def concatenate(weights: list[Tensor]) -> Tensor:
+    """Several per-row int8 weights stacked along their rows, as one int8 tensor (rows keep their scales)."""
+    Int8Tensor = int8_tensor_type()
+    first = weights[0]
+    qdata = torch.cat([w.qdata for w in weights])
+    scale = torch.cat([w.scale for w in weights])
+    return Int8Tensor(qdata, scale, [1, qdata.shape[1]], first.dtype)
+
+
+def quantized_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``x @ weight.T + bias`` for an int8 ``weight``, on the fastest path that keeps gradients correct."""
+    rows = x.numel() // x.shape[-1]
+    if rows == 1 and x.device.type == "cpu" and not (x.requires_grad and torch.is_grad_enabled()):
+        ones = _unit_scale(weight)
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(1, -1).to(torch.bfloat16), weight.qdata, ones)
+        y = y.float() * _row_scale(weight)
+        y = y.view(*x.shape[:-1], y.shape[-1])
+        if bias is not None:
+            y = y + bias
+        return y.to(x.dtype)
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+def quantized_embedding(ids: Tensor, table: Tensor) -> Tensor:
+    """The rows of ``ids`` of an int8 table, dequantized to f32: only those rows are read."""
+    rows = torch.nn.functional.embedding(ids, table.qdata).float()
+    return rows * torch.nn.functional.embedding(ids, table.scale)
+
+
+def _unit_scale(weight: Tensor) -> Tensor:
+    ones = getattr(weight, "_ster_unit_scale", None)
+    if ones is None:
+        ones = torch.ones(weight.qdata.shape[0], dtype=torch.bfloat16, device=weight.qdata.device)
+        weight._ster_unit_scale = ones
+    return ones
+
+
+def _row_scale(weight: Tensor) -> Tensor:
+    scale = getattr(weight, "_ster_row_scale", None)
+    if scale is None:
+        scale = weight.scale.reshape(-1).float()
+        weight._ster_row_scale = scale
+    return scale
