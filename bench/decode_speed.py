@@ -33,6 +33,7 @@ import torch
 
 from ster.engine.model.config import load_config
 from ster.engine.model.decoding import decode
+from ster.engine.model.group_decoding import decode_group
 from ster.engine.model.llama import Decoder, _matmul, _single_row
 from ster.engine.model.loading import load_decoder
 from ster.engine.model.resolve import resolve_model
@@ -117,6 +118,16 @@ def main() -> None:
 
         return run
 
+    def sampled(rows: int) -> Callable[[], None]:
+        """``rows`` completions of the prompt sampled as one batch (temperature 0.9, top-p 0.95), as GRPO draws."""
+        model = ours["f32"]
+        samplings = [Sampling(0.9, 0.95, seed) for seed in range(rows)]
+
+        def run() -> None:
+            decode_group(model, prompt, samplings, max_new_tokens=n, eos_ids=frozenset(), check_cancelled=lambda: None)
+
+        return run
+
     def transformers_generate() -> None:
         with torch.inference_mode():
             theirs.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
@@ -139,11 +150,14 @@ def main() -> None:
         "ster, f16": ("f16", n),
         "ster, bf16": ("bf16", n),
         "ster, int8 (weights; activations f32)": ("int8", n),
+        "ster, f32, 1 sampled row": ("f32", n),
+        "ster, f32, a group of 8 sampled rows (tokens/s counts every row)": ("f32", 8 * n),
         **{f"floor, {p} (every projection once)": (p, args.floor_passes) for p in PRECISIONS},
     }
     runs = dict(zip(rows, [
         transformers_generate, ster("f32"), ster("f32", {depth // 2: every_layer[depth // 2]}), ster("f32", every_layer),
-        ster("f16"), ster("bf16"), ster("int8"), *(floor(p) for p in PRECISIONS)], strict=True))
+        ster("f16"), ster("bf16"), ster("int8"), sampled(1), sampled(8), *(floor(p) for p in PRECISIONS)],
+        strict=True))
     for run in runs.values():  # warm-up: first-call allocations and kernel selection stay out of the timings
         run()
     seconds = median_times(runs, args.rounds)
