@@ -205,3 +205,31 @@ def test_the_reward_model_leaves_the_policy_attached() -> None:
         assert all(not block.mlp.lora for block in decoder.blocks)
     assert len(scores) == 2
     assert all(not block.self_attn.lora for block in decoder.blocks)
+
+
+def test_sampling_reads_the_policy_folded_into_the_weights_and_puts_everything_back() -> None:
+    """folded: every adapted projection (fused q/k/v and gate/up, or alone, as o and down are) computes what
+    the attached factors compute, with no factors attached; afterwards weights and factors are as they were."""
+    from ster.engine.model.lora import Adapter, attached, folded
+
+    decoder, checkpoint = _toy()
+    policy = Adapter.fresh(checkpoint.config, 4, 8.0, ["query", "value", "output", "up", "down"], [0, 2], 1,
+                           torch.device("cpu"))
+    with torch.no_grad():
+        for tensor in policy.tensors.values():
+            tensor.normal_(0, 0.05, generator=torch.Generator().manual_seed(tensor.numel()))
+    ids = torch.tensor([checkpoint.codec.encode_prompt("the sea is")])
+    modules = [module for block in decoder.blocks for module in (block.self_attn, block.mlp)]
+    weights = [[id(child.weight) for child in module.children()] for module in modules]
+    fused = [module.fused_weight for module in modules]
+    with torch.no_grad(), attached(decoder, policy):
+        adapted = decoder(ids, vocab="all").logits
+        factors = [dict(module.lora) for module in modules]
+        with folded(decoder):
+            assert all(not module.lora for module in modules)
+            assert torch.allclose(decoder(ids, vocab="all").logits, adapted, atol=1e-4)
+        assert [dict(module.lora) for module in modules] == factors
+        assert torch.equal(decoder(ids, vocab="all").logits, adapted)
+    assert all(a is b for a, b in zip(fused, (module.fused_weight for module in modules)))
+    assert weights == [[id(child.weight) for child in module.children()] for module in modules]
+    assert not torch.allclose(decoder(ids, vocab="all").logits, adapted, atol=1e-4), "the policy changes the logits"

@@ -117,6 +117,68 @@ def attached(decoder: Decoder, adapter: Adapter | None) -> Iterator[Decoder]:
             module.lora.update(factors)
 
 
+@contextmanager
+def folded(decoder: Decoder) -> Iterator[Decoder]:
+    """The decoder with its attached LoRA updates folded into copies of the weights they change (``W + scale·BA``)
+    and no factors attached, for the block; as it was after. For sampling from the adapted policy: a decode
+    step then costs what the base's does, where attached factors add two small matmuls per adapted projection
+    per step. The copies hold the same function, rounded differently, so nothing that needs the attached
+    arithmetic bit for bit (a training forward, its reference) belongs inside. Quantized weights keep their
+    factors attached."""
+    saved: list[tuple[nn.Module, dict[str, LoraFactors], Tensor | None, dict[str, Tensor]]] = []
+    try:
+        with torch.no_grad():
+            for block in decoder.blocks:
+                for module in (block.self_attn, block.mlp):
+                    if module.lora and _fold(module, saved):
+                        module.lora = {}
+        yield decoder
+    finally:
+        for module, lora, fused, weights in reversed(saved):
+            module.lora, module.fused_weight = lora, fused
+            for name, weight in weights.items():
+                getattr(module, name).weight = weight
+
+
+def _fold(module: nn.Module, saved: list[tuple[nn.Module, dict[str, LoraFactors], Tensor | None,
+                                              dict[str, Tensor]]]) -> bool:
+    """Fold ``module``'s attached factors into copies of its weights (its fused q/k/v or gate/up weight
+    included, whose leading rows its first projections' weights are views of); False, changing nothing,
+    when a weight is not a plain tensor or the fused layout is not that."""
+    linears = [(name, child) for name, child in module.named_children() if isinstance(child, nn.Linear)]
+    if any(type(child.weight) not in (nn.Parameter, Tensor) for _, child in linears):
+        return False
+    fused: Tensor | None = module.fused_weight
+    in_fused: dict[str, int] = {}
+    if fused is not None:
+        start = 0
+        for name, child in linears:
+            if start == fused.shape[0]:
+                break
+            if child.weight.data_ptr() != fused[start].data_ptr():
+                return False
+            in_fused[name] = start
+            start += child.out_features
+    weights = {name: child.weight for name, child in linears}
+    saved.append((module, module.lora, fused, weights))
+    new_fused = None if fused is None or not (in_fused.keys() & module.lora.keys()) else fused.clone()
+    for name, child in linears:
+        if new_fused is not None and name in in_fused:
+            rows = new_fused[in_fused[name]:in_fused[name] + child.out_features]
+            if name in module.lora:
+                rows.copy_(_folded_weight(rows, module.lora[name]))
+            child.weight = nn.Parameter(rows, requires_grad=False)
+        elif name in module.lora:
+            child.weight = nn.Parameter(_folded_weight(child.weight, module.lora[name]), requires_grad=False)
+    if new_fused is not None:
+        module.fused_weight = new_fused
+    return True
+
+
+def _folded_weight(weight: Tensor, lora: LoraFactors) -> Tensor:
+    return (weight.float() + lora.scale * (lora.b.detach() @ lora.a.detach())).to(weight.dtype)
+
+
 def load_adapter(path: Path, config: LlamaConfig, device: torch.device) -> tuple[AdapterSidecar, Adapter]:
     """Read an adapter artifact and check it against the model's shapes: every tensor present, shaped
     as the sidecar and the model imply, and finite."""

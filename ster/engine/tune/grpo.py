@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ster.engine.model.group_decoding import decode_group
 from ster.engine.model.llama import Decoder
-from ster.engine.model.lora import Adapter, attached
+from ster.engine.model.lora import Adapter, attached, folded
 from ster.engine.model.sampling import Sampling
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.jobs import JobContext
@@ -103,8 +103,9 @@ class Grpo(Objective):
                                         f"sampling {self.group} completions")
         first = self.seed + (self.epoch * self.prompts + unit.index) * self.group
         samplings = [Sampling(self.temperature, self.top_p, first + i) for i in range(self.group)]
-        drawn = decode_group(decoder, prompt, samplings, max_new_tokens=self.max_new_tokens, eos_ids=self.eos_ids,
-                             check_cancelled=lambda: None)  # a step finishes; cancel is checked between steps
+        with folded(decoder):  # the policy's updates folded into its weights: a step costs what the base's does
+            drawn = decode_group(decoder, prompt, samplings, max_new_tokens=self.max_new_tokens,
+                                 eos_ids=self.eos_ids, check_cancelled=lambda: None)  # cancel: between steps
         if any(not generation.ids for generation in drawn):
             raise Refusal("a sampled completion was empty, so this group has nothing to score")
         completions = [g.ids + ([g.end] if g.end is not None else []) for g in drawn]
