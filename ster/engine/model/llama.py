@@ -162,11 +162,29 @@ class Attention(nn.Module):
         q, k, v = qk[:, :heads], qk[:, heads:].to(x.dtype), qkv[:, heads + kv_heads:]
         if step.cache is not None:
             k, v = step.cache.append(layer, k, v)  # [B, kv, S, hd]
-        out = F.scaled_dot_product_attention(
-            q, k.float(), v.float(), attn_mask=step.mask, is_causal=step.causal, enable_gqa=True
-        )  # [B, H, T, hd] f32
+        if length == 1 and step.mask is None:
+            out = _one_query(q, k.float(), v.float())
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k.float(), v.float(), attn_mask=step.mask, is_causal=step.causal, enable_gqa=True
+            )  # [B, H, T, hd] f32
         out = out.to(x.dtype).transpose(1, 2).reshape(batch, length, heads * hd)
         return _linear(out, self.o_proj, lora.get("o_proj"))
+
+
+def _one_query(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Attention of one new token ([B, H, 1, hd] f32) over every cached key ([B, kv, S, hd] f32): a decode step.
+
+    Three small ops instead of ``scaled_dot_product_attention``, whose CPU kernel spends about half
+    a millisecond per call on a single query (measured on SmolLM2: 15 ms of a 45 ms token over 30
+    layers). Each group of query heads reads its key-value head without copying it.
+    """
+    batch, heads, _, hd = q.shape
+    kv = k.shape[1]
+    grouped = q.view(batch, kv, heads // kv, hd)  # [B, kv, group, hd]
+    scores = torch.matmul(grouped, k.transpose(-1, -2)) * (1.0 / math.sqrt(hd))  # [B, kv, group, S]
+    out = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, kv, group, hd]
+    return out.view(batch, heads, 1, hd)
 
 
 class MLP(nn.Module):
