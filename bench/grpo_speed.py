@@ -58,14 +58,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from workers import ROOT, environment, median, run_worker, spread  # bench/, the script's folder
+
 PROMPTS = Path(__file__).resolve().parent / "data" / "grpo-prompts.json"
 
 RANK, ALPHA, TARGETS = 8, 16, ("q_proj", "v_proj")
@@ -74,43 +74,6 @@ PARTS = ("sample", "policy", "reference", "backward")
 
 
 # ---------------------------------------------------------------- the driver (project python)
-
-
-def run_worker(python: str, args: list[str], env: dict[str, str]) -> dict[str, Any]:
-    """Run one measurement in a fresh process; its result, with its wall time and peak RSS."""
-    with tempfile.TemporaryFile("w+") as out_file, tempfile.TemporaryFile("w+") as err_file:
-        started = time.perf_counter()
-        process = subprocess.Popen([python, str(Path(__file__).resolve()), *args], stdout=out_file, stderr=err_file,
-                                   env=env, cwd=ROOT, text=True)
-        _, status, usage = os.wait4(process.pid, 0)  # this child's own peak RSS
-        wall = time.perf_counter() - started
-        process.returncode = os.waitstatus_to_exitcode(status)
-        out_file.seek(0), err_file.seek(0)
-        out, err = out_file.read(), err_file.read()
-    lines = [line for line in out.splitlines() if line.startswith("{")]
-    if process.returncode != 0 or not lines:
-        raise SystemExit(f"worker {' '.join(args)} failed ({process.returncode}):\n{err[-4000:]}")
-    result = json.loads(lines[-1])
-    result.update(process_s=wall, peak_rss_mib=usage.ru_maxrss / 1024)
-    return result
-
-
-def environment(threads: int, ster_root: Path | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", TQDM_DISABLE="1", PYTHONUNBUFFERED="1")
-    if ster_root is not None:
-        env["PYTHONPATH"] = str(ster_root)  # that checkout's ster, whatever is installed
-    return env
-
-
-def median(results: list[dict[str, Any]], key: str) -> float:
-    return statistics.median(r[key] for r in results)
-
-
-def spread(results: list[dict[str, Any]], key: str) -> str:
-    values = [r[key] for r in results]
-    return f"{min(values):.2f}–{max(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
 
 
 def table(results: dict[str, list[dict[str, Any]]]) -> str:
@@ -163,7 +126,7 @@ def main() -> None:
         order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
         for side in order:
             python, root = sides[side]
-            result = run_worker(python, ["--worker", "trl" if root is None else "ster", *worker_args],
+            result = run_worker(__file__, python, ["--worker", "trl" if root is None else "ster", *worker_args],
                                 environment(args.threads, root))
             results.setdefault(side, []).append(result)
             loads.append(os.getloadavg()[0])
