@@ -477,20 +477,21 @@ def _fuse(module: nn.Module, names: tuple[str, ...]) -> None:
         fused = concatenate(weights)
     else:
         fused = torch.cat([w.detach() for w in weights])
-    start = 0
-    for layer in layers:
-        end = start + layer.out_features
-        layer.weight = nn.Parameter(fused[start:end], requires_grad=False)
-        start = end
+    _share(layers, "weight", fused)
     module.fused_weight = fused
     if layers[0].bias is not None:
         bias = torch.cat([layer.bias.detach() for layer in layers])
-        start = 0
-        for layer in layers:
-            end = start + layer.out_features
-            layer.bias = nn.Parameter(bias[start:end], requires_grad=False)
-            start = end
+        _share(layers, "bias", bias)
         module.fused_bias = bias
+
+
+def _share(layers: list[nn.Linear], name: str, fused: Tensor) -> None:
+    """Make each layer's ``name`` (weight or bias) the view of its own rows of ``fused``."""
+    start = 0
+    for layer in layers:
+        end = start + layer.out_features
+        setattr(layer, name, nn.Parameter(fused[start:end], requires_grad=False))
+        start = end
 
 
 def _embed(ids: Tensor, table: Tensor) -> Tensor:
