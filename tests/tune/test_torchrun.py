@@ -121,9 +121,9 @@ def test_a_refusal_on_one_rank_ends_the_other(tmp_path: Path) -> None:
     script.write_text(REFUSES_ON_RANK_1)
     run = torchrun(tmp_path, script, "tune", *DPO, "--model", "ster:toy", "--output", tmp_path / "a.safetensors")
     assert run.returncode != 0
-    assert said(tmp_path, 1) == ("", "rank 1: error: rank 1 refuses its third forward\n")
+    assert said(tmp_path, 1) == ("", "rank 1: error: rank 1 refuses its third forward\n"), run.stderr
     out, err = said(tmp_path, 0)
-    assert out == "" and err.splitlines()[-1].startswith("error: ")
+    assert out == "" and err.splitlines()[-1].startswith("error: "), (err, run.stderr)
     assert not (tmp_path / "a.safetensors").exists() and not (tmp_path / "a.json").exists()
 
 
