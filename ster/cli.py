@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -94,32 +93,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run_tui(args)
 
 
-FAILED_RANK_LINGERS = 2.0
-"""Seconds a failed ``torchrun`` rank waits before it exits, so that the others can report (see :func:`_end_rank`)."""
-
-
 def _a_torchrun_rank() -> bool:
     """Whether this process is one of several that ``torchrun`` started and joined a process group."""
     return "torch.distributed" in sys.modules and int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 def _end_rank(code: int) -> None:
-    """End a ``torchrun`` rank now, its output flushed, without the interpreter's finalization.
+    """End a ``torchrun`` rank whose job succeeded or was cancelled now, its output flushed,
+    without the interpreter's finalization.
 
     gloo's worker threads release a collective's tensors just after the collective has
     returned, and releasing a tensor that Python has seen takes the GIL. A thread that
     asks for the GIL while CPython 3.11 finalizes is ended with ``pthread_exit``, which
-    inside C++ code is ``std::terminate``: the rank aborted (SIGABRT) after its work had
-    succeeded, about one run in thirty on a loaded 2-core machine. Everything the job
-    writes is written and flushed by now, so nothing is lost by skipping finalization.
+    inside C++ code is ``std::terminate``: a rank that exits right after its last
+    collective aborted (SIGABRT) after its work had succeeded, about one run in thirty on
+    a loaded 2-core machine. Everything the job writes is written and flushed by now, so
+    nothing is lost by skipping finalization.
 
-    A rank that failed (other than by Ctrl-C) lingers for :data:`FAILED_RANK_LINGERS` seconds first. Its process
-    group is closed already, so the other ranks' collectives fail at once and each says
-    why it stopped; but ``torchrun`` ends every rank a tenth of a second after the first
-    one exits, and a rank still on its way to its error line would be ended silently.
+    A rank that failed finalizes as usual: it failed in its own work, long after its last
+    collective, and finalizing closes its connections before the process ends, so the
+    other ranks' collectives fail and each says why it stopped before ``torchrun`` ends
+    them (a tenth of a second after the first rank exits).
     """
-    if code not in (ExitCode.OK, ExitCode.CANCELLED):  # Ctrl-C reaches every rank, and all stop alike
-        time.sleep(FAILED_RANK_LINGERS)
+    if code not in (ExitCode.OK, ExitCode.CANCELLED):
+        return
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
