@@ -74,17 +74,31 @@ def test_every_projection_the_head_and_the_embedding_are_per_row_int8(pair) -> N
     assert attention.k_proj.weight.qdata.data_ptr() == attention.fused_weight.qdata[attention.q_proj.out_features:].data_ptr()
 
 
-def test_the_single_row_kernel_matches_torchaos_own_linear(pair) -> None:
+def test_the_scales_are_bf16_numbers_so_the_kernel_takes_them_unrounded(pair) -> None:
+    _, quantized = pair
+    for name, weight in quantized.state_dict().items():
+        if weight.ndim == 2:
+            assert torch.equal(weight.scale, weight.scale.to(torch.bfloat16).float()), name
+
+
+def test_a_few_rows_run_on_the_int8_kernel_each_as_if_alone(pair) -> None:
     _, quantized = pair
     weight = quantized.blocks[1].mlp.fused_weight
-    x = torch.randn(1, 1, weight.shape[1], generator=torch.Generator().manual_seed(0))
+    x = torch.randn(9, 1, weight.shape[1], generator=torch.Generator().manual_seed(0))
+    dequantized = weight.dequantize()
     with torch.inference_mode():
-        fast = quantized_linear(x, weight, None)  # aten._weight_int8pack_mm, bf16 activations
-        reference = F.linear(x, weight.dequantize())  # f32 throughout
-        rows = quantized_linear(x.expand(3, 1, -1), weight, None)  # more rows: torchao's path
-    assert fast.dtype == torch.float32 and fast.shape == reference.shape
-    assert _relative(fast, reference) < 1e-2
-    assert torch.allclose(rows[0], reference[0], atol=1e-5)
+        alone = [quantized_linear(x[i:i + 1], weight, None) for i in range(9)]  # aten._weight_int8pack_mm
+        for rows in (2, 8):
+            together = quantized_linear(x[:rows], weight, None)
+            assert together.dtype == torch.float32
+            for i in range(rows):
+                assert torch.equal(together[i], alone[i][0]), (rows, i)
+        # independently: bf16 input times the dequantized weight in f32, the product rounded to bf16 once
+        for i in range(9):
+            exact = F.linear(x[i].to(torch.bfloat16).float(), dequantized)
+            assert torch.allclose(alone[i][0], exact, rtol=2 ** -8, atol=1e-6), i
+        nine = quantized_linear(x, weight, None)  # more rows than the kernel takes: torchao's f32 path
+        assert torch.allclose(nine, F.linear(x, dequantized), atol=1e-5)
 
 
 def test_the_embedding_reads_only_the_asked_rows_dequantized(pair) -> None:

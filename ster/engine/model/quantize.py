@@ -10,11 +10,13 @@ what QLoRA does.
 
 Two paths run an int8 product, chosen per call:
 
-- a single row that needs no gradient (a decode step) goes to PyTorch's own CPU
-  int8-weight kernel, ``aten._weight_int8pack_mm``. It takes bf16 activations, so that
-  row's input and the product are rounded to bf16 (the f32 scale is applied after, in
-  f32). torchao 0.18's own int8 linear converts the whole weight to f32 on every call,
-  which at one row is several times slower than the f32 model it replaces;
+- up to eight rows that need no gradient (a decode step, a group's) go to PyTorch's own CPU
+  int8-weight kernel, ``aten._weight_int8pack_mm``. Its fast path takes bf16 activations
+  and bf16 scales (with f32 ones it falls back to a loop 25 times slower), so those rows'
+  input and the product are rounded to bf16 once each. The scales are chosen
+  bf16-representable when the weights are quantized, so handing them to the kernel
+  changes no number. torchao 0.18's own int8 linear converts the whole weight to f32 on
+  every call, which at a few rows is several times slower than the f32 model it replaces;
 - everything else — a prefill, reading activations, training and its backward — uses
   torchao's own linear (the weight dequantized to f32 inside an ordinary, differentiable
   matmul), so those run at f32 activations.
@@ -38,14 +40,26 @@ def int8_tensor_type() -> type:
 def quantize(weight: Tensor) -> Tensor:
     """``weight`` [out, in] (any float dtype) as a per-row symmetric int8 torchao tensor.
 
-    Rows are independent under per-row scales, so a large tensor (an embedding table) is
-    quantized a block of rows at a time: the f32 temporaries stay small whatever the vocabulary.
+    Each row's scale is torchao's symmetric one, ``max |w| / 127.5``, rounded up to the next
+    bf16 number, so the int8 kernel can take it as it is (see the module's note); rounding
+    up keeps every weight within the int8 range. Rows are independent under per-row scales, so a
+    large tensor (an embedding table) is quantized a block of rows at a time: the f32 temporaries
+    stay small whatever the vocabulary.
     """
     Int8Tensor = int8_tensor_type()
     from torchao.quantization.granularity import PerRow
 
-    blocks = [Int8Tensor.from_hp(rows.float(), PerRow()) for rows in weight.split(_ROWS_AT_ONCE)]
+    blocks = [Int8Tensor.from_hp(rows, PerRow(), scale=_bf16_scale(rows)) for rows in
+              (block.float() for block in weight.split(_ROWS_AT_ONCE))]
     return blocks[0] if len(blocks) == 1 else concatenate(blocks)
+
+
+def _bf16_scale(rows: Tensor) -> Tensor:
+    """Per-row symmetric scales [rows, 1] of f32 ``rows``, each the smallest bf16 number at or above torchao's."""
+    exact = (rows.abs().amax(dim=1, keepdim=True) / 127.5).clamp(min=torch.finfo(torch.float32).eps)
+    rounded = exact.to(torch.bfloat16)
+    up = torch.nextafter(rounded, torch.tensor(float("inf"), dtype=torch.bfloat16))
+    return torch.where(rounded.float() < exact, up, rounded).float()
 
 
 _ROWS_AT_ONCE = 4096
@@ -60,14 +74,17 @@ def concatenate(weights: list[Tensor]) -> Tensor:
     return Int8Tensor(qdata, scale, [1, qdata.shape[1]], first.dtype)
 
 
+KERNEL_ROWS = 8
+"""Up to this many rows (a decode step, a sampled group's or a sweep's step), a product runs on the int8 kernel."""
+
+
 def quantized_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``x @ weight.T + bias`` for an int8 ``weight``, on the fastest path that keeps gradients correct."""
     rows = x.numel() // x.shape[-1]
-    if rows == 1 and x.device.type == "cpu" and not (x.requires_grad and torch.is_grad_enabled()):
-        ones = _unit_scale(weight)
-        y = torch.ops.aten._weight_int8pack_mm(x.reshape(1, -1).to(torch.bfloat16), weight.qdata, ones)
-        y = y.float() * _row_scale(weight)
-        y = y.view(*x.shape[:-1], y.shape[-1])
+    if rows <= KERNEL_ROWS and x.device.type == "cpu" and not (x.requires_grad and torch.is_grad_enabled()):
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(rows, -1).to(torch.bfloat16), weight.qdata,
+                                               _kernel_scale(weight))
+        y = y.view(*x.shape[:-1], y.shape[-1]).float()
         if bias is not None:
             y = y + bias
         return y.to(x.dtype)
@@ -80,17 +97,10 @@ def quantized_embedding(ids: Tensor, table: Tensor) -> Tensor:
     return rows * torch.nn.functional.embedding(ids, table.scale)
 
 
-def _unit_scale(weight: Tensor) -> Tensor:
-    ones = getattr(weight, "_ster_unit_scale", None)
-    if ones is None:
-        ones = torch.ones(weight.qdata.shape[0], dtype=torch.bfloat16, device=weight.qdata.device)
-        weight._ster_unit_scale = ones
-    return ones
-
-
-def _row_scale(weight: Tensor) -> Tensor:
-    scale = getattr(weight, "_ster_row_scale", None)
+def _kernel_scale(weight: Tensor) -> Tensor:
+    """The per-row scales [out] as bf16 for the int8 kernel: exact, since they were chosen bf16-representable."""
+    scale = getattr(weight, "_ster_kernel_scale", None)
     if scale is None:
-        scale = weight.scale.reshape(-1).float()
-        weight._ster_row_scale = scale
+        scale = weight.scale.reshape(-1).to(torch.bfloat16)
+        weight._ster_kernel_scale = scale
     return scale
