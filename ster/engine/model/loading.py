@@ -3,15 +3,18 @@
 Opening is two steps on purpose. :meth:`ModelStore.open` reads only JSON, the
 tokenizer and the fingerprint's few windows of the weights files, so a job can refuse a
 bad layer, a broken chat template, a prompt longer than the context or an artifact
-fitted on another model before a weight is mapped; :meth:`ModelStore.decoder` maps the
+fitted on another model before a weight is read; :meth:`ModelStore.decoder` reads the
 weights, and keeps the decoder keyed by (model, revision, precision, device) so the
 second job on the same model — in the TUI, or a server — does not load it again.
 """
 
 from __future__ import annotations
 
+import json
+import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -147,16 +150,15 @@ def load_decoder(source: ModelSource, config: LlamaConfig, precision: str, devic
     state: dict[str, torch.Tensor] = {}
     for path in source.weights:
         try:
-            with safe_open(str(path), framework="pt", device="cpu") as weights:
-                for name in weights.keys():
-                    if name.endswith("rotary_emb.inv_freq"):
-                        continue  # some old checkpoints store the rotary table; it is recomputed
-                    tensor = weights.get_tensor(name)
-                    if quantize is not None and tensor.ndim == 2:  # projections, head, embedding
-                        state[name] = quantize(tensor.to(device=device))
-                    else:  # at int8 a copy: a view would keep the whole mapped file alive for the norms
-                        state[name] = tensor.to(device=device, dtype=dtype, copy=quantize is not None)
-        except (OSError, SafetensorError) as exc:
+            with safe_open(str(path), framework="pt", device="cpu") as weights:  # checks the header
+                names = [name for name in weights.keys() if not name.endswith("rotary_emb.inv_freq")]
+                # (some old checkpoints store the rotary table; it is recomputed)
+            for name, tensor in read_tensors(path, names):
+                if quantize is not None and tensor.ndim == 2:  # projections, head, embedding
+                    state[name] = quantize(tensor.to(device=device))
+                else:
+                    state[name] = tensor.to(device=device, dtype=dtype)
+        except (OSError, SafetensorError, ValueError) as exc:
             raise Refusal(f"weights file {path} could not be read: {exc}") from None
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
@@ -166,6 +168,38 @@ def load_decoder(source: ModelSource, config: LlamaConfig, precision: str, devic
     state.clear()  # the decoder holds the only references now, so prepare() frees each block's separate
     # q/k/v and gate/up tensors as it fuses them: the peak stays one block above the model
     return decoder.prepare()
+
+
+_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+                      "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+
+
+def read_tensors(path: Path, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors ``names`` of safetensors file ``path``, each read into memory of its own.
+
+    Not through safetensors' memory map. A mapped file stays mapped while any tensor of it is
+    alive, and every page of it a read has touched stays counted in the process's resident
+    memory: ``prepare`` reads the q/k/v and gate/up weights to copy them into their fused
+    tensors, and their mapped pages stayed resident beside the copies for the whole run
+    (measured on SmolLM2 at f32: an SFT run peaked at 1,348 MiB against 1,079 MiB without
+    fusing). Read with ``readinto``, a file's pages stay in the page cache, which is not the
+    process's, and each weight is held once. The caller has checked the header with
+    ``safe_open``; a tensor that would end past the end of the file is refused.
+    """
+    import torch
+
+    with open(path, "rb") as file:
+        (size,) = struct.unpack("<Q", file.read(8))
+        header = json.loads(file.read(size))
+        for name in names:
+            entry = header[name]
+            start, end = entry["data_offsets"]
+            tensor = torch.empty(entry["shape"], dtype=getattr(torch, _SAFETENSORS_DTYPES[entry["dtype"]]))
+            if tensor.numel():
+                file.seek(8 + size + start)
+                if file.readinto(memoryview(tensor.reshape(-1).view(torch.uint8).numpy())) != end - start:
+                    raise ValueError(f"tensor {name} ends past the end of the file")
+            yield name, tensor
 
 
 def _quantizer(precision: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
