@@ -14,8 +14,8 @@ import json
 import struct
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ster.engine.model.chat import (
