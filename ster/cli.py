@@ -34,8 +34,16 @@ def _request(args: argparse.Namespace) -> Any:
     """The validated request for parsed arguments: every parsed flag becomes a field of the same name."""
     from ster.engine.protocol.jobs import build_job_request
 
-    fields = {k: v for k, v in vars(args).items() if k != "job" and k != "json" and not k.endswith("command")}
-    return build_job_request(args.job, **fields)
+    return build_job_request(args.job, **_fields(args))
+
+
+LOCAL_ONLY = frozenset({"job", "json", "server", "token_file"})
+"""Parsed arguments that steer the command itself rather than its job."""
+
+
+def _fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The job's request fields: every parsed flag but the command's own."""
+    return {k: v for k, v in vars(args).items() if k not in LOCAL_ONLY and not k.endswith("command")}
 
 
 def _status(final: Any) -> int:
@@ -53,7 +61,26 @@ def _run_tui(args: argparse.Namespace) -> int:
     from ster.tui.app import run_tui
 
     pairs = getattr(args, "pairs", None)
-    return run_tui(getattr(args, "model", None), Path(pairs) if pairs else None)
+    remote = _remote(args)
+    if isinstance(remote, int):
+        return remote
+    return run_tui(getattr(args, "model", None), Path(pairs) if pairs else None, remote=remote)
+
+
+def _remote(args: argparse.Namespace) -> Any:
+    """The server ``--server`` names, with its token; None for a local engine; an exit status for a bad token file."""
+    if not getattr(args, "server", None):
+        return None
+    from ster.serve.client import Remote
+    from ster.serve.guard import CLIENT_TOKEN_ENV, read_token
+    from ster.serve.wire import WireRefusal
+
+    try:
+        token = read_token(getattr(args, "token_file", None), CLIENT_TOKEN_ENV)
+    except WireRefusal as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return int(ExitCode.REFUSED)
+    return Remote(args.server, token)
 
 
 def _job(args: argparse.Namespace, foreground: Foreground) -> int:
@@ -62,6 +89,13 @@ def _job(args: argparse.Namespace, foreground: Foreground) -> int:
     from ster.engine.protocol.events import Error
 
     render = renderer_for(json_mode=args.json)
+    remote = _remote(args)
+    if isinstance(remote, int):
+        return remote
+    if remote is not None:  # the server checks the fields: paths name its files, not ours
+        final = foreground.run(args.job, _fields(args), render, runner=remote.run_job)
+        render.close()
+        return _status(final)
     try:
         request = _request(args)
     except SterError as exc:
@@ -85,11 +119,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not tui and args.command is None:
             parser.print_help()
             return int(ExitCode.OK)
-        if not tui:
+        if args.command == "request":
+            from ster.serve.request import run_request
+
+            return run_request(args.operation, foreground)
+        if not tui and args.command != "serve":
             code = _job(args, foreground)
             if _a_torchrun_rank():
                 _end_rank(code)
             return code
+    if args.command == "serve":  # outside the Foreground: the server stops itself on SIGINT and SIGTERM
+        from ster.serve.server import serve as run_server
+
+        return run_server(args.host, args.port, args.token_file, args.root)
     return _run_tui(args)
 
 

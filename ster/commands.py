@@ -392,6 +392,45 @@ def _add_tune(commands: Any) -> None:
                                                               "adapter's model)")
 
 
+def _remote_flags(parser: argparse.ArgumentParser, suppress: bool = False) -> None:
+    default: Any = argparse.SUPPRESS if suppress else None
+    parser.add_argument("--server", metavar="URL", default=default,
+                        help="run the job on a ster serve server at URL (such as http://127.0.0.1:8765) instead of "
+                             "in this process; paths name files on the server")
+    parser.add_argument("--token-file", metavar="FILE", default=default,
+                        help="a file holding the server's bearer token (default: the STER_TOKEN environment "
+                             "variable, if set)")
+
+
+def _add_serve(commands: Any) -> None:
+    parser = commands.add_parser(
+        "serve", help="serve every job over HTTP, streamed as NDJSON",
+        description="Serve every job at POST /v1/<operation> (train, tune/sft, pairs/inspect, ...), its body the "
+                    'command\'s flags in camelCase, streamed as NDJSON. Prints {"port":N,"ready":true} once it '
+                    "accepts connections. Loopback only unless --host says otherwise; a host that is not loopback "
+                    "requires a bearer token and --root. The API is described at /docs.")
+    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", default=0, type=int, metavar="N", help="the port; 0 takes a free one (default 0)")
+    parser.add_argument("--token-file", metavar="FILE",
+                        help="a file whose first line is the bearer token every request must carry (default: the "
+                             "STER_SERVE_TOKEN environment variable, if set); required off loopback")
+    parser.add_argument("--root", metavar="DIR",
+                        help="confine every path a request names to DIR, and take relative paths from it; "
+                             "required off loopback")
+
+
+def _add_request(commands: Any) -> None:
+    parser = commands.add_parser(
+        "request", help="run one operation from a JSON body on stdin, printing NDJSON",
+        description="Read one JSON body on stdin (the command's flags in camelCase; blank means {}), run the "
+                    "operation, and print the lines ster serve streams. Exit 0 done, 1 failed while running, "
+                    "2 refused before running, 130 cancelled with Ctrl-C.")
+    parser.add_argument("operation", metavar="OPERATION",
+                        help="train, optimize, evaluate, generate, extract, inspect, sweep, pairs/inspect, pairs/save, "
+                             "pairs/synthesize, workspace/import-pairs, workspace/show, tune/sft, tune/dpo, "
+                             "tune/reward, tune/grpo, tune/merge, tune/evaluate, tune/inspect, ...")
+
+
 STEERING = (_add_train, _add_optimize, _add_evaluate, _add_generate, _add_extract, _add_sweep, _add_inspect)
 
 
@@ -405,6 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"ster {__version__}")
     parser.add_argument("--json", action="store_true", help="print every event as one JSON object per line on stdout")
+    _remote_flags(parser)
     commands = parser.add_subparsers(dest="command", metavar="<command>")
     for add in STEERING:
         add(commands)
@@ -417,9 +457,12 @@ def build_parser() -> argparse.ArgumentParser:
                                           "compare steered with unsteered generation.")
     tui.add_argument("--model", default="ster:toy", help="the model to start with (default ster:toy)")
     tui.add_argument("--pairs", metavar="FILE", help="the pair set to open")
+    _remote_flags(tui, suppress=True)
     _add_pairs(commands)
     _add_workspace(commands)
     _add_onboarding(commands)
     _add_model(commands)
     _add_tune(commands)
+    _add_serve(commands)
+    _add_request(commands)
     return parser

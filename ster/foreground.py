@@ -73,10 +73,16 @@ class Foreground:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
 
-    def run(self, name: str, request: Any, render: Any) -> Any:
-        """Run job ``name`` on a worker thread, showing events with ``render``; return its final event."""
+    def run(self, name: str, request: Any, render: Any, runner: Any = None) -> Any:
+        """Run job ``name`` on a worker thread, showing events with ``render``; return its final event.
+
+        ``runner`` runs the job (default: the engine, in this process); it has the shape of
+        :func:`~ster.engine.protocol.jobs.run_job`, as a remote server's client does.
+        """
         from ster.engine.protocol.events import Error
         from ster.engine.protocol.jobs import run_job
+
+        run_job = runner or run_job
 
         finished: list[Any] = []
 

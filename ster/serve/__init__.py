@@ -1,0 +1,1 @@
+"""``ster serve``, ``ster request`` and the remote front ends: more consumers of the engine's jobs."""

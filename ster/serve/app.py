@@ -1,0 +1,326 @@
+"""The ASGI application behind ``ster serve``: every job at ``POST /v1/<operation>``, streamed as NDJSON.
+
+One model job runs at a time, because jobs share the loaded models (a steering hook on a shared
+decoder must never reach another job's forward pass); the others wait in a first-come queue and
+are told their place in it. Jobs that read no model (inspecting an artifact, the workspace)
+never wait, and neither does ``GET /v1/health``. A job runs on a worker thread; its events cross
+into the event loop and out to the client as they happen. A client that goes away cancels its
+job, or gives up its place in the queue, and the job stops at its next unit of work (the engine
+checks between pairs, steps and tokens). The worker, not the connection, hands the model to the
+next job, so a job cancelled mid-step still finishes that step before the next one starts.
+
+Every response that is not a stream is a JSON object; a refusal is ``{"error": "<sentence>"}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+
+from ster.engine.protocol.events import Error, Event
+from ster.engine.protocol.jobs import request_class, run_job
+from ster.serve import wire
+from ster.serve.guard import UNAUTHORIZED, Root, token_matches
+
+TYPED_MEDIA = "application/vnd.ster.events+x-ndjson"
+"""The ``Accept`` type that asks for the typed event stream (so does ``?stream=events``)."""
+JOB_HEADER = "x-ster-job"
+"""The response header that names a streamed job, for ``POST /v1/jobs/<id>/cancel``."""
+
+
+@dataclass(eq=False)
+class Live:
+    """One job the server has accepted: waiting for the model, running, or ending."""
+
+    id: str
+    prepared: wire.Prepared
+    queued: bool
+    """Whether the job needs the model, and so waits its turn."""
+    cancel: threading.Event = field(default_factory=threading.Event)
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the job's place in the queue changed, or it was cancelled while waiting."""
+    granted: bool = False
+    started: bool = False
+    ended: bool = False
+
+
+class Jobs:
+    """The model's queue and the jobs in flight. Touched only from the event loop."""
+
+    def __init__(self) -> None:
+        self.holder: Live | None = None
+        """The job that has the model now (running, or ending after a cancel)."""
+        self.waiting: deque[Live] = deque()
+        self.live: dict[str, Live] = {}
+        self.counts = {"accepted": 0, "finished": 0, "cancelled": 0, "failed": 0}
+
+    def admit(self, prepared: wire.Prepared) -> Live:
+        needs_model = prepared.job not in wire.UNQUEUED or getattr(prepared.request, "model", None) is not None
+        live = Live(uuid.uuid4().hex, prepared, queued=needs_model)
+        self.live[live.id] = live
+        self.counts["accepted"] += 1
+        if not needs_model:
+            live.granted = True
+        elif self.holder is None and not self.waiting:
+            live.granted, self.holder = True, live
+        else:
+            self.waiting.append(live)
+        return live
+
+    def ahead(self, live: Live) -> int:
+        """Jobs before this one: the one holding the model and those queued earlier."""
+        return (1 if self.holder is not None else 0) + self.waiting.index(live)
+
+    def release(self, live: Live) -> None:
+        """A worker ended: hand the model to the next job still waiting, and tell the rest their place."""
+        live.ended = True
+        if self.holder is live:
+            self.holder = None
+            if self.waiting:
+                self.holder = self.waiting.popleft()
+                self.holder.granted = True
+            for each in itertools.chain([self.holder] if self.holder else [], self.waiting):
+                each.changed.set()
+
+    def abandon(self, live: Live) -> None:
+        """The client went away or asked to cancel: stop the job, or take it out of the queue."""
+        live.cancel.set()
+        if live in self.waiting:
+            self.waiting.remove(live)
+            for each in self.waiting:
+                each.changed.set()
+        live.changed.set()
+
+    def forget(self, live: Live, final: Event | None) -> None:
+        self.live.pop(live.id, None)
+        if final is None or final.type == "error" and final.kind == "cancelled":  # type: ignore[union-attr]
+            self.counts["cancelled"] += 1
+        elif final.type == "result":
+            self.counts["finished"] += 1
+        else:
+            self.counts["failed"] += 1
+
+    def cancel_all(self) -> None:
+        for live in list(self.live.values()):
+            self.abandon(live)
+
+
+class JobStream(Response):
+    """A job's NDJSON stream; the job ends early when the client goes away."""
+
+    def __init__(self, jobs: Jobs, prepared: wire.Prepared, typed: bool, models: Any) -> None:
+        super().__init__(media_type="application/x-ndjson")
+        self.jobs, self.prepared, self.typed, self.models = jobs, prepared, typed, models
+        self.lines = wire.typed_lines if typed else wire.default_lines
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        live = self.jobs.admit(self.prepared)
+        headers = [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache"),
+                   (JOB_HEADER.encode(), live.id.encode())]
+        watcher = asyncio.create_task(self._watch(receive, live))
+        final: Event | None = None
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            final = await self._run(live, send)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:  # the client is gone; the watcher has cancelled the job
+            self.jobs.abandon(live)
+        finally:
+            watcher.cancel()
+            if not live.ended:
+                self.jobs.abandon(live)
+            if not live.started:
+                live.ended = True
+            self.jobs.forget(live, final)
+
+    async def _run(self, live: Live, send: Any) -> Event | None:
+        job = self.prepared.job
+        while not live.granted and not live.cancel.is_set():
+            live.changed.clear()
+            for chunk in self.lines(job, wire.queue_event(self.jobs.ahead(live))):
+                await self._body(send, chunk)
+            await live.changed.wait()
+        if live.cancel.is_set() and not live.granted:
+            final: Event = Error(kind="cancelled", message="cancelled before it started; nothing was written")
+            for chunk in self.lines(job, final):
+                await self._body(send, chunk)
+            return final
+        self._start(live)
+        while True:
+            event = await live.events.get()
+            for chunk in self.lines(job, event):
+                await self._body(send, chunk)
+            if event.type in ("result", "error"):
+                return event
+
+    def _start(self, live: Live) -> None:
+        loop = asyncio.get_running_loop()
+        live.started = True
+
+        def put(event: Event) -> None:
+            loop.call_soon_threadsafe(live.events.put_nowait, event)
+
+        def work() -> None:
+            try:
+                run_job(self.prepared.job, self.prepared.request, put, live.cancel, self.models)
+            finally:
+                loop.call_soon_threadsafe(self.jobs.release, live)
+
+        threading.Thread(target=work, name=f"ster serve {self.prepared.job}", daemon=True).start()
+
+    @staticmethod
+    async def _body(send: Any, chunk: bytes) -> None:
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+    async def _watch(self, receive: Any, live: Live) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.jobs.abandon(live)
+                return
+
+
+def refusal(sentence: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"error": sentence}, status_code=status)
+
+
+async def read_body(request: Request) -> bytes:
+    """The body, refused as too large before more than the limit is read."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > wire.BODY_LIMIT:
+        raise wire.WireRefusal(wire.TOO_LARGE)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > wire.BODY_LIMIT:
+            raise wire.WireRefusal(wire.TOO_LARGE)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def wants_typed(request: Request) -> bool:
+    return request.query_params.get("stream") == "events" or TYPED_MEDIA in request.headers.get("accept", "")
+
+
+class TokenGate:
+    """ASGI middleware: every request but ``GET /v1/health`` carries the bearer token, or gets 401."""
+
+    def __init__(self, app: Any, token: str | None) -> None:
+        self.app, self.token = app, token
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and self.token is not None and scope["path"] != "/v1/health":
+            header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+            if not token_matches(header, self.token):
+                response = JSONResponse({"error": UNAUTHORIZED}, status_code=401,
+                                        headers={"www-authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(token: str | None = None, root: Root | None = None, models: Any = None) -> Any:
+    """The application: the job endpoints, health, the workspace, and job cancellation."""
+    if models is None:
+        from ster.engine.model.loading import ModelStore
+
+        models = ModelStore()
+    jobs = Jobs()
+    app = FastAPI(title="Ster", summary="Activation steering and LoRA post-training jobs, streamed as NDJSON",
+                  docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
+    app.state.jobs = jobs
+
+    @app.exception_handler(HTTPException)
+    async def unknown(request: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code in (404, 405):
+            return refusal(f"unknown endpoint: {request.method} {request.url.path}", 404)
+        return refusal(str(exc.detail), exc.status_code)
+
+    @app.get("/v1/health")
+    async def health() -> dict[str, Any]:
+        """Whether the server answers; never waits for a job."""
+        running = 1 if jobs.holder is not None else 0
+        return {"status": "ok", "running": running, "queued": len(jobs.waiting), "jobs": dict(jobs.counts)}
+
+    @app.get("/v1/workspace")
+    async def workspace() -> JSONResponse:
+        """The workspace's sets and its active one (``ster workspace show``); never waits for a job."""
+        from starlette.concurrency import run_in_threadpool
+
+        prepared = wire.prepare("workspace/show", {})
+        final = await run_in_threadpool(run_job, prepared.job, prepared.request, lambda event: None)
+        if final.type == "result":
+            return JSONResponse(final.data)  # type: ignore[union-attr]
+        return refusal(final.message, 500 if final.kind == "internal" else 400)  # type: ignore[union-attr]
+
+    @app.post("/v1/jobs/{job_id}/cancel")
+    async def cancel(job_id: str) -> JSONResponse:
+        """Cancel a streamed job by the id its ``x-ster-job`` header gave; its stream still ends with its last event."""
+        live = jobs.live.get(job_id)
+        if live is None:
+            return refusal(f"no job {job_id} is running or waiting", 404)
+        jobs.abandon(live)
+        return JSONResponse({"cancelled": job_id})
+
+    for operation, job in wire.OPERATIONS.items():
+        app.add_api_route(f"/v1/{operation}", _endpoint(operation, jobs, root, models), methods=["POST"],
+                          name=operation, summary=f"ster {job}", response_class=Response,
+                          openapi_extra=_body_schema(job), responses={200: {"content": {"application/x-ndjson": {}}}})
+    app.openapi = _openapi(app)  # type: ignore[method-assign]
+    return TokenGate(app, token)
+
+
+def _endpoint(operation: str, jobs: Jobs, root: Root | None, models: Any) -> Any:
+    async def endpoint(request: Request) -> Response:
+        try:
+            body = wire.parse_body(await read_body(request))
+            prepared = wire.prepare(operation, body)
+            if root is not None:
+                root.check(prepared.fields, prepared.request)
+        except wire.WireRefusal as exc:
+            return refusal(str(exc).split(":")[0] if str(exc).startswith(wire.NOT_JSON) else str(exc))
+        except UnicodeDecodeError:
+            return refusal(wire.NOT_JSON)
+        return JobStream(jobs, prepared, wants_typed(request), models)
+
+    endpoint.__doc__ = f"Run ``ster {wire.OPERATIONS[operation]}``; the body's fields are its flags in camelCase."
+    return endpoint
+
+
+_SCHEMAS: dict[str, Any] = {}
+"""Schemas the request bodies refer to, gathered for the OpenAPI document's components."""
+
+
+def _body_schema(job: str) -> dict[str, Any]:
+    """The request body of a job, its fields in camelCase, for ``/docs``."""
+    try:
+        schema = request_class(job).model_json_schema(ref_template="#/components/schemas/{model}")
+    except Exception:  # a field type without a JSON schema: document the body as an object
+        schema = {"type": "object"}
+    _SCHEMAS.update(schema.pop("$defs", {}))
+    schema["properties"] = {wire.camel(name): value for name, value in schema.get("properties", {}).items()}
+    schema.pop("required", None)  # the server says what is missing in the original's words
+    return {"requestBody": {"required": False, "content": {"application/json": {"schema": schema}}}}
+
+
+def _openapi(app: FastAPI) -> Any:
+    from fastapi.openapi.utils import get_openapi
+
+    def build() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = get_openapi(title=app.title, version="1", summary=app.summary, routes=app.routes)
+            document.setdefault("components", {}).setdefault("schemas", {}).update(_SCHEMAS)
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    return build
