@@ -98,7 +98,8 @@ def test_steering_endpoints_equal_the_cli(server: Server, cli, tmp_path: Path) -
     summary = result_of(lines)["json"]
     local = cli("train", "--model", TOY, "--pairs", "ster:pairs", "--output", str(tmp_path / "cli.ster.json"),
                 "--layers", "1..3", "--batch-size", "4").json
-    assert json.loads(artifact.read_text())["vectors"] == json.loads((tmp_path / "cli.ster.json").read_text())["vectors"]
+    written = json.loads((tmp_path / "cli.ster.json").read_text())
+    assert json.loads(artifact.read_text())["vectors"] == written["vectors"]
     assert summary["layers"] == local["layers"] and [row["layer"] for row in summary["layers"]] == [1, 2]
 
     status, lines = server.post_lines("/v1/optimize", {"model": TOY, "pairs": "ster:pairs",
@@ -131,7 +132,8 @@ def test_steering_endpoints_equal_the_cli(server: Server, cli, tmp_path: Path) -
 
 def test_pair_endpoints(server: Server, tmp_path: Path) -> None:
     saved = tmp_path / "mine.json"
-    entries = [{"positive": "calm river", "negative": "alarmed river"}, {"positive": "calm sea", "negative": "alarmed sea"}]
+    entries = [{"positive": "calm river", "negative": "alarmed river"},
+               {"positive": "calm sea", "negative": "alarmed sea"}]
     lines = server.post_lines("/v1/pairs/save", {"traitName": "calm", "entries": entries, "output": str(saved)})[1]
     assert result_of(lines)["json"] == {"pairCount": 2, "path": str(saved)}
     assert json.loads(saved.read_text())["pairs"] == entries
@@ -217,7 +219,8 @@ REQUIRED = [
     ("pairs/inspect", {}, "pairs inspect requires a pairs file"),
     ("pairs/save", {"entries": [{"positive": "a", "negative": "b"}]}, "pairs save requires an output path"),
     ("pairs/save", {"output": "x.json", "entries": []}, "pairs save requires at least one pair"),
-    ("pairs/synthesize", {"count": 2, "output": "x.json", "model": TOY}, "pairs synthesize requires a trait description"),
+    ("pairs/synthesize", {"count": 2, "output": "x.json", "model": TOY},
+     "pairs synthesize requires a trait description"),
     ("pairs/synthesize", {"trait": "calm", "count": 2, "model": TOY}, "pairs synthesize requires an output path"),
     ("pairs/synthesize", {"trait": "calm", "count": 0, "output": "x.json", "model": TOY},
      "pairs synthesize requires a pair count above zero"),
