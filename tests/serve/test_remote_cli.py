@@ -105,3 +105,12 @@ def test_ctrl_c_cancels_the_job_on_the_server(server: Server, tmp_path: Path) ->
     assert state["running"] == 0 and state["jobs"]["cancelled"] == cancelled + 1
     assert not out.exists()
     assert httpx.get(f"{server.url}/v1/health").status_code == 200
+
+
+def test_the_client_imports_no_torch(server: Server, tmp_path: Path) -> None:
+    """A laptop driving a GPU server needs neither torch nor its import time."""
+    code = ("import sys; from ster.cli import main; "
+            f"code = main(['--server', '{server.url}', 'inspect', 'missing.json']); "
+            "print(code, 'torch' in sys.modules, 'transformers' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.stdout.split() == ["1", "False", "False"], done.stderr
