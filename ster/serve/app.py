@@ -25,6 +25,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from ster.engine.protocol.events import Error, Event
 from ster.engine.protocol.jobs import request_class, run_job
@@ -291,6 +292,8 @@ def _endpoint(operation: str, jobs: Jobs, root: Root | None, models: Any) -> Any
             return refusal(str(exc).split(":")[0] if str(exc).startswith(wire.NOT_JSON) else str(exc))
         except UnicodeDecodeError:
             return refusal(wire.NOT_JSON)
+        except ClientDisconnect:  # gone before its whole body came: no job starts, and the answer goes nowhere
+            return refusal("the client went away before its request body was read")
         return JobStream(jobs, prepared, wants_typed(request), models)
 
     endpoint.__doc__ = f"Run ``ster {wire.OPERATIONS[operation]}``; the body's fields are its flags in camelCase."

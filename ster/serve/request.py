@@ -87,6 +87,6 @@ def run_request(operation: str, foreground: Foreground, stdin: Any = None, stdou
         return REFUSED
     render = WireRenderer(job, stdout)
     final = foreground.run(job, prepared.request, render)
-    if final.type == "result":
+    if wire.final_status(job, final) == 0:
         return int(ExitCode.OK)
     return int(ExitCode.CANCELLED) if foreground.cancel.is_set() else 1

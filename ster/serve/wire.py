@@ -133,6 +133,10 @@ def fields_of(job: str, body: dict[str, Any]) -> dict[str, Any]:
     if job == "tune inspect" and "artifact" not in fields and "adapter" in fields:
         fields["artifact"] = fields["adapter"]
     known = request_class(job).model_fields
+    if job == "workspace import-pairs":  # the one body that refuses what it does not know, as in the original
+        unknown = [key for key in body if snake(key) not in known]
+        if unknown:
+            raise WireRefusal(f"workspace import-pairs takes source and name; unknown field {unknown[0]}")
     return {key: value for key, value in fields.items() if key in known}
 
 
@@ -231,6 +235,21 @@ def wire_result(job: str, data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def import_report(event: Error) -> dict[str, Any]:
+    """A refused workspace import as the original reports it: a report with its status, not a failure."""
+    details = dict(event.details or {})
+    return {**details, "status": details.get("status", "rejected"), "reason": event.message}
+
+
+def final_status(job: str, event: Event) -> int:
+    """The status the default stream's last line gives a final event: 0 done, 1 failed."""
+    if event.type == "result":
+        return 0
+    if job == "workspace import-pairs" and isinstance(event, Error) and event.kind == "refused":
+        return 0  # a conflicting or rejected import is a report with status 0, as in the original
+    return 1
+
+
 def default_lines(job: str, event: Event) -> list[bytes]:
     """The original's lines for one event: progress, warnings and errors as stderr chunks, then the result."""
     if isinstance(event, Token):
@@ -242,6 +261,8 @@ def default_lines(job: str, event: Event) -> list[bytes]:
     if isinstance(event, Result):
         return [result_line(wire_result(job, event.data), 0)]
     assert isinstance(event, Error)
+    if final_status(job, event) == 0:
+        return [log_line(event.message), result_line(import_report(event), 0)]
     return [log_line(f"error: {event.message}"), result_line({"error": event.message}, 1)]
 
 

@@ -142,7 +142,19 @@ def test_pair_endpoints(server: Server, tmp_path: Path) -> None:
     assert result_of(lines)["json"]["pair_count"] == 2
 
     lines = server.post_lines("/v1/workspace/import-pairs", {"source": str(saved), "name": "mine"})[1]
-    assert result_of(lines)["status"] == 0
+    assert result_of(lines)["status"] == 0 and result_of(lines)["json"]["status"] == "imported"
+    # a conflicting or rejected import is a report with status 0, as in the original
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"trait_name": "calm", "pairs": entries[:1]}))
+    conflict = result_of(server.post_lines("/v1/workspace/import-pairs", {"source": str(other), "name": "mine"})[1])
+    assert conflict["status"] == 0 and conflict["json"]["status"] == "conflicting"
+    assert conflict["json"]["reason"].startswith("conflicting: the workspace already keeps")
+    (tmp_path / "bad.json").write_text("{}")
+    rejected = result_of(server.post_lines("/v1/workspace/import-pairs", {"source": str(tmp_path / "bad.json")})[1])
+    assert rejected["status"] == 0 and rejected["json"]["status"] == "rejected"
+    with server.client() as client:
+        response = client.post("/v1/workspace/import-pairs", json={"source": str(saved), "extra": 1})
+    assert response.json() == {"error": "workspace import-pairs takes source and name; unknown field extra"}
     with server.client() as client:
         shown = client.get("/v1/workspace").json()
     assert shown["active"] == "mine" and [s["id"] for s in shown["sets"]] == ["mine"]
