@@ -440,3 +440,23 @@ def test_the_root_confines_every_path(guarded) -> None:
         response = client.post("/v1/train", json={"model": TOY, "pairs": "ster:pairs", "output": "inside/calm.json"})
         assert json.loads(response.text.splitlines()[-1])["status"] == 0
     assert (root / "inside" / "calm.json").exists()
+
+
+def test_ctrl_c_stops_the_server_and_cancels_its_jobs(tmp_path: Path) -> None:
+    import signal
+
+    running = start_server(tmp_path)
+    out = tmp_path / "long.safetensors"
+    with running.client() as client:
+        with client.stream("POST", "/v1/tune/sft", json={**LONG_SFT, "output": str(out)}) as response:
+            lines = response.iter_lines()
+            next(lines)
+            deadline = time.monotonic() + 30
+            while httpx.get(f"{running.url}/v1/health").json()["running"] != 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            running.process.send_signal(signal.SIGINT)
+            rest = [json.loads(line) for line in lines]
+    assert running.process.wait(timeout=60) == 130  # the convention for Ctrl-C, as for every command
+    assert rest[-1]["status"] == 1 and "cancelled" in rest[-1]["json"]["error"]
+    assert not out.exists()
+    assert "Traceback" not in running.process.stderr.read()
