@@ -2,7 +2,9 @@
 
 The app owns the settings (model, pair set, artifact) and the job runner; panes build
 requests and render events. Panes receive their jobs' messages first; the app then
-sees every job message to keep the status line and the Jobs tab current.
+sees every job message to keep the status line and the Jobs tab current. With a remote
+(``ster tui --server URL``) every job runs on that server; the title bar and the status
+line say which.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
@@ -28,6 +30,9 @@ from ster.tui.widgets.jobs import JobsPane
 from ster.tui.widgets.pairs import PairsPane
 from ster.tui.widgets.status import StatusLine
 from ster.tui.widgets.train import TrainPane
+
+if TYPE_CHECKING:
+    from ster.serve.client import Remote
 
 TABS = (("pairs", "Pairs", PairsPane), ("train", "Train", TrainPane), ("generate", "Generate", GeneratePane),
         ("jobs", "Jobs", JobsPane))
@@ -58,11 +63,15 @@ class SterApp(App[None]):
     clock = staticmethod(time.monotonic)
     """When jobs start and end (the Jobs tab's "took"); tests replace it to make durations fixed."""
 
-    def __init__(self, settings: Settings | None = None, models: Any = None) -> None:
+    def __init__(self, settings: Settings | None = None, models: Any = None, remote: Remote | None = None) -> None:
         super().__init__()
         self.settings = settings or Settings()
-        self.runner = JobRunner(self, models)
+        self.remote = remote
+        """The server every job runs on; None runs them in this process."""
+        self.runner = JobRunner(self, models, remote)
         self._quitting = False
+        if remote is not None:
+            self.sub_title = f"{self.SUB_TITLE} on {remote.url}"
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -89,7 +98,8 @@ class SterApp(App[None]):
     def refresh_status(self) -> None:
         active = self.runner.active()
         running = [h for h in active if h.state == "running"] or active
-        self.query_one(StatusLine).show(self.settings, running[0] if running else None)
+        self.query_one(StatusLine).show(self.settings, running[0] if running else None,
+                                        self.remote.url if self.remote else None)
 
     def settings_changed(self, *changed: str) -> None:
         """Tell every pane that the model, pair set or artifact changed, and show it in the status line."""
@@ -101,7 +111,8 @@ class SterApp(App[None]):
 
     def start_job(self, job: str, fields: dict[str, Any], owner: Widget) -> JobHandle | None:
         """Validate a request built from a pane's form and start its job; a bad field is a refusal
-        the pane shows like any other."""
+        the pane shows like any other. The fields travel with the job as given: a remote runner sends
+        them, and the server checks them again, against its own files."""
         from ster.engine.protocol.errors import SterError
         from ster.engine.protocol.events import Error
         from ster.engine.protocol.jobs import build_job_request
@@ -113,7 +124,7 @@ class SterApp(App[None]):
             owner.post_message(JobFinished(JobHandle(0, job, None, owner, state="refused"),  # type: ignore[arg-type]
                                            Error(kind="refused", message=in_our_words(str(exc)))))
             return None
-        handle = self.runner.start(job, request, owner)
+        handle = self.runner.start(job, request, owner, fields)
         self.query_one(JobsPane).record(handle)
         self.refresh_status()
         return handle
@@ -223,7 +234,8 @@ class SterApp(App[None]):
         for binding in self.BINDINGS:
             assert isinstance(binding, Binding)
             if binding.action not in ("quit",):
-                yield SystemCommand(binding.description, binding.tooltip, lambda a=binding.action: self.call_later(self.run_action, a))
+                yield SystemCommand(binding.description, binding.tooltip,
+                                    lambda a=binding.action: self.call_later(self.run_action, a))
         for tab_id, title, pane in TABS:
             for binding in pane.BINDINGS:
                 assert isinstance(binding, Binding)
@@ -245,8 +257,11 @@ def focus_main(pane: Widget) -> None:
         focusable[0].focus()
 
 
-def run_tui(model: str | None = None, pairs: Path | None = None) -> int:
-    """Start the app (from ``ster`` or ``ster tui``); returns the exit status."""
+def run_tui(model: str | None = None, pairs: Path | None = None, remote: Remote | None = None) -> int:
+    """Start the app (from ``ster`` or ``ster tui``); returns the exit status.
+
+    With ``remote`` every job runs on that server, and the pair set defaults to none rather than this
+    machine's active set: a job without one trains on the server's own active set."""
     from ster.engine.protocol.paths import example_path
 
     try:
@@ -254,8 +269,8 @@ def run_tui(model: str | None = None, pairs: Path | None = None) -> int:
     except ValueError as exc:
         print(f"error: --pairs {exc}", file=sys.stderr)
         return 1
-    settings = Settings(model=model or "ster:toy", pairs=pairs or _active_pairs())
-    SterApp(settings).run()
+    settings = Settings(model=model or "ster:toy", pairs=pairs or (_active_pairs() if remote is None else None))
+    SterApp(settings, remote=remote).run()
     return 0
 
 

@@ -5,6 +5,11 @@ shared decoder must never reach another job's forward pass. The model store is
 kept for the life of the app, so the second job on a model does not load it again.
 Cancelling sets the job's cancel event, which the engine checks between pairs,
 steps and tokens; a cancelled job still ends with its final event.
+
+With a remote (``ster tui --server URL``) every job runs on that server instead: the
+runner sends the form's fields as typed (the server validates them, because paths name
+its files), and the server's events arrive as the same messages a local engine's do.
+Cancelling asks the server to stop the job, and its stream still ends with its final event.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ if TYPE_CHECKING:
     from textual.widget import Widget
 
     from ster.engine.protocol.events import Event
+    from ster.serve.client import Remote
 
 State = Literal["queued", "running", "done", "refused", "cancelled", "failed"]
 ENDED: dict[str, State] = {"result": "done", "refused": "refused", "cancelled": "cancelled", "internal": "failed"}
@@ -42,6 +48,8 @@ class JobHandle:
     name: str
     request: BaseModel
     owner: Widget
+    fields: dict[str, Any] = field(default_factory=dict)
+    """The form's fields as the pane gave them: what a remote runner sends to the server."""
     cancel: threading.Event = field(default_factory=threading.Event)
     state: State = "queued"
     last_message: str = ""
@@ -66,9 +74,11 @@ class JobHandle:
 class JobRunner:
     """Starts jobs on worker threads and routes their events back as messages."""
 
-    def __init__(self, app: App, models: Any = None) -> None:
+    def __init__(self, app: App, models: Any = None, remote: Remote | None = None) -> None:
         self.app = app
         self._models = models
+        self.remote = remote
+        """The server every job runs on; None runs them in this process."""
         self._turn = threading.Lock()
         self._ids = itertools.count(1)
         self.handles: list[JobHandle] = []
@@ -82,8 +92,8 @@ class JobRunner:
             self._models = ModelStore()
         return self._models
 
-    def start(self, name: str, request: BaseModel, owner: Widget) -> JobHandle:
-        handle = JobHandle(next(self._ids), name, request, owner,
+    def start(self, name: str, request: BaseModel, owner: Widget, fields: dict[str, Any] | None = None) -> JobHandle:
+        handle = JobHandle(next(self._ids), name, request, owner, dict(fields or {}),
                            track=Track(name, getattr(request, "max_new_tokens", None) if name == "generate" else None))
         self.handles.append(handle)
         self.app.run_worker(lambda: self._work(handle), name=f"job-{handle.id}", group=f"job-{handle.id}",
@@ -92,17 +102,29 @@ class JobRunner:
 
     def _work(self, handle: JobHandle) -> None:
         from ster.engine.protocol.events import Error
-        from ster.engine.protocol.jobs import run_job
 
-        models = self.models
         with self._turn:
             if handle.cancel.is_set():
                 final: Event = Error(kind="cancelled", message="cancelled before it started; nothing was written")
             else:
-                handle.owner.post_message(JobStarted(handle, first_step(handle.name)))
-                final = run_job(handle.name, handle.request, lambda event: self._post(handle, event), handle.cancel,
-                                models)
+                first = first_step(handle.name) if self.remote is None else Step("", "starting on the server", 0.0)
+                handle.owner.post_message(JobStarted(handle, first))
+                final = self._run(handle, lambda event: self._post(handle, event))
         handle.owner.post_message(JobFinished(handle, final))
+
+    def _run(self, handle: JobHandle, emit: Any) -> Event:
+        """Run the job to its end, here or on the server, and return its final event."""
+        if self.remote is None:
+            from ster.engine.protocol.jobs import run_job
+
+            return run_job(handle.name, handle.request, emit, handle.cancel, self.models)
+        from ster.engine.protocol.events import Error
+
+        try:
+            return self.remote.run_job(handle.name, handle.fields, emit, handle.cancel)
+        except Exception as exc:  # a reply the client could not read: the job must still end in the app
+            return Error(kind="internal", message=f"internal error reading the Ster server's reply to "
+                                                  f"{handle.name}: {type(exc).__name__}: {exc}")
 
     def _post(self, handle: JobHandle, event: Event) -> None:
         if event.type not in ("result", "error"):  # the final event travels in JobFinished

@@ -79,14 +79,16 @@ class PairsPane(PairFiles, Vertical):
 
     def on_mount(self) -> None:
         path: Path | None = self.app.settings.pairs  # type: ignore[attr-defined]
-        if path is not None and path.exists():
+        remote = getattr(self.app, "remote", None) is not None
+        if path is not None and (remote or path.exists()):  # on a server, the server says whether it exists
             self._open(path)
             return
         self.path = path  # an empty set has nothing to inspect, so no job runs until the first change
         self._redraw()
         if path is None:
+            server = "; until one is saved, Train uses the server's active set" if remote else ""
             self._say(f'a new, empty set named "{NEW_SET}": a adds a pair, n renames it, o opens a file, '
-                      "y synthesizes one", "")
+                      f"y synthesizes one{server}", "")
         else:
             self._say(f'{path} does not exist yet: add pairs (a), name the trait (n, now "{NEW_SET}"), then s saves '
                       "them there", "yellow")

@@ -2,10 +2,13 @@
 
 The right part — the running job, its stage and how far it has come, or ``idle`` — is
 sized first and never cut; the left part (model, artifact, pair set, how the model is
-loaded) takes the rest and ends in an ellipsis when the screen is narrow.
+loaded, and the server that loads it when jobs run on one) takes the rest and ends in an
+ellipsis when the screen is narrow.
 """
 
 from __future__ import annotations
+
+from urllib.parse import urlsplit
 
 from rich.table import Table
 from rich.text import Text
@@ -27,12 +30,16 @@ class StatusLine(Static):
     }
     """
 
-    def show(self, settings: Settings, running: JobHandle | None) -> None:
+    def show(self, settings: Settings, running: JobHandle | None, server: str | None = None) -> None:
+        """``server`` is the URL of the server jobs run on; None when they run in this process."""
         chat = settings.chat_template if settings.chat_decision is None else settings.chat_decision
         where = Text(no_wrap=True, overflow="ellipsis")
+        loaded = f"{settings.precision} {settings.device}"
+        if server:
+            loaded += f" on {urlsplit(server).netloc or server}"
         for label, value in (("model", settings.model), ("artifact", settings.artifact_label()),
                              ("pairs", settings.pairs.name if settings.pairs else "none"),
-                             ("", f"{settings.precision} {settings.device}"), ("chat", chat)):
+                             ("", loaded), ("chat", chat)):
             where.append(f"{label} " if label else "", style="dim")
             where.append(f"{value}  ", style="bold")
         grid = Table.grid(expand=True)
