@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,6 +30,14 @@ class Server:
     cwd: Path
     token: str | None = None
     stderr: list[str] = field(default_factory=list)
+    """What the server wrote on stderr so far, read by a thread as it comes."""
+    reader: threading.Thread | None = None
+
+    def stderr_text(self) -> str:
+        """Everything the server wrote on stderr; complete once it has exited."""
+        if self.process.poll() is not None and self.reader is not None:
+            self.reader.join(timeout=10)
+        return "".join(self.stderr)
 
     def client(self, **kwargs) -> httpx.Client:
         headers = {"authorization": f"Bearer {self.token}"} if self.token else {}
@@ -61,8 +70,21 @@ def start_server(cwd: Path, *args: str, env: dict[str, str] | None = None, wait:
         raise AssertionError(f"ster serve ended without its ready line (exit {process.returncode}): {err}")
     ready = json.loads(line)
     assert ready["ready"] is True and time.monotonic() < deadline
-    host = "127.0.0.1"
-    return Server(process, f"http://{host}:{ready['port']}", cwd)
+    server = Server(process, f"http://127.0.0.1:{ready['port']}", cwd)
+    _drain(server)
+    return server
+
+
+def _drain(server: Server) -> None:
+    """Read the server's stderr as it comes into ``server.stderr``, so a full pipe can never block the server."""
+
+    def read() -> None:
+        assert server.process.stderr is not None
+        for text in server.process.stderr:
+            server.stderr.append(text)
+
+    server.reader = threading.Thread(target=read, daemon=True, name="ster serve stderr")
+    server.reader.start()
 
 
 def stop_server(server: Server) -> int:

@@ -332,26 +332,12 @@ def one_round(server: Server, out: Path, number: int, deadline: Deadline) -> dic
     return {"health": polls.answered, "refused": refusals.tried}
 
 
-def drain(server: Server) -> threading.Thread:
-    """Read the server's stderr as it comes, so a full pipe can never block it, into ``server.stderr``."""
-
-    def read() -> None:
-        assert server.process.stderr is not None
-        for text in server.process.stderr:
-            server.stderr.append(text)
-
-    thread = threading.Thread(target=read, daemon=True)
-    thread.start()
-    return thread
-
-
 def test_load_and_faults(tmp_path: Path) -> None:
     deadline = Deadline(DEADLINE_S)
     cwd, out = tmp_path / "cwd", tmp_path / "out"
     cwd.mkdir(), out.mkdir()
     env = {"XDG_DATA_HOME": str(tmp_path / "data"), "XDG_STATE_HOME": str(tmp_path / "state")}
-    server = start_server(cwd, env=env)
-    drain(server)
+    server = start_server(cwd, env=env)  # its stderr is read as it comes, into server.stderr
     watchdog = threading.Timer(deadline.left(), server.process.kill)
     watchdog.start()
     try:
@@ -372,6 +358,6 @@ def test_load_and_faults(tmp_path: Path) -> None:
     finally:
         watchdog.cancel()
         code = stop_server(server)
-    log = "".join(server.stderr)
+    log = server.stderr_text()
     assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-3000:]
     assert code in (0, -signal.SIGTERM), (code, log[-2000:])  # uvicorn re-raises the SIGTERM it stopped on

@@ -400,7 +400,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory):
     server.url = server.url.replace("0.0.0.0", "127.0.0.1")
     yield server, root, base
     stop_server(server)
-    server.stderr.append(server.process.stderr.read() if server.process.stderr else "")
+    assert "s3cret" not in server.stderr_text()  # the token is never logged
 
 
 def test_the_token_is_required_and_never_echoed(guarded) -> None:
@@ -459,4 +459,4 @@ def test_ctrl_c_stops_the_server_and_cancels_its_jobs(tmp_path: Path) -> None:
     assert running.process.wait(timeout=60) == 130  # the convention for Ctrl-C, as for every command
     assert rest[-1]["status"] == 1 and "cancelled" in rest[-1]["json"]["error"]
     assert not out.exists()
-    assert "Traceback" not in running.process.stderr.read()
+    assert "Traceback" not in running.stderr_text()
