@@ -410,7 +410,7 @@ def _add_serve(commands: Any) -> None:
                     "accepts connections. Loopback only unless --host says otherwise; a host that is not loopback "
                     "requires a bearer token and --root. The API is described at /docs.")
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", default=0, type=int, metavar="N", help="the port; 0 takes a free one (default 0)")
+    parser.add_argument("--port", default="0", metavar="N", help="the port, 0 to 65535; 0 takes a free one (default 0)")
     parser.add_argument("--token-file", metavar="FILE",
                         help="a file whose first line is the bearer token every request must carry (default: the "
                              "STER_SERVE_TOKEN environment variable, if set); required off loopback")

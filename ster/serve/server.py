@@ -29,6 +29,11 @@ def _refuse(sentence: str) -> int:
     return int(ExitCode.REFUSED)
 
 
+def _port(text: str) -> int | None:
+    value = text.strip()
+    return int(value) if value.isascii() and value.isdigit() and int(value) <= 65535 else None
+
+
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -39,8 +44,11 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(host: str, port: int, token_file: str | None, root_dir: str | None) -> int:
+def serve(host: str, port_text: str | int, token_file: str | None, root_dir: str | None) -> int:
     """Run the server; returns the exit status."""
+    port = _port(str(port_text))
+    if port is None:
+        return _refuse(f'--port must be a whole number from 0 to 65535; got "{str(port_text)[:40]}"')
     try:
         token = read_token(token_file)
         root = Root(root_dir) if root_dir is not None else None
@@ -53,8 +61,6 @@ def serve(host: str, port: int, token_file: str | None, root_dir: str | None) ->
         if root is None:
             return _refuse(f"serving on {host}, which is not a loopback address, requires --root DIR to confine "
                            f"the paths requests name")
-    if not 0 <= port <= 65535:
-        return _refuse("--port must be between 0 and 65535")
     try:
         sock = _bind(host, port)
     except (OSError, OverflowError) as exc:

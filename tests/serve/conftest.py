@@ -98,12 +98,17 @@ def stop_server(server: Server) -> int:
     return server.process.returncode
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One loopback server for a module, in its own directory and workspace."""
-    cwd = tmp_path_factory.mktemp("serve")
-    home = tmp_path_factory.mktemp("serve-xdg")
+def served(tmp_path_factory: pytest.TempPathFactory, name: str = "serve") -> Iterator[Server]:
+    """A loopback server in its own directory and workspace, for a fixture to yield from."""
+    cwd = tmp_path_factory.mktemp(name)
+    home = tmp_path_factory.mktemp(f"{name}-xdg")
     env = {"XDG_DATA_HOME": str(home / "data"), "XDG_STATE_HOME": str(home / "state")}
     running = start_server(cwd, env=env)
     yield running
     stop_server(running)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One loopback server for a module."""
+    yield from served(tmp_path_factory)

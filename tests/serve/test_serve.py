@@ -460,3 +460,17 @@ def test_ctrl_c_stops_the_server_and_cancels_its_jobs(tmp_path: Path) -> None:
     assert rest[-1]["status"] == 1 and "cancelled" in rest[-1]["json"]["error"]
     assert not out.exists()
     assert "Traceback" not in running.stderr_text()
+
+
+def test_bad_server_flags_are_refused_in_one_sentence(tmp_path: Path) -> None:
+    cases = ((["--port", "x"], 'error: --port must be a whole number from 0 to 65535; got "x"'),
+             (["--port", "70000"], 'error: --port must be a whole number from 0 to 65535; got "70000"'),
+             (["--token-file", str(tmp_path / "none")], f"error: cannot read the token file {tmp_path / 'none'}"),
+             (["--root", str(tmp_path / "none")], f"error: --root {tmp_path / 'none'} is not a directory"))
+    for args, sentence in cases:
+        with pytest.raises(AssertionError, match="exit 1") as failed:
+            start_server(tmp_path, *args)
+        assert sentence in str(failed.value) and "Traceback" not in str(failed.value)
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(AssertionError, match="the token file .* is empty"):
+        start_server(tmp_path, "--token-file", str(tmp_path / "empty"))

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Input, Static
@@ -159,12 +160,15 @@ def test_help_lists_every_tab_and_the_model_dialog_switches_models() -> None:
     asyncio.run(scenario())
 
 
-def test_the_first_paint_imports_no_torch() -> None:
-    code = """
+@pytest.mark.parametrize("app", ["SterApp()", "SterApp(remote=Remote('http://127.0.0.1:9'))"])
+def test_the_first_paint_imports_no_torch(app: str) -> None:
+    """Neither with a local engine nor with a server (ster tui --server), whose client must not need torch."""
+    code = f"""
 import asyncio, sys
+from ster.serve.client import Remote
 from ster.tui.app import SterApp
 async def main():
-    app = SterApp()
+    app = {app}
     async with app.run_test(size=(120, 30)) as pilot:
         await pilot.pause(0.2)
         print("TORCH" if "torch" in sys.modules else "NO TORCH")

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,8 +26,7 @@ from ster.tui.widgets.generate import GeneratePane
 from ster.tui.widgets.jobs import JobsPane
 from ster.tui.widgets.pairs import PairsPane
 from ster.tui.widgets.status import StatusLine
-from tests.conftest import REPO
-from tests.serve.conftest import TOY, Server, start_server, stop_server
+from tests.serve.conftest import TOY, Server, served
 from tests.tui.tui_helpers import screen_text, settle, until
 
 UNSTEERED = "the town is flooding and we flee."
@@ -41,12 +38,7 @@ CALM = "the town is gentle and we rest."
 @pytest.fixture(scope="module")
 def remote_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One loopback server for this module, in its own directory and workspace."""
-    cwd = tmp_path_factory.mktemp("tui-serve")
-    home = tmp_path_factory.mktemp("tui-serve-xdg")
-    env = {"XDG_DATA_HOME": str(home / "data"), "XDG_STATE_HOME": str(home / "state")}
-    running = start_server(cwd, env=env)
-    yield running
-    stop_server(running)
+    yield from served(tmp_path_factory, "tui-serve")
 
 
 def health(server: Server) -> dict[str, Any]:
@@ -182,20 +174,3 @@ def test_an_unreachable_server_is_a_refusal_that_names_it() -> None:
             assert handle.state == "refused"
             assert handle.last_message.startswith(f"cannot reach the Ster server at {url}")
     asyncio.run(scenario())
-
-
-def test_the_first_paint_with_a_server_imports_no_torch() -> None:
-    code = """
-import asyncio, sys
-from ster.engine.protocol.paths import EXAMPLES_DIR
-from ster.serve.client import Remote, jsonable
-from ster.tui.app import SterApp
-async def main():
-    app = SterApp(remote=Remote("http://127.0.0.1:9"))
-    async with app.run_test(size=(120, 30)) as pilot:
-        await pilot.pause(0.2)
-        print("TORCH" if "torch" in sys.modules else "NO TORCH")
-asyncio.run(main())
-"""
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert "NO TORCH" in proc.stdout, proc.stderr
