@@ -1,4 +1,4 @@
-"""The Ster app: Pairs, Train, Generate and Jobs tabs over one engine.
+"""The Ster app: Pairs, Train, Generate, Tune and Jobs tabs over one engine.
 
 The app owns the settings (model, pair set, artifact) and the job runner; panes build
 requests and render events. Panes receive their jobs' messages first; the app then
@@ -30,12 +30,13 @@ from ster.tui.widgets.jobs import JobsPane
 from ster.tui.widgets.pairs import PairsPane
 from ster.tui.widgets.status import StatusLine
 from ster.tui.widgets.train import TrainPane
+from ster.tui.widgets.tune import TunePane
 
 if TYPE_CHECKING:
     from ster.serve.client import Remote
 
 TABS = (("pairs", "Pairs", PairsPane), ("train", "Train", TrainPane), ("generate", "Generate", GeneratePane),
-        ("jobs", "Jobs", JobsPane))
+        ("tune", "Tune", TunePane), ("jobs", "Jobs", JobsPane))
 
 
 class SterApp(App[None]):
@@ -52,7 +53,8 @@ class SterApp(App[None]):
         Binding("1", "show_tab('pairs')", "Pairs", show=False, tooltip="Author and inspect the pair set"),
         Binding("2", "show_tab('train')", "Train", show=False, tooltip="Fit and select a direction"),
         Binding("3", "show_tab('generate')", "Generate", show=False, tooltip="Steered against unsteered text"),
-        Binding("4", "show_tab('jobs')", "Jobs", show=False, tooltip="Every job's events; cancel"),
+        Binding("4", "show_tab('tune')", "Tune", show=False, tooltip="Train a LoRA adapter and watch its curves"),
+        Binding("5", "show_tab('jobs')", "Jobs", show=False, tooltip="Every job's events; cancel"),
         Binding("question_mark,f1", "help", "Help", tooltip="Every key"),
         Binding("m", "model", "Model", tooltip="Switch the model or how it is loaded"),
         Binding("ctrl+x", "cancel_job", "Cancel", tooltip="Cancel the running job"),
@@ -83,7 +85,7 @@ class SterApp(App[None]):
         yield KeyBar()
 
     def on_mount(self) -> None:
-        # The tab bar takes no focus: tabs switch with 1-4, and a focused bar would swallow nothing,
+        # The tab bar takes no focus: tabs switch with 1-5, and a focused bar would swallow nothing,
         # so letters typed by mistake would reach the app's own keys (q quits).
         self.query_one(Tabs).can_focus = False
         self.refresh_status()
@@ -248,10 +250,8 @@ class SterApp(App[None]):
 
 
 def focus_main(pane: Widget) -> None:
-    """Focus a pane's first table (so its keys work at once), else its first focusable widget."""
-    from textual.widgets import DataTable
-
-    tables = [w for w in pane.query(DataTable) if w.focusable]
+    """Focus a pane's first table or plot (so its keys work at once), else its first focusable widget."""
+    tables = [w for w in pane.query("DataTable, Curves") if w.focusable]
     focusable = tables or [w for w in pane.query("*") if w.focusable]
     if focusable:
         focusable[0].focus()

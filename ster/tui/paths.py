@@ -40,3 +40,9 @@ def shown(path: Path) -> str:
         return f"~/{path.relative_to(Path.home())}"
     except ValueError:
         return str(path)
+
+
+def default_adapter(name: str | None, objective: str, model: str) -> Path:
+    """``<name>.<objective>.<model>.safetensors`` in the artifact directory, for a run of the Tune tab;
+    ``name`` is the trait of the pair set, or the data file's stem."""
+    return artifact_dir() / f"{slug(name or 'adapter')}.{slug(objective)}.{model_word(model)}.safetensors"

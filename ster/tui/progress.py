@@ -30,6 +30,10 @@ PLANS: dict[str, tuple[tuple[str, float], ...]] = {
     "extract": (*LOADING, ("read", 88)),
     "pairs inspect": (("inspect", 100),),
     "pairs synthesize": (*LOADING, ("synthesize|kept", 88)),
+    "tune sft": (*LOADING, ("train", 88)),
+    "tune dpo": (*LOADING, ("reference", 8), ("train", 80)),
+    "tune reward": (*LOADING, ("train", 88)),
+    "tune grpo": (*LOADING, ("train", 88)),
 }
 """Job name → (stage, share of the bar) in the order the job emits them; ``a|b`` names one segment two
 stages share (synthesis counts kept pairs in both)."""
@@ -38,7 +42,8 @@ RUNNING_AT_MOST = 0.99
 the atomic write); 100% means the job has ended with its result."""
 STAGE_WORDS = {"resolve": "resolving", "load": "loading", "read": "reading", "fit": "fitting",
                "generate": "generating", "sweep": "sweeping", "inspect": "inspecting", "synthesize": "synthesizing",
-               "kept": "synthesizing"}
+               "kept": "synthesizing", "train": "training", "reference": "scoring the reference",
+               "sample": "sampling", "skip": "skipping"}
 """How the progress line names a stage; a stage not listed shows under its own name."""
 
 

@@ -1,0 +1,382 @@
+"""The Tune pane: train a LoRA adapter (sft, dpo, ipo, reward, grpo), watch its curves, cancel and resume it.
+
+The form builds the fields of a ``tune`` job and the app starts it (see :meth:`SterApp.start_job`);
+the pane renders the job's events: the progress line, every optimizer step as a point of the
+curves (:mod:`ster.tui.widgets.curves`), and at the end the report's summary and the adapter's
+path. Cancelling (ctrl+x) leaves the engine's checkpoint beside the output, ``<output>.checkpoint``;
+``r`` runs the same fields again with ``resume`` and the run ends where an uninterrupted one would.
+An adapter the person does not name goes to the workspace's artifact directory, named after the
+trait (or the data file), the objective and the model.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.widgets import Input, Label, Select, Static
+
+from ster.tui.messages import JobEvent, JobFinished, JobStarted, SettingsChanged
+from ster.tui.paths import default_adapter, shown
+from ster.tui.runner import final_state
+from ster.tui.widgets.curves import Curves
+from ster.tui.widgets.fields import Field, FieldErrors, FormRow, labelled
+from ster.tui.widgets.progress import JobProgress
+from ster.tui.widgets.wrapped import Wrapped
+from ster.tui.words import in_our_words, parse_whole
+
+OBJECTIVES = ("sft", "dpo", "ipo", "reward", "grpo")
+JOBS = {"sft": "tune sft", "dpo": "tune dpo", "ipo": "tune dpo", "reward": "tune reward", "grpo": "tune grpo"}
+DATA = {"sft": "examples", "dpo": "pairs", "ipo": "pairs", "reward": "pairs", "grpo": "prompts"}
+"""The data field's name (and label) per objective."""
+DEFAULTS: dict[str, dict[str, str]] = {
+    objective: {"epochs": "1", "learning-rate": "0.0001", "accumulation": "1" if objective == "grpo" else "8",
+                "rank": "8", "alpha": "16", "targets": "query,value", "beta": "0.04" if objective == "grpo" else "0.1",
+                "group": "4", "reward": "length"}
+    for objective in OBJECTIVES
+}
+"""The contract's defaults (the tune requests' own; a test keeps them equal), as the fields show them."""
+BUNDLED = {"examples": "ster:examples", "prompts": "ster:grpo-prompts"}
+NUMBER_FIELDS = ("epochs", "learning-rate", "accumulation", "rank", "alpha", "beta", "group")
+RESUME_HINT = "r resumes the run from there (the same fields); t starts over"
+
+
+def checkpoint_of(output: Path) -> Path:
+    """Where a cancelled run of ``output`` leaves its checkpoint (the engine's ``checkpoint_path``)."""
+    return output.with_name(output.name + ".checkpoint")
+
+
+def positive(label: str) -> Any:
+    def check(text: str) -> float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise ValueError(f'{label} is a number such as 0.0001 or 1e-4; "{text}" is not') from None
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{label} must be a finite number above zero")
+        return value
+    return check
+
+
+def not_negative(label: str) -> Any:
+    def check(text: str) -> float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise ValueError(f'{label} is a number; "{text}" is not') from None
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{label} must be a finite number of at least 0")
+        return value
+    return check
+
+
+def whole(label: str, low: int) -> Any:
+    return lambda text: parse_whole(text, label, low)
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def check_targets(text: str) -> str:
+    from ster.engine.model.adapter import parse_targets
+    from ster.engine.protocol.errors import Refusal
+
+    try:
+        parse_targets(text)
+    except Refusal as exc:
+        raise ValueError(in_our_words(str(exc))) from None
+    return text
+
+
+def tune_words(sentence: str, data: str) -> str:
+    """An engine sentence as the Tune tab says it: its fields' labels for the flags."""
+    for flag, label in (("--output", "adapter"), ("--epochs", "epochs"), ("--iterations", "epochs"),
+                        ("--learning-rate", "learning rate"), ("--pairs", "pairs"), ("--resume", "resume (r)")):
+        sentence = sentence.replace(flag, label)
+    return in_our_words(sentence.replace(f"--{data}", data))
+
+
+class TunePane(FieldErrors, Vertical):
+    """Train an adapter: the form, the progress line, the curves, the report."""
+
+    DEFAULT_CSS = """
+    TunePane Select { width: 12; }
+    TunePane #data, TunePane #output { width: 1fr; }
+    TunePane .grpo-only, TunePane .beta-only { display: none; }
+    TunePane.-grpo .grpo-only, TunePane.-beta .beta-only { display: block; }
+    TunePane #message { height: auto; padding: 0 1; display: none; }
+    """
+    BINDINGS = [
+        Binding("t", "tune", "Train adapter", tooltip="Train a LoRA adapter with these fields (ctrl+x cancels)"),
+        Binding("r", "resume", "Resume", tooltip="Continue the cancelled run from its checkpoint beside the adapter"),
+        Binding("c", "cycle", "Curve", tooltip="Cycle the value drawn beside the loss"),
+    ]
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.objective = "sft"
+        self.report: dict[str, Any] | None = None
+        """The last finished run's result document (``path`` and ``report``)."""
+        self._skips = 0
+        self._typed: dict[str, str] = {}
+        """The data field's text per kind of data (examples, pairs, prompts), kept across objective switches."""
+
+    def compose(self) -> ComposeResult:
+        with FormRow():
+            yield Label("objective", classes="field-label")
+            yield Select([(o, o) for o in OBJECTIVES], value="sft", allow_blank=False, compact=True, id="objective")
+            yield Label("examples", classes="field-label -gap", id="data-label")
+            yield Field(id="data", tooltip="the training data: a file, or a bundled name such as ster:examples")
+        with FormRow():
+            yield from labelled("adapter", Field(id="output", tooltip="where t writes the adapter (.safetensors) "
+                                                                     "and its sidecar; empty: the default in grey"))
+            yield Label("reward", classes="field-label -gap grpo-only")
+            yield Field("length", width=8, grow=40, id="reward", classes="grpo-only",
+                        tooltip="length (tokens emitted), or a reward model written by tune reward")
+        defaults = DEFAULTS["sft"]
+        with FormRow():
+            yield Label("epochs", classes="field-label", id="epochs-label")
+            yield Field(defaults["epochs"], check=whole("epochs", 1), width=5, grow=8, id="epochs")
+            yield Label("learning rate", classes="field-label -gap")
+            yield Field(defaults["learning-rate"], check=positive("learning rate"), width=9, grow=14,
+                        id="learning-rate")
+            yield Label("accumulation", classes="field-label -gap")
+            yield Field(defaults["accumulation"], check=whole("accumulation", 1), width=5, grow=8, id="accumulation",
+                        tooltip="forwards folded into one optimizer step")
+            yield Label("group", classes="field-label -gap grpo-only")
+            yield Field(defaults["group"], check=whole("group", 2), width=5, grow=8, id="group", classes="grpo-only",
+                        tooltip="completions sampled per prompt")
+        with FormRow():
+            yield from labelled("rank", Field(defaults["rank"], check=whole("rank", 1), width=5, grow=8, id="rank"))
+            yield Label("alpha", classes="field-label -gap")
+            yield Field(defaults["alpha"], check=positive("alpha"), width=6, grow=10, id="alpha")
+            yield Label("targets", classes="field-label -gap")
+            yield Field(defaults["targets"], check=check_targets, width=14, grow=40, id="targets",
+                        tooltip="query, key, value, output, gate, up, down (or q_proj …), comma separated")
+            yield Label("beta", classes="field-label -gap beta-only")
+            yield Field(defaults["beta"], check=not_negative("beta"), width=6, grow=10, id="beta", classes="beta-only")
+        yield JobProgress("t trains an adapter; ctrl+x cancels and keeps a checkpoint, r resumes it", id="progress")
+        yield Wrapped("", id="message")
+        yield Curves(id="curves")
+
+    def on_mount(self) -> None:
+        self._show_objective()
+
+    # --- the form ------------------------------------------------------------------------------------
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        if event.select.id != "objective" or event.value == self.objective:
+            return
+        data = self.query_one("#data", Field)
+        self._typed[DATA[self.objective]] = data.value  # each kind of data keeps what was typed for it
+        before, self.objective = DEFAULTS[self.objective], str(event.value)
+        data.value = self._typed.get(DATA[self.objective], "")
+        for name, value in DEFAULTS[self.objective].items():
+            field = self.query_one(f"#{name}", Field)
+            if field.value.strip() == before[name]:  # a default follows the objective; a typed value stays
+                field.value = value
+        if self.shown_error:
+            self.say("", "")
+        self._show_objective()
+
+    def _show_objective(self) -> None:
+        objective, settings = self.objective, self.app.settings  # type: ignore[attr-defined]
+        self.set_class(objective == "grpo", "-grpo")
+        self.set_class(objective in ("dpo", "ipo", "grpo"), "-beta")
+        data = DATA[objective]
+        self.query_one("#data-label", Label).update(data)
+        self.query_one("#epochs-label", Label).update("iterations" if objective == "grpo" else "epochs")
+        if data == "pairs":
+            pairs = settings.pairs
+            hint = f"the Pairs tab's set, {pairs.name}" if pairs else "the workspace's active pair set"
+        else:
+            hint = f"a file, or {BUNDLED[data]}"
+        self.query_one("#data", Field).placeholder = hint
+        self.query_one("#output", Field).placeholder = shown(self._default_output())
+
+    def _default_output(self) -> Path:
+        settings = self.app.settings  # type: ignore[attr-defined]
+        typed = self.query_one("#data", Field).value.strip()
+        if typed:
+            name = Path(typed.removeprefix("ster:")).stem
+        elif DATA[self.objective] == "pairs":
+            name = settings.trait or (settings.pairs.stem if settings.pairs else "pairs")
+        else:
+            name = DATA[self.objective]
+        return default_adapter(name, self.objective, settings.model)
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "data":
+            self.query_one("#output", Field).placeholder = shown(self._default_output())
+
+    def on_settings_changed(self, message: SettingsChanged) -> None:
+        self._show_objective()
+
+    def output(self) -> Path:
+        typed = self.query_one("#output", Field).value.strip()
+        return Path(typed).expanduser() if typed else self._default_output()
+
+    def fields(self) -> dict[str, Any] | None:
+        """The job's fields from the form; None (with the sentence shown) when one is bad."""
+        objective, settings = self.objective, self.app.settings  # type: ignore[attr-defined]
+        shown_ids = [name for name in NUMBER_FIELDS if self.query_one(f"#{name}", Field).display]
+        if self.first_bad(*shown_ids, "targets"):
+            return None
+        value = {name: self.query_one(f"#{name}", Field).value.strip() for name in (*NUMBER_FIELDS, "targets")}
+        fields: dict[str, Any] = {
+            "output": self.output(), "learning_rate": float(value["learning-rate"]),
+            "accumulation": int(value["accumulation"]), "rank": int(value["rank"]), "alpha": float(value["alpha"]),
+            "targets": value["targets"], **settings.model_fields()}
+        fields["iterations" if objective == "grpo" else "epochs"] = int(value["epochs"])
+        data, typed = DATA[objective], self.query_one("#data", Field).value.strip()
+        if typed:
+            fields[data] = typed if typed.startswith("ster:") else Path(typed).expanduser()
+        elif data == "pairs":
+            if settings.pairs is not None:
+                fields["pairs"] = settings.pairs
+        else:
+            self.say(f"{data}: name the training data, a file or the bundled {BUNDLED[data]}", "red")
+            self.shown_error = "data"  # typing there clears it
+            self.query_one("#data", Field).focus()
+            return None
+        if objective in ("dpo", "ipo", "grpo"):
+            fields["beta"] = float(value["beta"])
+        if objective in ("dpo", "ipo"):
+            fields["loss"] = objective
+        if objective == "grpo":
+            fields["group"] = int(value["group"])
+            fields["reward"] = self.query_one("#reward", Field).value.strip()
+        return fields
+
+    # --- actions ---------------------------------------------------------------------------------------
+
+    def action_tune(self) -> None:
+        from ster.tui.screens.dialogs import Confirm
+
+        fields = self.fields()
+        if fields is None:
+            return
+        output, local = fields["output"], self.app.remote is None  # type: ignore[attr-defined]
+        checkpoint = checkpoint_of(output)
+        if local and checkpoint.exists():
+            question = (f"An unfinished run's checkpoint is at {shown(checkpoint)}. Start over and replace it? "
+                        "(r resumes it instead)")
+            self.app.push_screen(Confirm(question, "Start over", "Keep it"),
+                                 lambda yes: self._run(fields) if yes else self.say(
+                                     f"kept {shown(checkpoint)}; nothing ran. {RESUME_HINT}", "yellow"))
+        elif local and output.exists():
+            self.app.push_screen(Confirm(f"{shown(output)} already exists. Replace it with the new adapter?",
+                                         "Replace", "Keep it"),
+                                 lambda yes: self._run(fields) if yes else self.say(
+                                     f"kept {shown(output)}; nothing ran. Name another adapter to keep both",
+                                     "yellow"))
+        else:
+            self._run(fields)
+
+    def action_resume(self) -> None:
+        fields = self.fields()
+        if fields is None:
+            return
+        checkpoint = checkpoint_of(fields["output"])
+        if self.app.remote is None and not checkpoint.exists():  # type: ignore[attr-defined]
+            self.say(f"no checkpoint at {shown(checkpoint)} to resume: a run cancelled with ctrl+x leaves one "
+                     "there; t starts a run", "red")
+            return
+        self._run({**fields, "resume": True})
+
+    def action_cycle(self) -> None:
+        name = self.query_one(Curves).cycle()
+        if name is None:
+            self.app.notify("no other value to draw yet: it comes with the run's steps")
+
+    def _run(self, fields: dict[str, Any]) -> None:
+        self.say("", "")
+        self._skips = 0
+        job = JOBS[self.objective]
+        handle = self.app.start_job(job, fields, self)  # type: ignore[attr-defined]
+        if handle is not None:
+            handle.objective = self.objective  # type: ignore[attr-defined]
+            self.query_one(JobProgress).queued(handle, f"{self.objective} · {handle.request.output.name}")
+            self.query_one(Curves).begin(self.objective, keep=bool(fields.get("resume")))
+
+    # --- rendering the job's events -----------------------------------------------------------------
+
+    def on_job_started(self, message: JobStarted) -> None:
+        handle = message.handle
+        what = f"{getattr(handle, 'objective', handle.name)} · {handle.request.output.name}"
+        self.query_one(JobProgress).started(handle, what, message.first)
+
+    def on_job_event(self, message: JobEvent) -> None:
+        event = message.event
+        if message.step is not None:
+            self.query_one(JobProgress).stepped(message.handle, message.step)
+        if event.type == "progress":
+            if event.stage == "train" and event.current is not None and event.data:
+                self.query_one(Curves).add(event.current, event.total, event.data)
+            elif event.stage == "skip":
+                self._skips += 1
+                if self._skips <= 3:
+                    self.add(self._words(event.message), "yellow")
+        elif event.type == "warning":
+            self.add(f"warning: {self._words(event.message)}", "yellow")
+        elif event.type == "log" and event.message.startswith(("resuming after", "starting over")):
+            self.add(self._words(event.message), "dim")
+
+    def on_job_finished(self, message: JobFinished) -> None:
+        handle, final = message.handle, message.final
+        state = final_state(final)
+        if handle.id:
+            self.query_one(JobProgress).ended(handle, state, getattr(final, "message", ""))
+        if final.type == "result":
+            self.report = final.data  # type: ignore[union-attr]
+            self.say(self._summary(getattr(handle, "objective", self.objective), final.data), "green")  # type: ignore[union-attr]
+        elif final.kind == "cancelled":  # type: ignore[union-attr]
+            self.say(self._cancelled(final.message), "magenta")  # type: ignore[union-attr]
+        else:
+            self.say(self._words(final.message), "red")  # type: ignore[union-attr]
+
+    def _words(self, sentence: str) -> str:
+        return tune_words(sentence, DATA[self.objective])
+
+    def _cancelled(self, sentence: str) -> str:
+        found = re.match(r"cancelled after step (\d+) of (\d+); the checkpoint at (.+) continues it", sentence)
+        if not found:
+            return self._words(sentence)
+        done, total, where = found.groups()
+        return f"cancelled after step {done} of {total}; its checkpoint is at {shown(Path(where))}: {RESUME_HINT}"
+
+    @staticmethod
+    def _summary(objective: str, data: dict[str, Any]) -> str:
+        report, path = data["report"], Path(data["path"])
+        passes = report.get("iterations", report.get("epochs"))
+        unit = "iteration" if objective == "grpo" else "epoch"
+        steps = report["steps"]
+        parts = [f"{objective} done: {plural(steps, 'step')} over {plural(passes, unit)}, "
+                 f"loss {report['first_loss']:.4f} → final {report['final_loss']:.4f}"]
+        if objective in ("dpo", "ipo"):
+            parts.append(f"accuracy {report['accuracy']:.3f}, reward margin {report['mean_reward_margin']:.4f}")
+        elif objective == "reward":
+            parts.append(f"accuracy {report['accuracy']:.3f}, score margin {report['mean_score_margin']:.4f}")
+        elif objective == "grpo":
+            parts.append(f"mean reward {report['mean_reward']:.4f}, mean KL {report['mean_kl']:.4f}")
+        kind = "reward model" if objective == "reward" else "adapter"
+        return ", ".join(parts) + f"\nwrote the {kind} {shown(path)} and its .json sidecar"
+
+    def say(self, text: str, style: str) -> None:
+        self.shown_error = None
+        message = self.query_one("#message", Static)
+        message.update(Text(text, style=style))
+        message.display = bool(text)
+
+    def add(self, text: str, style: str) -> None:
+        message = self.query_one("#message", Static)
+        current = message.content if isinstance(message.content, Text) else Text(str(message.content))
+        message.update(Text("\n").join([current, Text(text, style=style)]) if current.plain else Text(text, style))
+        message.display = True
