@@ -113,18 +113,20 @@ class SterApp(App[None]):
 
     def start_job(self, job: str, fields: dict[str, Any], owner: Widget) -> JobHandle | None:
         """Validate a request built from a pane's form and start its job; a bad field is a refusal
-        the pane shows like any other. The fields travel with the job as given: a remote runner sends
-        them, and the server checks them again, against its own files."""
+        the pane shows like any other (in the pane's ``engine_words`` when it has them, which name its own
+        fields). The fields travel with the job as given: a remote runner sends them, and the server checks
+        them again, against its own files."""
         from ster.engine.protocol.errors import SterError
         from ster.engine.protocol.events import Error
         from ster.engine.protocol.jobs import build_job_request
         from ster.tui.words import in_our_words
 
+        words = getattr(owner, "engine_words", in_our_words)
         try:
             request = build_job_request(job, **fields)
         except SterError as exc:
             owner.post_message(JobFinished(JobHandle(0, job, None, owner, state="refused"),  # type: ignore[arg-type]
-                                           Error(kind="refused", message=in_our_words(str(exc)))))
+                                           Error(kind="refused", message=words(str(exc)))))
             return None
         handle = self.runner.start(job, request, owner, fields)
         self.query_one(JobsPane).record(handle)

@@ -323,11 +323,11 @@ class TunePane(FieldErrors, Vertical):
             elif event.stage == "skip":
                 self._skips += 1
                 if self._skips <= 3:
-                    self.add(self._words(event.message), "yellow")
+                    self.add(self.engine_words(event.message), "yellow")
         elif event.type == "warning":
-            self.add(f"warning: {self._words(event.message)}", "yellow")
+            self.add(f"warning: {self.engine_words(event.message)}", "yellow")
         elif event.type == "log" and event.message.startswith(("resuming after", "starting over")):
-            self.add(self._words(event.message), "dim")
+            self.add(self.engine_words(event.message), "dim")
 
     def on_job_finished(self, message: JobFinished) -> None:
         handle, final = message.handle, message.final
@@ -340,15 +340,16 @@ class TunePane(FieldErrors, Vertical):
         elif final.kind == "cancelled":  # type: ignore[union-attr]
             self.say(self._cancelled(final.message), "magenta")  # type: ignore[union-attr]
         else:
-            self.say(self._words(final.message), "red")  # type: ignore[union-attr]
+            self.say(self.engine_words(final.message), "red")  # type: ignore[union-attr]
 
-    def _words(self, sentence: str) -> str:
+    def engine_words(self, sentence: str) -> str:
+        """An engine sentence as this tab says it (the app refuses a bad request in these words too)."""
         return tune_words(sentence, DATA[self.objective])
 
     def _cancelled(self, sentence: str) -> str:
         found = re.match(r"cancelled after step (\d+) of (\d+); the checkpoint at (.+) continues it", sentence)
         if not found:
-            return self._words(sentence)
+            return self.engine_words(sentence)
         done, total, where = found.groups()
         return f"cancelled after step {done} of {total}; its checkpoint is at {shown(Path(where))}: {RESUME_HINT}"
 

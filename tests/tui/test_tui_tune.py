@@ -1,0 +1,220 @@
+"""The Tune pane on the real engine and the toy: a run's curve gains a point per optimizer step, the report
+and the adapter's path appear at the end, DPO starts at ln 2, a cancelled run resumes to the adapter an
+uninterrupted run writes, and bad values are refused in the form's words before anything runs."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import Select, Static
+
+from ster.engine.model.resolve import EXAMPLES_DIR
+from ster.engine.protocol.jobs import build_job_request, run_job
+from ster.engine.tune.checkpoint import checkpoint_path
+from ster.engine.tune.requests import DpoRequest, GrpoRequest, RewardRequest, SftRequest
+from ster.tui.app import SterApp
+from ster.tui.runner import JobHandle
+from ster.tui.settings import Settings
+from ster.tui.widgets.curves import Curves
+from ster.tui.widgets.progress import JobProgress
+from ster.tui.widgets.tune import DEFAULTS, TunePane, checkpoint_of
+from tests.tui.tui_helpers import screen_text, settle, until
+
+PAIRS = EXAMPLES_DIR / "pairs.json"
+Scenario = Callable[[SterApp, Pilot, TunePane], Awaitable[None]]
+
+
+def drive(scenario: Scenario, size: tuple[int, int] = (120, 34), settings: Settings | None = None) -> None:
+    async def run() -> None:
+        app = SterApp(settings or Settings(pairs=PAIRS, trait="calm"))
+        async with app.run_test(size=size) as pilot:
+            await pilot.press("4")
+            await pilot.pause()
+            await scenario(app, pilot, app.query_one(TunePane))
+
+    asyncio.run(run())
+
+
+def message(pane: TunePane) -> str:
+    widget = pane.query_one("#message", Static)
+    return str(widget.render()) if widget.display else ""
+
+
+def tune_jobs(app: SterApp) -> list[JobHandle]:
+    return [handle for handle in app.runner.handles if handle.name.startswith("tune ")]
+
+
+async def fill(pilot: Pilot, pane: TunePane, objective: str = "sft", **values: str) -> None:
+    pane.query_one("#objective", Select).value = objective
+    await pilot.pause()
+    for name, value in values.items():
+        pane.query_one(f"#{name}").value = value  # type: ignore[attr-defined]
+    pane.query_one(Curves).focus()  # the pane's keys, not a field's typing
+    await pilot.pause()
+
+
+def test_the_form_starts_at_the_contract_defaults_of_each_objective() -> None:
+    requests = {"sft": SftRequest, "dpo": DpoRequest, "ipo": DpoRequest, "reward": RewardRequest, "grpo": GrpoRequest}
+    for objective, request in requests.items():
+        fields = request.model_fields
+        shown = DEFAULTS[objective]
+        passes = "iterations" if objective == "grpo" else "epochs"
+        assert int(shown["epochs"]) == fields[passes].default
+        assert float(shown["learning-rate"]) == fields["learning_rate"].default
+        for name in ("accumulation", "rank"):
+            assert int(shown[name]) == fields[name].default, (objective, name)
+        assert float(shown["alpha"]) == fields["alpha"].default and shown["targets"] == fields["targets"].default
+        if "beta" in fields:
+            assert float(shown["beta"]) == fields["beta"].default, objective
+    assert int(DEFAULTS["grpo"]["group"]) == GrpoRequest.model_fields["group"].default
+    assert DEFAULTS["grpo"]["reward"] == GrpoRequest.model_fields["reward"].default
+
+
+def test_switching_the_objective_moves_defaults_and_keeps_typed_values_and_each_kind_of_data() -> None:
+    async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
+        await fill(pilot, pane, "sft", data="ster:examples", rank="4")
+        await fill(pilot, pane, "grpo")
+        assert pane.query_one("#accumulation").value == "1"  # type: ignore[attr-defined]
+        assert pane.query_one("#beta").value == "0.04" and pane.query_one("#beta").display  # type: ignore[attr-defined]
+        assert pane.query_one("#rank").value == "4"  # type: ignore[attr-defined]  # typed: it stays
+        assert pane.query_one("#data").value == ""  # type: ignore[attr-defined]  # prompts, not the examples
+        assert str(pane.query_one("#data-label").render()) == "prompts"
+        assert str(pane.query_one("#epochs-label").render()) == "iterations"
+        await fill(pilot, pane, "sft")
+        assert pane.query_one("#data").value == "ster:examples"  # type: ignore[attr-defined]
+        assert not pane.query_one("#beta").display and not pane.query_one("#group").display
+        await fill(pilot, pane, "dpo")
+        assert "pairs.json" in pane.query_one("#data").placeholder  # type: ignore[attr-defined]
+        assert pane.query_one("#output").placeholder.endswith("calm.dpo.ster-toy.safetensors")  # type: ignore
+
+    drive(scenario)
+
+
+def test_an_sft_run_draws_a_point_per_step_and_ends_with_its_report_and_adapter(tmp_path: Path) -> None:
+    out = tmp_path / "facts.safetensors"
+
+    async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
+        await fill(pilot, pane, "sft", data="ster:examples", epochs="3", accumulation="4", output=str(out))
+        await pilot.press("t")
+        curves = pane.query_one(Curves)
+        await until(pilot, lambda: len(curves.points.get("loss", [])) >= 1, 120)
+        assert curves.plot is not None  # drawn from the first step
+        await settle(pilot, app, 120)
+        report = pane.report["report"]  # type: ignore[index]
+        assert report["steps"] == 6 == len(curves.points["loss"]) == len(curves.points["learning_rate"])
+        assert [step for step, _ in curves.points["loss"]] == list(range(1, 7))
+        assert curves.points["loss"][-1][1] == report["final_loss"]
+        assert out.is_file() and out.with_suffix(".json").is_file()
+        text = message(pane)
+        assert "sft done: 6 steps over 3 epochs" in text and f"{report['final_loss']:.4f}" in text
+        assert str(out) in text
+        assert pane.query_one(JobProgress).state == "done"
+        screen = screen_text(app)
+        assert "tokens/s" in screen and "6/6" in screen
+
+    drive(scenario)
+
+
+def test_a_dpo_run_on_the_apps_pair_set_starts_at_ln_2(tmp_path: Path) -> None:
+    out = tmp_path / "calm.safetensors"
+
+    async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
+        await fill(pilot, pane, "dpo", output=str(out), epochs="2", accumulation="4")
+        await pilot.press("t")
+        await settle(pilot, app, 120)
+        curves = pane.query_one(Curves)
+        assert curves.points["loss"][0][1] == pytest.approx(math.log(2), abs=1e-6)
+        assert len(curves.points["accuracy"]) == len(curves.points["loss"]) == pane.report["report"]["steps"]  # type: ignore
+        assert "first loss   0.6931" in screen_text(app)
+        assert "accuracy" in message(pane) and "reward margin" in message(pane)
+        assert pane.report["report"]["pairs"] == 12  # type: ignore[index]  # the Pairs tab's set
+
+    drive(scenario)
+
+
+def test_a_cancelled_run_leaves_a_checkpoint_and_r_resumes_it_to_the_uninterrupted_adapter(tmp_path: Path) -> None:
+    out, whole = tmp_path / "cut" / "a.safetensors", tmp_path / "whole" / "a.safetensors"
+    common = {"model": "ster:toy", "examples": "ster:examples", "epochs": 30, "accumulation": 1,
+              "learning_rate": 5e-3}
+    final = run_job("tune sft", build_job_request("tune sft", **common, output=whole), lambda _: None,
+                    threading.Event())
+    assert final.type == "result", final
+
+    async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
+        await fill(pilot, pane, "sft", data="ster:examples", epochs="30", accumulation="1", output=str(out))
+        pane.query_one("#learning-rate").value = "5e-3"  # type: ignore[attr-defined]
+        await pilot.press("r")  # nothing to resume yet
+        await pilot.pause()
+        assert "no checkpoint" in message(pane) and not tune_jobs(app)
+        await pilot.press("t")
+        curves = pane.query_one(Curves)
+        await until(pilot, lambda: len(curves.points.get("loss", [])) >= 3, 120)
+        await pilot.press("ctrl+x")
+        await settle(pilot, app, 120)
+        assert tune_jobs(app)[-1].state == "cancelled"
+        stopped = len(curves.points["loss"])
+        assert 3 <= stopped < 240 and checkpoint_of(out) == checkpoint_path(out) and checkpoint_of(out).is_file()
+        assert not out.exists()
+        text = message(pane)
+        assert f"cancelled after step {stopped} of 240" in text and "r resumes" in text
+        assert str(checkpoint_of(out)) in text
+        await pilot.press("r")
+        await settle(pilot, app, 240)
+        assert tune_jobs(app)[-1].state == "done", message(pane)
+        assert [step for step, _ in curves.points["loss"]] == list(range(1, 241))  # the curve carried on
+        assert out.read_bytes() == whole.read_bytes()
+        assert not checkpoint_of(out).exists()
+        assert pane.report["report"] == final.data["report"]  # type: ignore[index,union-attr]
+
+    drive(scenario)
+
+
+@pytest.mark.parametrize(("field", "value", "sentence"), [
+    ("learning-rate", "0", "learning rate must be a finite number above zero"),
+    ("epochs", "two", 'epochs is a whole number; "two" is not'),
+    ("targets", "qq", 'unknown adapter target "qq"'),
+    ("output", "x.json", "adapter x.json ends in .json, which is where its sidecar goes"),
+])
+def test_a_bad_value_is_refused_in_the_forms_words_before_anything_runs(field: str, value: str,
+                                                                         sentence: str) -> None:
+    async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
+        await fill(pilot, pane, "sft", data="ster:examples", **{field: value})
+        await pilot.press("t")
+        await pilot.pause(0.2)
+        assert sentence in message(pane)
+        assert not tune_jobs(app)  # nothing ran
+        assert "--" not in message(pane)
+
+    drive(scenario)
+
+
+def test_sft_without_examples_says_what_to_name() -> None:
+    async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
+        await fill(pilot, pane, "sft")
+        await pilot.press("t")
+        await pilot.pause()
+        assert "examples: name the training data" in message(pane) and "ster:examples" in message(pane)
+        assert not tune_jobs(app)
+
+    drive(scenario)
+
+
+@pytest.mark.parametrize("objective", ["sft", "dpo", "grpo"])
+def test_the_tune_tab_fits_80_by_24(objective: str) -> None:
+    from textual.geometry import Region
+
+    async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
+        await fill(pilot, pane, objective)
+        screen = Region(0, 0, *app.size)
+        for widget in pane.query("Field, Select, #progress, #curves"):
+            if widget.display:
+                assert widget.region.width >= 4 and screen.contains_region(widget.region), (widget, widget.region)
+        assert pane.query_one(Curves).region.height >= 8  # room for a plot, not a sliver
+
+    drive(scenario, size=(80, 24))
