@@ -203,3 +203,23 @@ def test_generate_pane_side_by_side_and_a_sweep(snap_compare, tmp_path: Path, mo
         await settled(pilot)
 
     assert snap_compare(SterApp(Settings(vector=vector)), terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("objective", ["sft", "grpo"])
+@pytest.mark.parametrize("size", [SMALL, (120, 34)], ids=["80x24", "120x34"])
+def test_tune_pane_before_a_run(snap_compare, size: tuple[int, int], objective: str) -> None:
+    """You should see the Tune tab before any run: objective, the data field (for sft 'a file, or
+    ster:examples' in grey; for grpo the prompts), the adapter field with its default path in grey under
+    /data/ster/artifacts ending .safetensors, epochs (iterations for grpo) 1, learning rate 0.0001,
+    accumulation 8 (1 for grpo), rank 8, alpha 16, targets query,value; for grpo also reward 'length',
+    group 4 and beta 0.04; the idle progress line saying t trains, ctrl+x cancels, r resumes; and the
+    curve area's hint. Every field is whole, nothing is cut at the right edge."""
+
+    async def run_before(pilot: Pilot) -> None:
+        await pilot.pause()
+        await pilot.press("4")
+        await pilot.pause()
+        pilot.app.query_one("#objective").value = objective  # type: ignore[attr-defined]
+        await settled(pilot)
+
+    assert snap_compare(StillApp(Settings(trait="calm")), terminal_size=size, run_before=run_before)

@@ -88,7 +88,7 @@ def test_switching_the_objective_moves_defaults_and_keeps_typed_values_and_each_
         assert str(pane.query_one("#epochs-label").render()) == "iterations"
         await fill(pilot, pane, "sft")
         assert pane.query_one("#data").value == "ster:examples"  # type: ignore[attr-defined]
-        assert not pane.query_one("#beta").display and not pane.query_one("#group").display
+        assert not pane.query_one("#beta").display and not pane.query_one("#group").parent.display  # type: ignore
         await fill(pilot, pane, "dpo")
         assert "pairs.json" in pane.query_one("#data").placeholder  # type: ignore[attr-defined]
         assert pane.query_one("#output").placeholder.endswith("calm.dpo.ster-toy.safetensors")  # type: ignore
@@ -179,12 +179,14 @@ def test_a_cancelled_run_leaves_a_checkpoint_and_r_resumes_it_to_the_uninterrupt
     ("learning-rate", "0", "learning rate must be a finite number above zero"),
     ("epochs", "two", 'epochs is a whole number; "two" is not'),
     ("targets", "qq", 'unknown adapter target "qq"'),
+    ("group", "1", "group must be at least 2"),
     ("output", "x.json", "adapter x.json ends in .json, which is where its sidecar goes"),
 ])
 def test_a_bad_value_is_refused_in_the_forms_words_before_anything_runs(field: str, value: str,
                                                                          sentence: str) -> None:
     async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
-        await fill(pilot, pane, "sft", data="ster:examples", **{field: value})
+        objective, data = ("grpo", "ster:grpo-prompts") if field == "group" else ("sft", "ster:examples")
+        await fill(pilot, pane, objective, data=data, **{field: value})
         await pilot.press("t")
         await pilot.pause(0.2)
         assert sentence in message(pane)
@@ -213,7 +215,7 @@ def test_the_tune_tab_fits_80_by_24(objective: str) -> None:
         await fill(pilot, pane, objective)
         screen = Region(0, 0, *app.size)
         for widget in pane.query("Field, Select, #progress, #curves"):
-            if widget.display:
+            if widget.display and widget.parent.display:  # type: ignore[union-attr]
                 assert widget.region.width >= 4 and screen.contains_region(widget.region), (widget, widget.region)
         assert pane.query_one(Curves).region.height >= 8  # room for a plot, not a sliver
 

@@ -108,7 +108,7 @@ class TunePane(FieldErrors, Vertical):
 
     DEFAULT_CSS = """
     TunePane Select { width: 12; }
-    TunePane #data, TunePane #output { width: 1fr; }
+    TunePane #data, TunePane #output, TunePane #reward { width: 1fr; }
     TunePane .grpo-only, TunePane .beta-only { display: none; }
     TunePane.-grpo .grpo-only, TunePane.-beta .beta-only { display: block; }
     TunePane #message { height: auto; padding: 0 1; display: none; }
@@ -137,9 +137,6 @@ class TunePane(FieldErrors, Vertical):
         with FormRow():
             yield from labelled("adapter", Field(id="output", tooltip="where t writes the adapter (.safetensors) "
                                                                      "and its sidecar; empty: the default in grey"))
-            yield Label("reward", classes="field-label -gap grpo-only")
-            yield Field("length", width=8, grow=40, id="reward", classes="grpo-only",
-                        tooltip="length (tokens emitted), or a reward model written by tune reward")
         defaults = DEFAULTS["sft"]
         with FormRow():
             yield Label("epochs", classes="field-label", id="epochs-label")
@@ -150,9 +147,6 @@ class TunePane(FieldErrors, Vertical):
             yield Label("accumulation", classes="field-label -gap")
             yield Field(defaults["accumulation"], check=whole("accumulation", 1), width=5, grow=8, id="accumulation",
                         tooltip="forwards folded into one optimizer step")
-            yield Label("group", classes="field-label -gap grpo-only")
-            yield Field(defaults["group"], check=whole("group", 2), width=5, grow=8, id="group", classes="grpo-only",
-                        tooltip="completions sampled per prompt")
         with FormRow():
             yield from labelled("rank", Field(defaults["rank"], check=whole("rank", 1), width=5, grow=8, id="rank"))
             yield Label("alpha", classes="field-label -gap")
@@ -162,6 +156,12 @@ class TunePane(FieldErrors, Vertical):
                         tooltip="query, key, value, output, gate, up, down (or q_proj …), comma separated")
             yield Label("beta", classes="field-label -gap beta-only")
             yield Field(defaults["beta"], check=not_negative("beta"), width=6, grow=10, id="beta", classes="beta-only")
+        with FormRow(classes="grpo-only"):
+            yield from labelled("group", Field(defaults["group"], check=whole("group", 2), width=5, grow=8,
+                                               id="group", tooltip="completions sampled per prompt"))
+            yield Label("reward", classes="field-label -gap")
+            yield Field("length", id="reward",
+                        tooltip="length (tokens emitted), or a reward model written by tune reward")
         yield JobProgress("t trains an adapter; ctrl+x cancels and keeps a checkpoint, r resumes it", id="progress")
         yield Wrapped("", id="message")
         yield Curves(id="curves")
@@ -226,7 +226,8 @@ class TunePane(FieldErrors, Vertical):
     def fields(self) -> dict[str, Any] | None:
         """The job's fields from the form; None (with the sentence shown) when one is bad."""
         objective, settings = self.objective, self.app.settings  # type: ignore[attr-defined]
-        shown_ids = [name for name in NUMBER_FIELDS if self.query_one(f"#{name}", Field).display]
+        shown_ids = [name for name in NUMBER_FIELDS if name != "group" or objective == "grpo"]
+        shown_ids = [name for name in shown_ids if name != "beta" or objective in ("dpo", "ipo", "grpo")]
         if self.first_bad(*shown_ids, "targets"):
             return None
         value = {name: self.query_one(f"#{name}", Field).value.strip() for name in (*NUMBER_FIELDS, "targets")}
