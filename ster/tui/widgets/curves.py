@@ -25,6 +25,8 @@ NAMES = {"loss": "loss", "accuracy": "accuracy", "reward": "mean reward", "kl": 
 SECOND = {"sft": "learning_rate", "dpo": "accuracy", "ipo": "accuracy", "reward": "accuracy", "grpo": "reward"}
 """The value drawn beside the loss when a run of each objective starts."""
 HINT = "loss against step appears here as the run trains"
+REDRAW = 0.25
+"""Seconds between redraws while steps arrive; drawing is main-thread Python the training thread waits on."""
 
 
 class Curves(Horizontal, can_focus=True):
@@ -47,6 +49,7 @@ class Curves(Horizontal, can_focus=True):
         self.total: int | None = None
         self.epoch: int | None = None
         self.speed: float | None = None
+        self._pending = False
         self.plot: Any = None
         """The textual-plotext widget, once the first point has arrived."""
 
@@ -74,6 +77,13 @@ class Curves(Horizontal, can_focus=True):
                 while series and series[-1][0] >= step:  # a step again (a resume from an earlier checkpoint)
                     series.pop()
                 series.append((step, float(value)))
+        if not self._pending:  # steps can come faster than a plot is worth drawing: draw a few times a second
+            self._pending = True
+            self.set_timer(REDRAW, self.flush)
+
+    def flush(self) -> None:
+        """Draw what has arrived now (the pane calls it when the run ends, so the last step is drawn)."""
+        self._pending = False
         self._draw()
 
     def cycle(self) -> str | None:
@@ -101,17 +111,18 @@ class Curves(Horizontal, can_focus=True):
             self.query_one("#plot-area").mount(self.plot)
         self.plot.display, self.query_one("#hint").display = True, False
         plt = self.plot.plt
-        plt.clear_data()
         plt.clear_figure()
         plt.xlabel("step")
         plt.plot([s for s, _ in loss], [v for _, v in loss], label="loss", marker="braille", color="cyan")
+        plt.yticks(*ticks([v for _, v in loss]), yside="left")
         second = self.points.get(self.second or "", [])
         if second:
             plt.plot([s for s, _ in second], [v for _, v in second], label=NAMES[self.second or ""],
                      marker="braille", color="yellow", yside="right")
-        last = max(self.total or 0, loss[-1][0], 2)
-        plt.xlim(1, last)
-        plt.xticks(sorted({1 + round(i * (last - 1) / 4) for i in range(5)}))
+            plt.yticks(*ticks([v for _, v in second]), yside="right")
+        first, last = loss[0][0], max(loss[-1][0], loss[0][0] + 1)  # the steps so far; the bar shows what is left
+        plt.xlim(first, last)
+        plt.xticks(sorted({first + round(i * (last - first) / 4) for i in range(5)}))
         self.plot.refresh()
 
     def _values(self) -> Table | Text:
@@ -130,7 +141,8 @@ class Curves(Horizontal, can_focus=True):
         for key in NAMES:
             if key != "loss" and key in self.points:
                 label = Text(NAMES[key], style="yellow" if key == self.second else "dim")
-                grid.add_row(label, number(self.points[key][-1][1]))
+                value = self.points[key][-1][1]
+                grid.add_row(label, f"{value:.3f}" if key == "accuracy" else number(value))
         if self.speed is not None:
             grid.add_row("tokens/s", f"{self.speed:,.0f}")
         return grid
@@ -139,3 +151,16 @@ class Curves(Horizontal, can_focus=True):
 def number(value: float) -> str:
     """A value for the list: a small rate in exponent form, anything else to four places."""
     return f"{value:.2e}" if value and abs(value) < 1e-2 else f"{value:.4f}"
+
+
+def ticks(values: list[float], count: int = 5) -> tuple[list[float], list[str]]:
+    """``count`` ticks over the values' range, labelled with as few digits as tell them apart."""
+    low, high = min(values), max(values)
+    if high == low:
+        low, high = low - (abs(low) or 1) * 0.01, high + (abs(high) or 1) * 0.01
+    places = [low + (high - low) * i / (count - 1) for i in range(count)]
+    for digits in range(2, 8):
+        labels = [f"{v:.{digits}g}" for v in places]
+        if len(set(labels)) == count:
+            break
+    return places, labels

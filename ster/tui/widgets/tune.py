@@ -44,7 +44,7 @@ DEFAULTS: dict[str, dict[str, str]] = {
 """The contract's defaults (the tune requests' own; a test keeps them equal), as the fields show them."""
 BUNDLED = {"examples": "ster:examples", "prompts": "ster:grpo-prompts"}
 NUMBER_FIELDS = ("epochs", "learning-rate", "accumulation", "rank", "alpha", "beta", "group")
-RESUME_HINT = "r resumes the run from there (the same fields); t starts over"
+RESUME_HINT = "r resumes the run from its checkpoint (the same fields), t starts over"
 
 
 def checkpoint_of(output: Path) -> Path:
@@ -77,7 +77,11 @@ def not_negative(label: str) -> Any:
 
 
 def whole(label: str, low: int) -> Any:
-    return lambda text: parse_whole(text, label, low)
+    def check(text: str) -> int:
+        if not text.strip():
+            raise ValueError(f"{label} is empty; give a whole number of at least {low}")
+        return parse_whole(text, label, low)
+    return check
 
 
 def plural(count: int, noun: str) -> str:
@@ -304,15 +308,14 @@ class TunePane(FieldErrors, Vertical):
         handle = self.app.start_job(job, fields, self)  # type: ignore[attr-defined]
         if handle is not None:
             handle.objective = self.objective  # type: ignore[attr-defined]
-            self.query_one(JobProgress).queued(handle, f"{self.objective} · {handle.request.output.name}")
+            self.query_one(JobProgress).queued(handle, f"tune {self.objective}")
             self.query_one(Curves).begin(self.objective, keep=bool(fields.get("resume")))
 
     # --- rendering the job's events -----------------------------------------------------------------
 
     def on_job_started(self, message: JobStarted) -> None:
         handle = message.handle
-        what = f"{getattr(handle, 'objective', handle.name)} · {handle.request.output.name}"
-        self.query_one(JobProgress).started(handle, what, message.first)
+        self.query_one(JobProgress).started(handle, f"tune {getattr(handle, 'objective', '')}", message.first)
 
     def on_job_event(self, message: JobEvent) -> None:
         event = message.event
@@ -335,6 +338,7 @@ class TunePane(FieldErrors, Vertical):
         state = final_state(final)
         if handle.id:
             self.query_one(JobProgress).ended(handle, state, getattr(final, "message", ""))
+            self.query_one(Curves).flush()
         if final.type == "result":
             self.report = final.data  # type: ignore[union-attr]
             self.say(self._summary(getattr(handle, "objective", self.objective), final.data), "green")  # type: ignore[union-attr]
@@ -352,7 +356,7 @@ class TunePane(FieldErrors, Vertical):
         if not found:
             return self.engine_words(sentence)
         done, total, where = found.groups()
-        return f"cancelled after step {done} of {total}; its checkpoint is at {shown(Path(where))}: {RESUME_HINT}"
+        return f"cancelled after step {done} of {total}; {RESUME_HINT}. The checkpoint:\n{shown(Path(where))}"
 
     @staticmethod
     def _summary(objective: str, data: dict[str, Any]) -> str:
