@@ -147,6 +147,9 @@ class SterApp(App[None]):
                 self.refresh_status()
             return
         message.handle.last_message = getattr(event, "message", "")
+        loss = (event.data or {}).get("loss") if event.type == "progress" else None
+        if isinstance(loss, int | float):
+            message.handle.loss = float(loss)
         if event.type == "log" and event.message.startswith(("applying the model's own", "this model publishes",
                                                              "chat template off")):
             self.settings.chat_decision = ("applied" if event.message.startswith("applying") else
@@ -160,6 +163,7 @@ class SterApp(App[None]):
         handle.state = final_state(final)
         handle.ended_at = self.clock() if handle.started_at is not None else None
         handle.last_message = "finished" if final.type == "result" else final.message  # type: ignore[union-attr]
+        handle.result = final.data if final.type == "result" else None  # type: ignore[union-attr]
         self._record(handle, final)
         if self._quitting and not self.runner.active():
             self.exit()

@@ -60,6 +60,10 @@ class JobHandle:
     """When the job left the queue and when it ended, by the app's clock."""
     track: Track | None = field(default=None, repr=False)
     """The job's progress reader; only its worker thread advances it."""
+    loss: float | None = None
+    """The loss of the latest step that reported one (a tune run's progress data)."""
+    result: dict[str, Any] | None = field(default=None, repr=False)
+    """The result document, once the job ended with one (enter on its Jobs row shows it whole)."""
 
     @property
     def active(self) -> bool:

@@ -1,5 +1,10 @@
 """The Jobs pane: every job this session started, newest first, its state and events; cancel from here.
 
+A tune run's row leads its last message with the loss of its latest step (while it runs and once it
+ended), and a cancelled run's row says where its checkpoint was kept, on a second line, the end of the
+path shown when the path is longer than the column. Enter on a finished job's row opens its result
+document whole (:mod:`ster.tui.screens.job_result`).
+
 The table is redrawn from the job handles on every change, with fixed widths for the
 short columns and the rest of the width for the last message, so a column never
 keeps the width of the first thing it showed. When a job starts, the cursor moves to
@@ -8,6 +13,8 @@ it, so the highlighted row (and ``x``) follows the work.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 from rich.text import Text
@@ -17,6 +24,7 @@ from textual.containers import Vertical
 from textual.widgets import DataTable, RichLog
 
 from ster.engine.protocol.events import Event
+from ster.tui.paths import shown
 from ster.tui.runner import JobHandle
 from ster.tui.words import in_our_words
 
@@ -24,6 +32,15 @@ STATE_STYLE = {"queued": "dim", "running": "bold yellow", "done": "green", "refu
                "failed": "bold red"}
 COLUMNS = (("#", 4), ("job", 16), ("state", 9), ("took", 7))
 """The short columns and their widths; the last message takes the rest."""
+TUNE_RUNS = ("tune sft", "tune dpo", "tune reward", "tune grpo")
+"""The jobs that train an adapter: their rows show the loss and a cancelled run's checkpoint."""
+STEP_LINE = re.compile(r"(epoch|iteration) \d+/\d+ step ")
+
+
+class JobTable(DataTable):
+    """The jobs table; enter on a row says what it does in the key bar (a plain table's enter is unnamed)."""
+
+    BINDINGS = [Binding("enter", "select_cursor", "Result", tooltip="Open the highlighted finished job's result")]
 
 
 class JobsPane(Vertical):
@@ -33,7 +50,10 @@ class JobsPane(Vertical):
     JobsPane DataTable { height: auto; max-height: 50%; min-height: 4; }
     JobsPane RichLog { height: 1fr; border-top: solid $primary; scrollbar-gutter: stable; }
     """
-    BINDINGS = [Binding("x", "cancel_job", "Cancel job", tooltip="Cancel the highlighted job (or the running one)")]
+    BINDINGS = [
+        Binding("x", "cancel_job", "Cancel job", tooltip="Cancel the highlighted job (or the running one)"),
+        Binding("enter", "show_result", "Result", tooltip="Open the highlighted finished job's result document whole"),
+    ]
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -43,7 +63,7 @@ class JobsPane(Vertical):
         line is wrapped once, at the width the log had when it was written (0 while the tab is hidden)."""
 
     def compose(self) -> ComposeResult:
-        yield DataTable(cursor_type="row", zebra_stripes=True, id="job-table")
+        yield JobTable(cursor_type="row", zebra_stripes=True, id="job-table")
         yield RichLog(wrap=True, markup=False, min_width=20, id="events")
 
     def on_resize(self) -> None:
@@ -71,7 +91,8 @@ class JobsPane(Vertical):
         for label, width in (*COLUMNS, ("last message", rest)):
             table.add_column(label, width=width, key=label)
         for handle in sorted(self.handles.values(), key=lambda h: -h.id):
-            table.add_row(*_cells(handle, rest), key=str(handle.id))
+            cells = _cells(handle, rest)
+            table.add_row(*cells, key=str(handle.id), height=len(str(cells[-1]).splitlines()) or 1)
         if cursor is not None and str(cursor) in table.rows:
             table.move_cursor(row=table.get_row_index(str(cursor)), animate=False)
 
@@ -84,13 +105,61 @@ class JobsPane(Vertical):
     def action_cancel_job(self) -> None:
         self.app.action_cancel_job(self.highlighted())  # type: ignore[attr-defined]
 
+    def on_data_table_row_selected(self) -> None:
+        """Enter (or a click on the highlighted row) opens the result, as the key bar's enter says."""
+        self.action_show_result()
+
+    def action_show_result(self) -> None:
+        from ster.tui.screens.job_result import JobResultScreen
+
+        handle = self.handles.get(self.highlighted() or 0)
+        if handle is None:
+            self.notify("no job yet: the other tabs start them")
+        elif handle.result is not None:
+            self.app.push_screen(JobResultScreen(f"#{handle.id} {handle.name} · result", handle.result))
+        elif handle.active:
+            self.notify(f"#{handle.id} {handle.name} is still {handle.state}; its result opens here once it ends")
+        else:
+            self.notify(f"#{handle.id} {handle.name} ended {handle.state}, without a result to show")
+
 
 def _cells(handle: JobHandle, width: int) -> tuple[str | Text, ...]:
     took = handle.took
-    message = in_our_words(handle.last_message)
     return (str(handle.id), handle.name, Text(handle.state, style=STATE_STYLE[handle.state]),
-            "" if took is None else f"{took:.1f} s",
-            message if len(message) <= width else message[: width - 1] + "…")
+            "" if took is None else f"{took:.1f} s", _message(handle, width))
+
+
+def _message(handle: JobHandle, width: int) -> str:
+    """The last message cut to the column; a tune run's leads with its loss and names a kept checkpoint."""
+    message = in_our_words(handle.last_message)
+    if handle.name not in TUNE_RUNS:
+        return _fit(message, width)
+    if handle.loss is not None:
+        if STEP_LINE.match(message):
+            message = re.sub(r" loss \S+", "", message, count=1)  # the loss leads the cell instead
+        message = f"loss {handle.loss:.4f} · {message}"
+    checkpoint = _checkpoint(handle)
+    if checkpoint is None:
+        return _fit(message, width)
+    stopped = re.search(r"cancelled after step (\d+) of (\d+)", message)  # the state column says cancelled
+    first = " · ".join([*([f"loss {handle.loss:.4f}"] if handle.loss is not None else []),
+                        f"step {stopped[1]}/{stopped[2]}" if stopped else "cancelled"])
+    where = shown(checkpoint)
+    room = width - len("kept ")
+    return _fit(first, width) + "\nkept " + (where if len(where) <= room else "…" + where[len(where) - room + 1:])
+
+
+def _checkpoint(handle: JobHandle) -> Path | None:
+    """Where a cancelled tune run kept its checkpoint, ``<output>.checkpoint``; None when it kept none."""
+    output = getattr(handle.request, "output", None) or handle.fields.get("output")
+    if handle.state != "cancelled" or output is None or "checkpoint at" not in handle.last_message:
+        return None
+    output = Path(output)
+    return output.with_name(output.name + ".checkpoint")
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _describe(event: Event) -> str:
