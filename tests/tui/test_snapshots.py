@@ -18,7 +18,7 @@ import pytest
 from textual.pilot import Pilot
 
 from ster.engine.model.resolve import EXAMPLES_DIR as EXAMPLES
-from ster.engine.protocol.events import Error, Log, Progress, Result
+from ster.engine.protocol.events import Error, Log, Progress, Result, parse_event
 from ster.engine.protocol.jobs import build_job_request
 from ster.engine.steering.requests import OptimizeRequest
 from ster.tui.app import SterApp
@@ -26,6 +26,8 @@ from ster.tui.messages import JobEvent, JobFinished, JobStarted
 from ster.tui.progress import Step, Track
 from ster.tui.runner import JobHandle
 from ster.tui.settings import Settings
+from ster.tui.widgets.curves import Curves
+from ster.tui.widgets.progress import JobProgress
 
 SMALL, LARGE = (80, 24), (130, 36)
 CANDIDATES = [
@@ -53,6 +55,12 @@ SWEPT: dict[str, Any] = json.loads((Path(__file__).parent / "canned_sweep.json")
 """A sweep of the toy's calm direction at -0.8x..0.8x over six prompts whose answers are alarmed (``ALARMED``),
 numbers rounded (from ``ster sweep``)."""
 ALARMED = {"prompts": [output["prompt"] for output in SWEPT["rows"][0]["outputs"]]}
+TUNED: dict[str, Any] = json.loads((Path(__file__).parent / "canned_tune.json").read_text())
+"""Every event of the toy's ``ster --json tune sft --examples ster:examples --epochs 4 --accumulation 2`` and
+``tune dpo --pairs ster:pairs --epochs 3 --accumulation 2`` runs, numbers to six digits, tokens per second
+fixed at 4000 and the adapter at the Tune tab's default path under /data, so nothing depends on the machine."""
+DURING = {"sft": 6, "dpo": 7}
+"""The optimizer step a run "during" snapshot stops after (of 16 for sft, 18 for dpo)."""
 
 
 class StillApp(SterApp):
@@ -68,12 +76,14 @@ def fixed_data_directory(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def deliver(pane: Any, handle: JobHandle, events: list[Any], final: Any) -> None:
-    """A job's life as its worker would post it: started, each event with its progress step, the end."""
+    """A job's life as its worker would post it: started, each event with its progress step, the end (none
+    when ``final`` is None: the job is still running)."""
     track = Track(handle.name)
     pane.post_message(JobStarted(handle, Step("", "starting", 0.0)))
     for event in events:
         pane.post_message(JobEvent(handle, event, track.advance(event)))
-    pane.post_message(JobFinished(handle, final))
+    if final is not None:
+        pane.post_message(JobFinished(handle, final))
 
 
 def canned_optimize(app: SterApp) -> JobHandle:
@@ -114,12 +124,41 @@ def canned_sweep(app: SterApp, vector: Path, prompts: Path) -> None:
             Result(command="sweep", data={**SWEPT, "vector": str(vector)}))
 
 
+def canned_tune(app: SterApp, objective: str, ended: bool) -> None:
+    """Deliver a tune job's life to the Tune pane, as `t` would have started it from the form the canned run's
+    fields are typed into: to its result when ``ended``, else up to its optimizer step ``DURING[objective]``
+    (the job still running)."""
+    pane: Any = app.query_one("#tune-pane")
+    canned, job = TUNED[objective], f"tune {objective}"
+    typed = {"data": "ster:examples" if objective == "sft" else "ster:pairs", "accumulation": "2",
+             "epochs": "4" if objective == "sft" else "3"}
+    for name, value in typed.items():
+        pane.query_one(f"#{name}").value = value
+    fields = pane.fields()
+    assert fields["output"] == Path(canned["result"]["data"]["path"])  # the canned run wrote the default adapter
+    handle = JobHandle(3, job, build_job_request(job, **fields), pane, fields)
+    app.runner.handles.append(handle)
+    handle.objective = objective  # type: ignore[attr-defined]  # what the pane's own start (t) does next
+    pane.query_one(JobProgress).queued(handle, job)
+    pane.query_one(Curves).begin(objective)
+    events = [parse_event(json.dumps(event)) for event in canned["events"]]
+    if not ended:
+        events = events[:next(at for at, event in enumerate(events) if event.type == "progress" and event.stage ==
+                              "train" and event.current == DURING[objective]) + 1]
+    deliver(pane, handle, events, parse_event(json.dumps(canned["result"])) if ended else None)
+
+
 async def settled(pilot: Pilot) -> None:
     """Wait for every job to end, then for the screen to stop changing (a loaded machine lags a refresh)."""
     for _ in range(600):
         await pilot.pause(0.05)
         if not pilot.app.runner.active():  # type: ignore[attr-defined]
             break
+    await still(pilot)
+
+
+async def still(pilot: Pilot) -> None:
+    """Wait for the screen to stop changing."""
     for _ in range(5):
         await pilot.pause(0.1)
         await pilot.wait_for_scheduled_animations()
@@ -221,5 +260,38 @@ def test_tune_pane_before_a_run(snap_compare, size: tuple[int, int], objective: 
         await pilot.pause()
         pilot.app.query_one("#objective").value = objective  # type: ignore[attr-defined]
         await settled(pilot)
+
+    assert snap_compare(StillApp(Settings(trait="calm")), terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("moment", ["during", "after"])
+@pytest.mark.parametrize("objective", ["sft", "dpo"])
+@pytest.mark.parametrize("size", [SMALL, (120, 34)], ids=["80x24", "120x34"])
+def test_tune_pane_running(snap_compare, size: tuple[int, int], objective: str, moment: str) -> None:
+    """You should see the Tune tab with the run's fields (sft: examples ster:examples, epochs 4; dpo: pairs
+    ster:pairs, epochs 3, beta 0.1; accumulation 2; the adapter's default path in grey), and: during a run, 'tune sft ·
+    training · epoch 2/4 step 6/16 …' (dpo: 'epoch 2/3 step 7/18 …') with its bar and 0s, the loss curve
+    (cyan) over steps 1..6 (dpo 1..7) beside the list of step 6/16 (7/18), epoch, loss, first loss, learn
+    rate (and for dpo accuracy, in yellow: the second curve, drawn in yellow), tokens/s 4,000; for sft the
+    learning rate is the yellow second curve. After the run: 'tune sft · done' at 100%, the curve over every
+    step (16, dpo 18), and in green 'sft done: 16 steps over 4 epochs, loss 0.0032 → final 0.0032' (dpo: 18
+    steps over 3 epochs, loss 0.6931 → final 0.6911, accuracy 1.000, reward margin 0.0032) and 'wrote the
+    adapter /data/ster/artifacts/….safetensors and its .json sidecar'. Nothing is cut at the right edge."""
+
+    async def run_before(pilot: Pilot) -> None:
+        await pilot.pause()
+        await pilot.press("4")
+        await pilot.pause()
+        pilot.app.query_one("#objective").value = objective  # type: ignore[attr-defined]
+        await pilot.pause()
+        canned_tune(pilot.app, objective, ended=moment == "after")  # type: ignore[arg-type]
+        curves = pilot.app.query_one(Curves)
+        steps = DURING[objective] if moment == "during" else TUNED[objective]["result"]["data"]["report"]["steps"]
+        for _ in range(600):  # until the pane has taken every step delivered (and, after, the job has ended)
+            await pilot.pause(0.05)
+            if len(curves.points.get("loss", [])) == steps and (moment == "during" or not pilot.app.runner.active()):
+                break
+        curves.flush()  # draw every step now, not on the redraw timer
+        await still(pilot)
 
     assert snap_compare(StillApp(Settings(trait="calm")), terminal_size=size, run_before=run_before)
