@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.validation import ValidationResult, Validator
-from textual.widgets import Input, Label
+from textual.widgets import Input, Label, Static
 
 
 class Check(Validator):
@@ -91,6 +92,26 @@ class FormRow(Horizontal):
     FormRow .field-label.-gap { padding: 0 1 0 2; }
     FormRow .field-hint { padding: 0 0 0 1; color: $text-disabled; width: 1fr; }
     """
+
+
+class MessageLine:
+    """The message line under a pane's form (a ``Static`` with id ``message``): one sentence, or lines added."""
+
+    shown_error: str | None = None
+
+    def say(self, text: str, style: str) -> None:
+        """Show only ``text`` (nothing hides the line)."""
+        self.shown_error = None
+        message = self.query_one("#message", Static)  # type: ignore[attr-defined]
+        message.update(Text(text, style=style))
+        message.display = bool(text)
+
+    def add(self, text: str, style: str) -> None:
+        """One more line under what the message line shows."""
+        message = self.query_one("#message", Static)  # type: ignore[attr-defined]
+        current = message.content if isinstance(message.content, Text) else Text(str(message.content))
+        message.update(Text("\n").join([current, Text(text, style=style)]) if current.plain else Text(text, style))
+        message.display = True
 
 
 class FieldErrors:

@@ -12,17 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.widgets import DataTable, Label, Select, Static
+from textual.widgets import DataTable, Label, Select
 
 from ster.engine.steering.artifact import provenance_sentences
 from ster.tui.messages import JobEvent, JobFinished, JobStarted, SettingsChanged
 from ster.tui.paths import default_artifact, shown
 from ster.tui.runner import final_state
-from ster.tui.widgets.fields import Field, FieldErrors, FormRow, labelled
+from ster.tui.widgets.fields import Field, FieldErrors, FormRow, MessageLine, labelled
 from ster.tui.widgets.progress import JobProgress
 from ster.tui.widgets.train_results import SORT_BY_COLUMN, TrainResults
 from ster.tui.widgets.wrapped import Wrapped
@@ -31,7 +30,7 @@ from ster.tui.words import in_our_words, parse_layers
 METHODS = ("caa", "pca", "logistic")
 
 
-class TrainPane(FieldErrors, Vertical):
+class TrainPane(MessageLine, FieldErrors, Vertical):
     """Train, optimize, evaluate, load."""
 
     DEFAULT_CSS = """
@@ -198,14 +197,3 @@ class TrainPane(FieldErrors, Vertical):
         self.app.settings.use_artifact(path, summary)  # type: ignore[attr-defined]
         self.app.settings_changed("artifact")  # type: ignore[attr-defined]
 
-    def say(self, text: str, style: str) -> None:
-        self.shown_error = None
-        message = self.query_one("#message", Static)
-        message.update(Text(text, style=style))
-        message.display = bool(text)
-
-    def add(self, text: str, style: str) -> None:
-        message = self.query_one("#message", Static)
-        current = message.content if isinstance(message.content, Text) else Text(str(message.content))
-        message.update(Text("\n").join([current, Text(text, style=style)]) if current.plain else Text(text, style))
-        message.display = True

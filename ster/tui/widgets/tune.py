@@ -16,17 +16,16 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.widgets import Input, Label, Select, Static
+from textual.widgets import Input, Label, Select
 
 from ster.tui.messages import JobEvent, JobFinished, JobStarted, SettingsChanged
 from ster.tui.paths import default_adapter, shown
 from ster.tui.runner import final_state
 from ster.tui.widgets.curves import Curves
-from ster.tui.widgets.fields import Field, FieldErrors, FormRow, labelled
+from ster.tui.widgets.fields import Field, FieldErrors, FormRow, MessageLine, labelled
 from ster.tui.widgets.progress import JobProgress
 from ster.tui.widgets.wrapped import Wrapped
 from ster.tui.words import in_our_words, parse_whole
@@ -107,7 +106,7 @@ def tune_words(sentence: str, data: str) -> str:
     return in_our_words(sentence.replace(f"--{data}", data))
 
 
-class TunePane(FieldErrors, Vertical):
+class TunePane(MessageLine, FieldErrors, Vertical):
     """Train an adapter: the form, the progress line, the curves, the report."""
 
     DEFAULT_CSS = """
@@ -375,14 +374,3 @@ class TunePane(FieldErrors, Vertical):
         kind = "reward model" if objective == "reward" else "adapter"
         return ", ".join(parts) + f"\nwrote the {kind} {shown(path)} and its .json sidecar"
 
-    def say(self, text: str, style: str) -> None:
-        self.shown_error = None
-        message = self.query_one("#message", Static)
-        message.update(Text(text, style=style))
-        message.display = bool(text)
-
-    def add(self, text: str, style: str) -> None:
-        message = self.query_one("#message", Static)
-        current = message.content if isinstance(message.content, Text) else Text(str(message.content))
-        message.update(Text("\n").join([current, Text(text, style=style)]) if current.plain else Text(text, style))
-        message.display = True
