@@ -1,4 +1,4 @@
-"""What the app is working on: the model and how it is loaded, the pair set, the artifact."""
+"""What the app is working on: the model and how it is loaded, the pair set, the artifact, the adapter."""
 
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ class Settings:
     """The steering artifact the Generate pane applies."""
     artifact: dict[str, Any] | None = None
     """What the engine reported about ``vector`` (its trait, method, model and layers); None until it has."""
+    adapter: Path | None = None
+    """The LoRA adapter the Generate pane compares with the base model; None until one is made or chosen."""
+    adapter_info: dict[str, Any] | None = None
+    """What is known of ``adapter`` (its objective, model, report summary), or None."""
 
     def model_fields(self) -> dict[str, Any]:
         """The model flags of a job request."""
@@ -34,6 +38,14 @@ class Settings:
     def use_artifact(self, path: Path, summary: dict[str, Any] | None) -> None:
         """The artifact the Generate pane applies from now on, with the engine's summary of it."""
         self.vector, self.artifact = path, summary
+
+    def use_adapter(self, path: Path | None, info: dict[str, Any] | None = None) -> None:
+        """The adapter the Generate pane offers from now on (None: no adapter)."""
+        self.adapter, self.adapter_info = path, info
+
+    def adapter_label(self) -> str:
+        """The adapter as panes name it: its file name without ``.safetensors``, or ``none``."""
+        return "none" if self.adapter is None else self.adapter.name.removesuffix(".safetensors")
 
     def artifact_label(self) -> str:
         """The artifact as the status line and the steered panel name it: ``calm.caa.toy (caa, layer 3)``."""
