@@ -25,18 +25,29 @@ from ster.tui.messages import JobEvent, JobFinished, JobStarted, SettingsChanged
 from ster.tui.runner import JobHandle, JobRunner, final_state
 from ster.tui.settings import Settings
 from ster.tui.widgets.footer import KeyBar
-from ster.tui.widgets.generate import GeneratePane
 from ster.tui.widgets.jobs import JobsPane
 from ster.tui.widgets.pairs import PairsPane
 from ster.tui.widgets.status import StatusLine
-from ster.tui.widgets.train import TrainPane
-from ster.tui.widgets.tune import TunePane
 
 if TYPE_CHECKING:
     from ster.serve.client import Remote
 
-TABS = (("pairs", "Pairs", PairsPane), ("train", "Train", TrainPane), ("generate", "Generate", GeneratePane),
-        ("tune", "Tune", TunePane), ("jobs", "Jobs", JobsPane))
+TABS = (("pairs", "Pairs", "ster.tui.widgets.pairs:PairsPane"), ("train", "Train", "ster.tui.widgets.train:TrainPane"),
+        ("generate", "Generate", "ster.tui.widgets.generate:GeneratePane"),
+        ("tune", "Tune", "ster.tui.widgets.tune:TunePane"), ("jobs", "Jobs", "ster.tui.widgets.jobs:JobsPane"))
+"""Each tab: its id, its title, and where its pane's class lives (imported when the pane is first shown)."""
+EAGER = ("pairs", "jobs")
+"""The panes composed with the app: the first screen, and the Jobs tab, which records every job from the start.
+The others are imported and mounted the first time they are shown (or a job or test asks for them), so the
+first paint pays for neither their modules nor their widgets."""
+
+
+def pane_class(tab: str) -> type[Widget]:
+    """The pane class of a tab, importing its module on first use."""
+    import importlib
+
+    module, name = next(where for tab_id, _, where in TABS if tab_id == tab).split(":")
+    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
 
 
 class SterApp(App[None]):
@@ -79,9 +90,10 @@ class SterApp(App[None]):
         yield Header()
         yield StatusLine(id="status")
         with TabbedContent(initial="pairs", id="tabs"):
-            for number, (tab_id, title, pane) in enumerate(TABS, 1):
+            for number, (tab_id, title, _) in enumerate(TABS, 1):
                 with TabPane(f"{number} {title}", id=tab_id):
-                    yield pane(id=f"{tab_id}-pane")
+                    if tab_id in EAGER:
+                        yield pane_class(tab_id)(id=f"{tab_id}-pane")
         yield KeyBar()
 
     def on_mount(self) -> None:
@@ -89,9 +101,28 @@ class SterApp(App[None]):
         # so letters typed by mistake would reach the app's own keys (q quits).
         self.query_one(Tabs).can_focus = False
         self.refresh_status()
-        self.action_show_tab("pairs")
+        self.call_later(self.action_show_tab, "pairs")
+        self.call_after_refresh(self._after_first_paint)
 
-    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+    def _after_first_paint(self) -> None:
+        if self.settings.vector is not None and self.settings.artifact is None:
+            self.call_later(self.pane, "train")  # the Train pane inspects the artifact, so every tab can name it
+        # Import the other panes' modules in the background, so the first switch to them only mounts widgets.
+        import threading
+
+        threading.Thread(target=_import_panes, name="ster-import-panes", daemon=True).start()
+
+    async def pane(self, tab: str) -> Widget:
+        """A tab's pane, mounted first if it has not been shown yet."""
+        found = self.query(f"#{tab}-pane")
+        if found:
+            return found.first()
+        pane = pane_class(tab)(id=f"{tab}-pane")
+        await self.query_one(f"TabPane#{tab}", TabPane).mount(pane)
+        return pane
+
+    async def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        await self.pane(event.pane.id or "")  # a tab clicked with the mouse before it was ever shown
         self._focus_tab(event.pane.id or "")
 
     def on_resize(self) -> None:
@@ -105,8 +136,9 @@ class SterApp(App[None]):
 
     def settings_changed(self, *changed: str) -> None:
         """Tell every pane that the model, pair set or artifact changed, and show it in the status line."""
-        for _, _, pane in TABS:
-            self.query_one(pane).post_message(SettingsChanged(frozenset(changed)))
+        for tab_id, _, _ in TABS:  # a pane mounted later reads the settings as they are then
+            for pane in self.query(f"#{tab_id}-pane"):
+                pane.post_message(SettingsChanged(frozenset(changed)))
         self.refresh_status()
 
     # --- jobs -------------------------------------------------------------------------------------
@@ -174,7 +206,8 @@ class SterApp(App[None]):
 
     # --- actions ------------------------------------------------------------------------------------
 
-    def action_show_tab(self, tab: str) -> None:
+    async def action_show_tab(self, tab: str) -> None:
+        await self.pane(tab)
         self.query_one(TabbedContent).active = tab
         self.call_after_refresh(self._focus_tab, tab)
 
@@ -214,7 +247,7 @@ class SterApp(App[None]):
         from ster.tui.screens.help import HelpScreen
 
         sections = [("Everywhere", list(self.BINDINGS))]
-        sections += [(f"{title} tab", list(pane.BINDINGS)) for _, title, pane in TABS]
+        sections += [(f"{title} tab", list(pane_class(tab_id).BINDINGS)) for tab_id, title, _ in TABS]
         self.push_screen(HelpScreen(sections))  # type: ignore[arg-type]
 
     async def action_quit(self) -> None:
@@ -244,15 +277,22 @@ class SterApp(App[None]):
             if binding.action not in ("quit",):
                 yield SystemCommand(binding.description, binding.tooltip,
                                     lambda a=binding.action: self.call_later(self.run_action, a))
-        for tab_id, title, pane in TABS:
-            for binding in pane.BINDINGS:
+        for tab_id, title, _ in TABS:
+            for binding in pane_class(tab_id).BINDINGS:
                 assert isinstance(binding, Binding)
                 yield SystemCommand(f"{title}: {binding.description}", binding.tooltip,
-                                    lambda t=tab_id, a=binding.action: self._pane_action(t, a))
+                                    lambda t=tab_id, a=binding.action: self.call_later(self._pane_action, t, a))
 
-    def _pane_action(self, tab: str, action: str) -> None:
-        self.action_show_tab(tab)
-        self.call_later(self.query_one(f"#{tab}-pane").run_action, action)
+    async def _pane_action(self, tab: str, action: str) -> None:
+        await self.action_show_tab(tab)
+        self.call_later((await self.pane(tab)).run_action, action)
+
+
+def _import_panes() -> None:
+    import importlib
+
+    for _, _, where in TABS:
+        importlib.import_module(where.split(":")[0])
 
 
 def focus_main(pane: Widget) -> None:

@@ -186,6 +186,7 @@ def test_jobs_pane_newest_first(snap_compare, size: tuple[int, int]) -> None:
     with its duration and last message, the cursor on #2, and their events in the log below."""
 
     async def run_before(pilot: Pilot) -> None:
+        await pilot.app.pane("train")  # type: ignore[attr-defined]
         canned_optimize(pilot.app)  # type: ignore[arg-type]
         canned_refusal(pilot.app)  # type: ignore[arg-type]
         await pilot.pause(0.2)

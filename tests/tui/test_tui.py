@@ -177,3 +177,32 @@ asyncio.run(main())
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert "NO TORCH" in proc.stdout and "NO PLOTEXT" in proc.stdout, proc.stderr
+
+
+def test_the_first_paint_builds_only_the_first_tab() -> None:
+    """The Train, Generate and Tune panes are neither imported nor mounted for the first screen; each is there,
+    whole, the first time its tab is shown."""
+    code = """
+import asyncio, sys
+from ster.tui.app import SterApp
+LAZY = ("ster.tui.widgets.train", "ster.tui.widgets.generate", "ster.tui.widgets.tune")
+class First(SterApp):
+    def on_mount(self):
+        self.call_after_refresh(self.painted)  # before the app's own after-paint work
+        super().on_mount()
+    def painted(self):
+        print("imported at first paint:", [m for m in LAZY if m in sys.modules])
+        print("mounted at first paint:", [p.id for p in self.query("TabPane > *")])
+async def main():
+    app = First()
+    async with app.run_test(size=(120, 30)) as pilot:
+        await pilot.pause()
+        await pilot.press("4")
+        await pilot.pause()
+        print("after 4:", app.query_one("#tune-pane").display, app.query_one("#objective").value)
+asyncio.run(main())
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert "imported at first paint: []" in proc.stdout, proc.stdout + proc.stderr
+    assert "mounted at first paint: ['pairs-pane', 'jobs-pane']" in proc.stdout, proc.stdout + proc.stderr
+    assert "after 4: True sft" in proc.stdout, proc.stdout + proc.stderr

@@ -81,9 +81,9 @@ def drive(settings: Settings, scenario: Callable[[RecordingApp, Pilot, GenerateP
     async def run() -> None:
         app = RecordingApp(settings, models)
         async with app.run_test(size=size) as pilot:
-            pane = app.query_one(GeneratePane)
             await pilot.pause()  # the app shows the Pairs tab once mounted; switch after that
-            app.action_show_tab("generate")
+            await app.action_show_tab("generate")
+            pane = app.query_one(GeneratePane)
             await until(pilot, lambda: app.focused in pane.query("*"))
             await scenario(app, pilot, pane)
 

@@ -59,7 +59,7 @@ VISIBLE = {"pairs": ("#summary", "#pairs-table", "#detail"),
 @pytest.mark.parametrize("tab", list(VISIBLE))
 def test_every_tab_fits_80_by_24(tab: str) -> None:
     async def scenario(app: SterApp, pilot: Pilot) -> None:
-        app.action_show_tab(tab)
+        await app.action_show_tab(tab)
         await pilot.pause(0.2)
         for selector in VISIBLE[tab]:
             on_screen(app, app.query_one(f"#{tab}-pane {selector}"), min_width=4)
@@ -72,7 +72,7 @@ def test_every_tab_fits_80_by_24(tab: str) -> None:
 
 def test_number_fields_show_their_whole_value_with_the_sign() -> None:
     async def scenario(app: SterApp, pilot: Pilot) -> None:
-        app.action_show_tab("generate")
+        await app.action_show_tab("generate")
         await pilot.pause()
         strength = app.query_one("#strength", Field)
         strength.value = "3"
@@ -118,7 +118,7 @@ def test_help_model_cancel_and_quit_stay_in_the_key_bar_at_120_columns(tab: str)
         return set()
 
     async def scenario(app: SterApp, pilot: Pilot) -> None:
-        app.action_show_tab(tab)
+        await app.action_show_tab(tab)
         await until(pilot, lambda: {"question_mark", "m", "q"} <= pinned_keys(app)
                     and bool(pinned_keys(app) & {"ctrl+x", "x"}))
 

@@ -67,9 +67,9 @@ def test_generate_runs_on_the_server_and_shows_its_text(remote_server: Server) -
             assert app.sub_title.endswith(f"on {remote_server.url}")
             assert f"on {remote_server.url}" in screen_text(app)  # the title bar fits it in 80 columns
             assert f"f32 cpu on {remote_server.url.removeprefix('http://')}" in app.query_one(StatusLine).plain
-            pane = app.query_one(GeneratePane)
             await pilot.pause()
-            app.action_show_tab("generate")
+            await app.action_show_tab("generate")
+            pane = app.query_one(GeneratePane)
             await until(pilot, lambda: app.focused in pane.query("*"))
             app.query_one("#max-new-tokens", Input).value = "8"
             await pilot.press("escape", "g")
@@ -108,8 +108,8 @@ def test_open_optimize_and_steer_all_run_on_the_server(remote_server: Server, tm
             await settle(pilot, app)
             assert app.settings.vector == artifact and app.settings.artifact is not None
             assert artifact.is_file()
+            await app.action_show_tab("generate")
             pane = app.query_one(GeneratePane)
-            app.action_show_tab("generate")
             await until(pilot, lambda: app.focused in pane.query("*"))
             app.query_one("#strength", Input).value = "0.4x"
             await pilot.press("escape", "g")

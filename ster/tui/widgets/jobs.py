@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -23,10 +23,12 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, RichLog
 
-from ster.engine.protocol.events import Event
 from ster.tui.paths import shown
 from ster.tui.runner import JobHandle
 from ster.tui.words import in_our_words
+
+if TYPE_CHECKING:
+    from ster.engine.protocol.events import Event
 
 STATE_STYLE = {"queued": "dim", "running": "bold yellow", "done": "green", "refused": "red", "cancelled": "magenta",
                "failed": "bold red"}

@@ -6,7 +6,6 @@ from typing import Any
 
 from rich.text import Text
 
-from ster.engine.pairs.inspect import UNBALANCED_RATIO
 from ster.engine.pairs.model import Pair, PairSet
 
 
@@ -44,6 +43,8 @@ def detail_text(pair: Pair, row: dict[str, Any] | None) -> Text:
 
 def flag_cells(row: dict[str, Any]) -> tuple[Text, Text, Text]:
     """The duplicate, refusal and ratio cells of one pair's report."""
+    from ster.engine.pairs.inspect import UNBALANCED_RATIO  # loaded already by the job that made the report
+
     duplicate = row["duplicate"]
     dup = "" if duplicate is None else f"{duplicate['kind']} of {duplicate['of']}"
     if duplicate and duplicate["kind"] == "near":
