@@ -9,6 +9,7 @@ stream ``hidden_size`` wide, and a reward model's head ``[1, hidden_size]``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -33,11 +34,14 @@ WRITES_HIDDEN = ("output", "down")
 class TensorEntry(BaseModel):
     name: str
     shape: list[int]
+    dtype: str
+    """The safetensors dtype (F32 for every factor Ster writes)."""
 
 
 class AdapterDocument(BaseModel):
     schema_version: int
     product: str
+    """``ster``; ``peft`` for a PEFT directory (read as the adapter it applies as)."""
     kind: str
     model: str
     model_revision: str | None
@@ -62,14 +66,26 @@ class InspectResult(BaseModel):
 def inspect_job(request: TuneInspectRequest, ctx: JobContext) -> InspectResult:
     path = request.artifact
     if path.is_dir():
-        raise Refusal(f"{path} is a directory; tune inspect reads a Ster adapter's .safetensors file (a PEFT "
-                      "directory describes itself in its adapter_config.json)")
+        return _peft(path)
     sidecar, header = read_document(path)
     expected = _expected(sidecar)
     check_tensors(sidecar, header, _filled(expected, header), path)
-    tensors = [TensorEntry(name=name, shape=list(header[name]["shape"])) for name in expected]
+    tensors = [TensorEntry(name=name, shape=list(header[name]["shape"]), dtype=str(header[name].get("dtype", "")))
+               for name in expected]
     return InspectResult(adapter=AdapterDocument(**sidecar.model_dump(exclude={"train"}), scale=sidecar.scale,
                                                  tensors=tensors, train=sidecar.train))
+
+
+def _peft(path: Path) -> InspectResult:
+    """A PEFT directory: its config and factors as the adapter Ster applies (no fingerprint, no report)."""
+    from ster.engine.model.peft_format import peft_document
+
+    sidecar, tensors = peft_document(path)
+    fields = sidecar.model_dump(exclude={"train"})
+    fields["product"] = "peft"
+    return InspectResult(adapter=AdapterDocument(
+        **fields, scale=sidecar.scale, train=None,
+        tensors=[TensorEntry(name=name, shape=shape, dtype=dtype) for name, shape, dtype in tensors]))
 
 
 def _expected(sidecar: AdapterSidecar) -> dict[str, tuple[int | None, int | None]]:
