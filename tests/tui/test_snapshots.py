@@ -189,7 +189,7 @@ def test_jobs_pane_newest_first(snap_compare, size: tuple[int, int]) -> None:
         canned_optimize(pilot.app)  # type: ignore[arg-type]
         canned_refusal(pilot.app)  # type: ignore[arg-type]
         await pilot.pause(0.2)
-        await pilot.press("5")
+        await pilot.press("6")
         await settled(pilot)
 
     assert snap_compare(StillApp(Settings()), terminal_size=size, run_before=run_before)

@@ -15,6 +15,7 @@ it succeeds, and put back when it does not.
 from __future__ import annotations
 
 import shutil
+from io import StringIO
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,7 @@ class AdaptersPane(MessageLine, Vertical):
     """The session's adapters: load, inspect, evaluate, merge, export, use."""
 
     DEFAULT_CSS = """
-    AdaptersPane AdapterTable { height: auto; max-height: 8; min-height: 3; }
+    AdaptersPane AdapterTable { height: auto; max-height: 8; min-height: 4; }
     AdaptersPane FormRow { margin: 1 0 0 0; }
     AdaptersPane #examples { width: 1fr; }
     AdaptersPane #message { height: auto; padding: 0 1; display: none; }
@@ -84,6 +85,7 @@ class AdaptersPane(MessageLine, Vertical):
         """An evaluate job's role: ``base`` or ``adapter``."""
         self.aside: dict[int, tuple[Path, Path]] = {}
         """A merge or export replacing a directory: handle id → (the directory, where the old one waits)."""
+        self.detail_text = ""
         self.detail: tuple[str, Path] | None = None
         """What the detail area shows: (``inspect`` or ``evaluate``, the adapter's path)."""
 
@@ -399,7 +401,13 @@ class AdaptersPane(MessageLine, Vertical):
     # --- the detail area --------------------------------------------------------------------------------
 
     def _detail(self, content: Any) -> None:
+        from rich.console import Console
+
         self.query_one("#detail-text", Static).update(content)
+        console = Console(width=200, record=True, file=StringIO())
+        console.print(content)
+        self.detail_text = console.export_text()
+        """What the detail area shows, as plain text unwrapped (for tests and a person's copy)."""
 
     def _show_detail(self) -> None:
         if self.detail is None:
