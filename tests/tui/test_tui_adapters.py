@@ -101,7 +101,7 @@ def test_a_tune_run_made_in_the_app_is_listed_and_becomes_the_current_adapter(tm
         await pilot.pause()
         cells = row(pane)
         assert cells[:4] == ["●", "sft", "ster:toy", f"loss {report['final_loss']:.4f}"]
-        assert cells[4].endswith("a.safetensors")
+        assert cells[4] in ("a", str(out))  # the file name when the path is wider than the column
 
     drive(scenario, tab="4")
 

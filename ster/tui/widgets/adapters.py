@@ -39,8 +39,10 @@ from ster.tui.words import in_our_words
 
 COLUMNS = (("", 1), ("objective", 9), ("model", 10), ("result", 21))
 """The short columns and their widths; the path takes the rest."""
-IDLE = "o loads an adapter or PEFT directory; a tune run's adapter appears here by itself"
+IDLE = "o loads an adapter or PEFT directory; tune runs add theirs here"
 DEFAULT_EXAMPLES = "ster:examples"
+HINT = ("enter or i shows the highlighted adapter's sidecar and tensors; e its loss against the base model's; "
+        "g merges it into a model, p exports it for PEFT, u makes it the app's adapter")
 WHAT = {"load": "tune inspect", "inspect": "tune inspect", "evaluate": "tune evaluate", "merge": "tune merge",
         "export": "tune export-peft"}
 REPORTED = ("examples", "pairs", "prompts", "epochs", "iterations", "steps", "first_loss", "final_loss", "accuracy",
@@ -122,16 +124,18 @@ class AdaptersPane(MessageLine, Vertical):
             at = current.path if current is not None else None
         table.clear(columns=True)
         rest = max(12, self.size.width - sum(width + 2 for _, width in COLUMNS) - 4)
-        for label, width in (*COLUMNS, ("path", rest)):
+        whole = all(len(shown(item.path)) <= rest for item in self.book.entries)
+        """Every path fits its column; else every row shows its file name, so the column reads one way."""
+        for label, width in (*COLUMNS, ("path" if whole else "file", rest)):
             table.add_column(label, width=width, key=label or "current")
         adapter = self.app.settings.adapter  # type: ignore[attr-defined]
         for item in reversed(self.book.entries):
             mark = Text("●", style="bold green") if item.path == adapter else Text("")
-            kind = f"{item.objective} ckpt" if item.kind == "checkpoint" else (
-                "peft" if item.kind == "peft" and item.objective == "peft" else item.objective)
+            kind = f"{item.objective} ckpt" if item.kind == "checkpoint" else item.objective
             style = "magenta" if item.kind == "checkpoint" else ""
             table.add_row(mark, Text(kind, style=style), fit_tail(item.model, 10),
-                          Text(item.summary, style=style), fit_tail(shown(item.path), rest), key=str(item.path))
+                          Text(item.summary, style=style), shown(item.path) if whole else name_of(item.path, rest),
+                          key=str(item.path))
         if at is not None and str(at) in table.rows:
             table.move_cursor(row=table.get_row_index(str(at)), animate=False)
         if not self.book.entries:
@@ -139,6 +143,9 @@ class AdaptersPane(MessageLine, Vertical):
                               "with o.", style="dim"))
         elif self.detail is not None and self.book.get(self.detail[1]) is not None:
             self._show_detail()
+        else:
+            self.detail = None
+            self._detail(Text(HINT, style="dim"))
 
     def selected(self) -> AdapterEntry | None:
         table = self.query_one(AdapterTable)
@@ -160,8 +167,7 @@ class AdaptersPane(MessageLine, Vertical):
             kind = "evaluate" if entry.evaluation and self.detail[0] == "evaluate" else "inspect"
             if kind == "inspect" and entry.document is None:
                 self.detail = None
-                self._detail(Text(f"{entry.path.name}: i shows its sidecar and tensors, e its loss against the "
-                                  "base model's", style="dim"))
+                self._detail(Text(HINT, style="dim"))
             else:
                 self.detail = (kind, entry.path)
                 self._show_detail()
@@ -305,7 +311,7 @@ class AdaptersPane(MessageLine, Vertical):
         if handle is None:
             return None
         self.jobs[handle.id] = (action, path)
-        self.query_one(JobProgress).queued(handle, f"{job} {path.name}")
+        self.query_one(JobProgress).queued(handle, f"{job} {stem(path)}")
         return handle.id  # type: ignore[no-any-return]
 
     def engine_words(self, sentence: str) -> str:
@@ -319,7 +325,7 @@ class AdaptersPane(MessageLine, Vertical):
     def on_job_started(self, message: JobStarted) -> None:
         if message.handle.id in self.jobs:
             action, path = self.jobs[message.handle.id]
-            self.query_one(JobProgress).started(message.handle, f"{WHAT[action]} {path.name}", message.first)
+            self.query_one(JobProgress).started(message.handle, f"{WHAT[action]} {stem(path)}", message.first)
 
     def on_job_event(self, message: JobEvent) -> None:
         if message.step is not None and message.handle.id in self.jobs:
@@ -362,7 +368,7 @@ class AdaptersPane(MessageLine, Vertical):
         self.detail = ("inspect", path)
         self.book_changed(entry)
         kind = {"peft": "PEFT directory", "reward": "reward model"}.get(entry.kind, "adapter")
-        self.say(f"loaded the {kind} {shown(path)}; u makes it the app's adapter", "green")
+        self.say(f"loaded the {kind} {path.name}; u makes it the app's adapter", "green")
 
     def _inspect_done(self, path: Path, data: dict[str, Any], role: str | None) -> None:
         entry = self.book.get(path)
@@ -423,6 +429,12 @@ def stem(path: Path) -> str:
     return path.name.removesuffix(".safetensors")
 
 
+def name_of(path: Path, width: int) -> str:
+    """A file name without .safetensors (and .checkpoint: the objective column says ckpt), cut to ``width``."""
+    name = path.name.removesuffix(".checkpoint").removesuffix(".safetensors")
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
 def fit_tail(text: str, width: int) -> str:
     """``text``, its end kept when it is wider than ``width`` (the file name is the end of a path)."""
     return text if len(text) <= width else "…" + text[len(text) - width + 1:]
@@ -432,7 +444,7 @@ def inspection(entry: AdapterEntry) -> Group:
     """The ``tune inspect`` document: the sidecar in a few lines, the report's numbers, every tensor."""
     adapter = (entry.document or {})["adapter"]
     kind = {"peft": "PEFT directory", "reward": "reward model"}.get(entry.kind, "adapter")
-    head = Text.assemble((f"{entry.path.name}", "bold"), f" · {kind} for ",
+    head = Text.assemble((shown(entry.path), "bold"), f" · {kind} for ",
                          (adapter.get("model") or "a model it does not name", "cyan"),
                          f" · rank {adapter['rank']}, alpha {adapter['alpha']:g} (scale {adapter['scale']:g}) · "
                          f"{', '.join(adapter['targets'])} on {layer_words(adapter['layers'])} · "
