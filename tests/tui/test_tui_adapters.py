@@ -246,7 +246,8 @@ def test_a_bad_path_is_one_sentence_and_nothing_is_written(tmp_path: Path, adapt
         assert message(pane) == f"failed to read adapter {missing}: it does not exist"
         assert len(app.adapters) == 0
         await load(pilot, app, tmp_path)
-        assert message(pane) == f"directory {tmp_path} has no adapter_config.json, so it is not a PEFT adapter directory"
+        assert message(pane) == (f"directory {tmp_path} has no adapter_config.json, so it is not a PEFT adapter "
+                                 "directory")
         await pilot.press("e")
         await pilot.pause()
         assert message(pane).startswith("no adapter yet")
@@ -272,3 +273,32 @@ def test_the_adapters_tab_fits(size: tuple[int, int], adapter: Path) -> None:
             assert key in text, key
 
     drive(scenario, size=size)
+
+
+def test_the_book_follows_a_run_from_its_checkpoint_to_its_adapter() -> None:
+    """Pure: a cancelled run's checkpoint row, then the same run resumed to its adapter (the row goes), an ipo
+    run named by its loss, a reward model listed but not a generation adapter, a refusal adding nothing."""
+    from ster.engine.protocol.events import Error, Result
+    from ster.tui.adapters import AdapterBook, objective_of
+
+    book, out = AdapterBook(), Path("/runs/calm.safetensors")
+    fields = {"model": "ster:toy", "output": out, "loss": "ipo"}
+    cancelled = Error(kind="cancelled", message=f"cancelled after step 3 of 18; the checkpoint at {out}.checkpoint "
+                                                "continues it")
+    entry = book.from_tune_run("tune dpo", fields, cancelled)
+    assert entry is not None and (entry.kind, entry.objective, entry.summary) == ("checkpoint", "ipo",
+                                                                                  "checkpoint, step 3/18")
+    assert not entry.usable and book.get(checkpoint_of(out)) is entry
+    report = {"loss": "ipo", "final_loss": 24.5, "accuracy": 0.75}
+    done = book.from_tune_run("tune dpo", fields, Result(command="tune dpo", data={"path": str(out), "report": report}))
+    assert done is not None and [e.path for e in book.entries] == [out]
+    assert (done.objective, done.summary, done.usable) == ("ipo", "loss 24.5000, acc 0.750", True)
+    judge = book.from_tune_run("tune reward", {"model": "ster:toy"}, Result(
+        command="tune reward", data={"path": "/runs/judge.safetensors", "report": {"final_loss": 0.69}}))
+    assert judge is not None and judge.kind == "reward" and not judge.usable
+    assert book.from_tune_run("tune sft", fields, Error(kind="refused", message="no")) is None
+    assert book.from_tune_run("tune evaluate", fields, Error(kind="refused", message="no")) is None
+    assert len(book) == 2
+    assert [objective_of(kind, report) for kind, report in [("adapter", {"examples": 8}), ("adapter", {"loss": "dpo"}),
+            ("adapter", {"mean_reward": 3.0}), ("reward", None), ("peft", None), ("adapter", None)]] == [
+        "sft", "dpo", "grpo", "reward", "peft", "?"]

@@ -1,10 +1,12 @@
-"""The ``tune inspect`` job: an adapter's sidecar with every tensor's name and shape; no model, no torch.
+"""The ``tune inspect`` job: an adapter's sidecar with every tensor's name, shape and dtype; no model.
 
 The sidecar is checked as every loader checks it (a steering artifact is refused by the
 cross-document sentence), and the safetensors header against what the sidecar declares as
 far as it can be without the model's config: every factor present and nothing else, each
 A with ``rank`` rows and each B with ``rank`` columns, the sides that touch the residual
-stream ``hidden_size`` wide, and a reward model's head ``[1, hidden_size]``.
+stream ``hidden_size`` wide, and a reward model's head ``[1, hidden_size]``. Each tensor's
+dtype is the header's. A PEFT directory is read as the adapter it applies as (its config and
+grid refused as applying refuses them; peft parses the config, so that path imports torch).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from ster.engine.model.adapter import (
     factor_names,
 )
 from ster.engine.model.adapters_open import read_document
-from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.tune.requests import TuneInspectRequest
 

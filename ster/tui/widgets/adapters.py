@@ -238,7 +238,8 @@ class AdaptersPane(MessageLine, Vertical):
     def action_export(self) -> None:
         entry = self._chosen("export")
         if entry is not None:
-            self._ask_directory("export", entry, "Export the adapter as a PEFT directory at", stem(entry.path) + ".peft")
+            self._ask_directory("export", entry, "Export the adapter as a PEFT directory at",
+                                stem(entry.path) + ".peft")
 
     def action_use(self) -> None:
         entry = self._chosen("use")
@@ -278,7 +279,8 @@ class AdaptersPane(MessageLine, Vertical):
         else:
             fields = {"adapter": entry.path, "output": target}
         marker, phrase = HOLDS[action]
-        if self.app.remote is not None or not target.exists() or (target.is_dir() and not any(target.iterdir())):  # type: ignore[attr-defined]
+        remote = self.app.remote is not None  # type: ignore[attr-defined]  # the server checks its own files
+        if remote or not target.exists() or (target.is_dir() and not any(target.iterdir())):
             self._start(action, entry.path, WHAT[action], fields)
         elif target.is_dir() and (target / marker).is_file():
             self.app.push_screen(Confirm(f"{shown(target)} already holds {phrase}. Replace it?", "Replace", "Keep it"),
@@ -345,7 +347,8 @@ class AdaptersPane(MessageLine, Vertical):
         self.query_one(JobProgress).ended(handle, final_state(final), getattr(final, "message", ""))
         self._put_back(handle.id, final.type == "result")
         if final.type != "result":
-            self.say(self.engine_words(final.message), "magenta" if final.kind == "cancelled" else "red")  # type: ignore[union-attr]
+            sentence, kind = final.message, final.kind  # type: ignore[union-attr]
+            self.say(self.engine_words(sentence), "magenta" if kind == "cancelled" else "red")
             if role is not None:  # the other half of the comparison says nothing alone
                 runner = self.app.runner  # type: ignore[attr-defined]
                 for other in [h for h in runner.active() if h.id in self.roles]:
@@ -464,7 +467,8 @@ def inspection(entry: AdapterEntry) -> Group:
     names = [tensor["name"] for tensor in adapter["tensors"]]
     prefix = PEFT_PREFIX if names and all(name.startswith(PEFT_PREFIX) for name in names) else ""
     for tensor in adapter["tensors"]:
-        table.add_row(tensor["name"].removeprefix(prefix), " × ".join(map(str, tensor["shape"])), tensor.get("dtype", ""))
+        table.add_row(tensor["name"].removeprefix(prefix), " × ".join(map(str, tensor["shape"])),
+                      tensor.get("dtype", ""))
     lines.append(Text(f"{len(adapter['tensors'])} tensors" + (f", named under {prefix}" if prefix else ""),
                       style="bold"))
     lines.append(table)
