@@ -111,11 +111,11 @@ class AdaptersPane(MessageLine, Vertical):
         self.book_changed()
 
     def on_resize(self) -> None:
-        self.book_changed(None, keep=True)
+        self.book_changed()
 
     # --- the list -----------------------------------------------------------------------------------
 
-    def book_changed(self, entry: AdapterEntry | None = None, keep: bool = False) -> None:
+    def book_changed(self, entry: AdapterEntry | None = None) -> None:
         """Draw the book again; the cursor goes to ``entry`` (else stays where it was)."""
         table = self.query_one(AdapterTable)
         at = None if entry is None else entry.path
@@ -124,8 +124,8 @@ class AdaptersPane(MessageLine, Vertical):
             at = current.path if current is not None else None
         table.clear(columns=True)
         rest = max(12, self.size.width - sum(width + 2 for _, width in COLUMNS) - 4)
+        # Every path fits its column, or every row shows its file name, so that the column reads one way.
         whole = all(len(shown(item.path)) <= rest for item in self.book.entries)
-        """Every path fits its column; else every row shows its file name, so the column reads one way."""
         for label, width in (*COLUMNS, ("path" if whole else "file", rest)):
             table.add_column(label, width=width, key=label or "current")
         adapter = self.app.settings.adapter  # type: ignore[attr-defined]
