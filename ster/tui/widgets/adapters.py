@@ -72,7 +72,7 @@ class AdaptersPane(MessageLine, Vertical):
     """
     BINDINGS = [
         Binding("o", "load", "Load", tooltip="Load an adapter (.safetensors with its .json) or a PEFT directory"),
-        Binding("i", "inspect", "Inspect", tooltip="The highlighted adapter's sidecar and tensors"),
+        Binding("i", "inspect", "Inspect", tooltip="The highlighted adapter's sidecar and tensors (enter too)"),
         Binding("e", "evaluate", "Eval", tooltip="Loss and perplexity of the base model and the adapter"),
         Binding("g", "merge", "Merge", tooltip="Fold the adapter into a copy of the model (a model directory)"),
         Binding("p", "export", "PEFT", tooltip="Export the adapter as a PEFT directory"),
@@ -192,10 +192,12 @@ class AdaptersPane(MessageLine, Vertical):
         return None
 
     def action_load(self) -> None:
+        from ster.tui.paths import artifact_dir
         from ster.tui.screens.dialogs import AskText
 
+        start = "" if self.app.remote is not None else f"{artifact_dir()}/"  # type: ignore[attr-defined]
         self.app.push_screen(AskText("Load an adapter: its .safetensors file (the .json sidecar beside it), or a "
-                                     "PEFT directory", placeholder="path"), self._load)
+                                     "PEFT directory", start, "path"), self._load)
 
     def _load(self, typed: str | None) -> None:
         if typed:
