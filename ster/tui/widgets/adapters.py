@@ -116,7 +116,10 @@ class AdaptersPane(MessageLine, Vertical):
     # --- the list -----------------------------------------------------------------------------------
 
     def book_changed(self, entry: AdapterEntry | None = None) -> None:
-        """Draw the book again; the cursor goes to ``entry`` (else stays where it was)."""
+        """Draw the book again; the cursor goes to ``entry`` (else stays where it was). A new entry clears the
+        message line: what it said was about the list before."""
+        if entry is not None:
+            self.say("", "")
         table = self.query_one(AdapterTable)
         at = None if entry is None else entry.path
         if at is None:
