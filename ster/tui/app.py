@@ -1,4 +1,4 @@
-"""The Ster app: Pairs, Train, Generate, Tune and Jobs tabs over one engine.
+"""The Ster app: Pairs, Train, Generate, Tune, Adapters and Jobs tabs over one engine.
 
 The app owns the settings (model, pair set, artifact) and the job runner; panes build
 requests and render events. Panes receive their jobs' messages first; the app then
@@ -21,6 +21,7 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Header, TabbedContent, TabPane, Tabs
 
+from ster.tui.adapters import AdapterBook
 from ster.tui.messages import JobEvent, JobFinished, JobStarted, SettingsChanged
 from ster.tui.runner import JobHandle, JobRunner, final_state
 from ster.tui.settings import Settings
@@ -34,7 +35,8 @@ if TYPE_CHECKING:
 
 TABS = (("pairs", "Pairs", "ster.tui.widgets.pairs:PairsPane"), ("train", "Train", "ster.tui.widgets.train:TrainPane"),
         ("generate", "Generate", "ster.tui.widgets.generate:GeneratePane"),
-        ("tune", "Tune", "ster.tui.widgets.tune:TunePane"), ("jobs", "Jobs", "ster.tui.widgets.jobs:JobsPane"))
+        ("tune", "Tune", "ster.tui.widgets.tune:TunePane"), ("adapters", "Adapters", "ster.tui.widgets.adapters:AdaptersPane"),
+        ("jobs", "Jobs", "ster.tui.widgets.jobs:JobsPane"))
 """Each tab: its id, its title, and where its pane's class lives (imported when the pane is first shown)."""
 EAGER = ("pairs", "jobs")
 """The panes composed with the app: the first screen, and the Jobs tab, which records every job from the start.
@@ -65,7 +67,9 @@ class SterApp(App[None]):
         Binding("2", "show_tab('train')", "Train", show=False, tooltip="Fit and select a direction"),
         Binding("3", "show_tab('generate')", "Generate", show=False, tooltip="Steered against unsteered text"),
         Binding("4", "show_tab('tune')", "Tune", show=False, tooltip="Train a LoRA adapter and watch its curves"),
-        Binding("5", "show_tab('jobs')", "Jobs", show=False, tooltip="Every job's events; cancel"),
+        Binding("5", "show_tab('adapters')", "Adapters", show=False,
+                tooltip="The session's adapters: inspect, evaluate, merge, export, use"),
+        Binding("6", "show_tab('jobs')", "Jobs", show=False, tooltip="Every job's events; cancel"),
         Binding("question_mark,f1", "help", "Help", tooltip="Every key"),
         Binding("m", "model", "Model", tooltip="Switch the model or how it is loaded"),
         Binding("ctrl+x", "cancel_job", "Cancel", tooltip="Cancel the running job"),
@@ -82,6 +86,8 @@ class SterApp(App[None]):
         self.remote = remote
         """The server every job runs on; None runs them in this process."""
         self.runner = JobRunner(self, models, remote)
+        self.adapters = AdapterBook()
+        """The adapters and checkpoints of this session (the Adapters tab lists them); tune runs add theirs."""
         self._quitting = False
         if remote is not None:
             self.sub_title = f"{self.SUB_TITLE} on {remote.url}"
@@ -97,7 +103,7 @@ class SterApp(App[None]):
         yield KeyBar()
 
     def on_mount(self) -> None:
-        # The tab bar takes no focus: tabs switch with 1-5, and a focused bar would swallow nothing,
+        # The tab bar takes no focus: tabs switch with 1-6, and a focused bar would swallow nothing,
         # so letters typed by mistake would reach the app's own keys (q quits).
         self.query_one(Tabs).can_focus = False
         self.refresh_status()
@@ -197,8 +203,21 @@ class SterApp(App[None]):
         handle.last_message = "finished" if final.type == "result" else final.message  # type: ignore[union-attr]
         handle.result = final.data if final.type == "result" else None  # type: ignore[union-attr]
         self._record(handle, final)
+        self._book(handle, final)
         if self._quitting and not self.runner.active():
             self.exit()
+
+    def _book(self, handle: JobHandle, final: Any) -> None:
+        """A tune run's adapter, or a cancelled run's kept checkpoint, joins the Adapters list; a finished
+        generation adapter becomes the app's current adapter."""
+        entry = self.adapters.from_tune_run(handle.name, handle.fields, final)
+        if entry is None:
+            return
+        for pane in self.query("#adapters-pane"):  # a pane mounted later lists the book as it is then
+            pane.book_changed(entry)
+        if final.type == "result" and entry.usable:
+            self.settings.use_adapter(entry.path, entry.info())
+            self.settings_changed("adapter")
 
     def _record(self, handle: JobHandle, event: Any = None) -> None:
         self.query_one(JobsPane).record(handle, event)

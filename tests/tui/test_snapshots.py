@@ -190,7 +190,7 @@ def test_jobs_pane_newest_first(snap_compare, size: tuple[int, int]) -> None:
         canned_optimize(pilot.app)  # type: ignore[arg-type]
         canned_refusal(pilot.app)  # type: ignore[arg-type]
         await pilot.pause(0.2)
-        await pilot.press("5")
+        await pilot.press("6")
         await settled(pilot)
 
     assert snap_compare(StillApp(Settings()), terminal_size=size, run_before=run_before)
@@ -296,3 +296,67 @@ def test_tune_pane_running(snap_compare, size: tuple[int, int], objective: str, 
         await still(pilot)
 
     assert snap_compare(StillApp(Settings(trait="calm")), terminal_size=size, run_before=run_before)
+
+
+ARTIFACTS = Path("/data/ster/artifacts")
+EVALUATED = {
+    role: {"model": "ster:toy", "model_revision": None, "adapter": adapter, "name": "toy-facts", "examples": 8,
+           "evaluated": 8, "skipped_long": 0, "completion_tokens": 44, "loss": loss, "perplexity": perplexity,
+           "mean_example_loss": mean, "mean_example_perplexity": mean_perplexity, "chat_template": "absent",
+           "precision": "f32", "entries": []}
+    for role, adapter, loss, perplexity, mean, mean_perplexity in [
+        ("base", None, 2.412577, 11.162191, 2.436021, 11.426985),
+        ("adapter", str(ARTIFACTS / "examples.sft.ster-toy.safetensors"), 0.003138, 1.003143, 0.003152, 1.003157)]
+}
+"""The toy's ``tune evaluate`` on ster:examples without and with an sft adapter, numbers rounded."""
+INSPECTED = {"adapter": {
+    "schema_version": 1, "product": "ster", "kind": "adapter", "model": "ster:toy", "model_revision": None,
+    "model_fingerprint": None, "rank": 8, "alpha": 16.0, "scale": 2.0, "targets": ["query", "value"],
+    "layers": [0, 1, 2, 3], "hidden_size": 64,
+    "tensors": [{"name": f"layers.{layer}.{target}.{side}", "dtype": "F32",
+                 "shape": [8, 64] if side == "a" else [64 if target == "query" else 32, 8]}
+                for layer in range(4) for target in ("query", "value") for side in "ab"],
+    "train": {"examples": 8, "epochs": 4, "steps": 16, "first_loss": 0.003244, "final_loss": 0.003164,
+              "learning_rate": 0.0001, "accumulation": 2, "chat_template": "absent", "precision": "f32"}}}
+"""The toy's ``tune inspect`` of that adapter (from the canned sft run's report)."""
+
+
+def canned_adapters(app: SterApp, shown: str) -> None:
+    """Three rows in the session's adapters (a PEFT directory loaded, a cancelled dpo run's checkpoint, the sft
+    run's adapter, the app's current one) and the detail ``shown`` (``evaluate`` or ``inspect``) of the last."""
+    from ster.tui.adapters import AdapterEntry
+
+    sft = ARTIFACTS / "examples.sft.ster-toy.safetensors"
+    app.adapters.add(AdapterEntry(Path("/data/exports/calm.peft"), "peft", "peft", "ster:toy", "rank 8, no report",
+                                  "loaded"))
+    app.adapters.add(AdapterEntry(ARTIFACTS / "calm.dpo.ster-toy.safetensors.checkpoint", "checkpoint", "dpo",
+                                  "ster:toy", "checkpoint, step 7/18", "cancelled"))
+    entry = app.adapters.add(AdapterEntry(sft, "adapter", "sft", "ster:toy", "loss 0.0032", "trained",
+                                          INSPECTED["adapter"]["train"], INSPECTED, dict(EVALUATED)))
+    entry.evaluation["examples"] = "ster:examples"
+    app.settings.use_adapter(sft, entry.info())
+    pane: Any = app.query_one("#adapters-pane")
+    pane.detail = (shown, sft)
+    pane.book_changed(entry)
+
+
+@pytest.mark.parametrize("shown", ["evaluate", "inspect"])
+@pytest.mark.parametrize("size", [SMALL, (120, 34)], ids=["80x24", "120x34"])
+def test_adapters_pane_with_three_rows(snap_compare, size: tuple[int, int], shown: str) -> None:
+    """You should see the Adapters tab: three rows, newest first — examples.sft.ster-toy (sft, ster:toy, 'loss
+    0.0032', marked ● as the app's adapter, highlighted), the dpo run's checkpoint ('dpo ckpt', 'checkpoint, step
+    7/18', in magenta), the PEFT directory calm.peft ('rank 8, no report') —, the 'evaluate on' field with
+    ster:examples in grey, the idle line saying o loads, and in the detail area: for evaluate, 'evaluated on
+    ster:examples (toy-facts): 8 of 8 examples, 44 completion tokens' over base model 2.4126 11.1622 2.4360
+    11.4270 and, in green, with adapter 0.0031 1.0031 0.0032 1.0032; for inspect, the sidecar line (rank 8,
+    alpha 16, scale 2, query, value on layers 0–3, hidden 64), the trained line, '16 tensors' and the first of
+    them with shape and F32. The key bar: o Load i Inspect e Eval g Merge p PEFT u Use, then the pinned keys."""
+
+    async def run_before(pilot: Pilot) -> None:
+        await pilot.pause()
+        await pilot.press("5")
+        await pilot.pause()
+        canned_adapters(pilot.app, shown)  # type: ignore[arg-type]
+        await still(pilot)
+
+    assert snap_compare(StillApp(Settings()), terminal_size=size, run_before=run_before)

@@ -59,7 +59,7 @@ def message_cell(app: SterApp, handle: JobHandle) -> tuple[str, int]:
 def test_an_sft_runs_row_shows_its_last_loss_while_it_runs_and_once_it_ends(tmp_path: Path) -> None:
     async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
         await start_sft(pilot, pane, tmp_path / "a.safetensors", epochs="3", accumulation="4")
-        await pilot.press("5")  # the table is drawn to the width it has on screen
+        await pilot.press("6")  # the table is drawn to the width it has on screen
         await until(pilot, lambda: app.runner.handles and run_of(app).loss is not None, 120)
         handle = run_of(app)
         cell, width = message_cell(app, handle)
@@ -84,7 +84,7 @@ def test_a_cancelled_runs_row_names_the_checkpoint_it_kept(tmp_path: Path) -> No
         await until(pilot, lambda: len(curves.points.get("loss", [])) >= 2, 120)
         await pilot.press("ctrl+x")
         await settle(pilot, app, 120)
-        await pilot.press("5")
+        await pilot.press("6")
         await pilot.pause()
         handle = run_of(app)
         assert handle.state == "cancelled" and handle.result is None and checkpoint_of(out).is_file()
@@ -108,7 +108,7 @@ def test_enter_on_a_finished_run_opens_its_report_and_escape_closes_it(tmp_path:
         await settle(pilot, app, 120)
         handle = run_of(app)
         assert handle.state == "done"
-        await pilot.press("5")
+        await pilot.press("6")
         await pilot.pause()
         assert "Result" in screen_text(app)  # the key bar names enter's action
         await pilot.press("enter")

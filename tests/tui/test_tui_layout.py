@@ -53,6 +53,7 @@ VISIBLE = {"pairs": ("#summary", "#pairs-table", "#detail"),
            "generate": ("#prompt", "#strength", "#max-new-tokens", "#temperature", "#seed", "#strengths", "#prompts",
                         "#progress",
                         "#baseline", "#steered", "#caption", "#sweep"),
+           "adapters": ("#adapter-table", "#examples", "#progress", "#detail"),
            "jobs": ("#job-table", "#events")}
 
 
@@ -107,7 +108,7 @@ def test_the_status_line_keeps_the_running_job_at_80_columns(tmp_path: Path) -> 
     drive((80, 24), scenario)
 
 
-@pytest.mark.parametrize("tab", ["pairs", "train", "generate", "tune", "jobs"])
+@pytest.mark.parametrize("tab", ["pairs", "train", "generate", "tune", "adapters", "jobs"])
 def test_help_model_cancel_and_quit_stay_in_the_key_bar_at_120_columns(tab: str) -> None:
     def pinned_keys(app: SterApp) -> set[str]:
         """The keys pinned right, when their group is laid out inside the screen (the bar is rebuilt as the
@@ -155,7 +156,7 @@ def test_the_jobs_table_lists_newest_first_follows_the_running_job_and_never_fre
                   "output": tmp_path / "never.json"}
         handle = app.start_job("pairs synthesize", fields, jobs)
         await until(pilot, lambda: handle is not None and handle.state == "running")
-        await pilot.press("5")
+        await pilot.press("6")
         table = app.query_one("#job-table", DataTable)
         ids = [str(table.get_row_at(row)[0]) for row in range(table.row_count)]
         assert ids == sorted(ids, key=int, reverse=True) and ids[0] == str(handle.id)

@@ -143,7 +143,7 @@ def test_ctrl_x_cancels_a_long_job_on_the_server(remote_server: Server, tmp_path
                 await pilot.press("ctrl+x")
                 await settle(pilot, app, seconds=30)
                 assert handle.state == "cancelled"
-                await pilot.press("5")
+                await pilot.press("6")
                 table = app.query_one("#job-table", DataTable)
                 row = table.get_row_index(str(handle.id))
                 assert [str(cell) for cell in table.get_row_at(row)[1:3]] == ["tune sft", "cancelled"]

@@ -106,6 +106,30 @@ def read_peft_dir(path: Path, config: LlamaConfig, device: torch.device) -> tupl
     return sidecar, Adapter(sidecar.rank, sidecar.alpha, targets, layers, tensors).to(device)
 
 
+def peft_document(path: Path) -> tuple[AdapterSidecar, list[tuple[str, list[int], str]]]:
+    """A PEFT directory as ``tune inspect`` shows it, without a model: the sidecar it reads as (the width
+    taken from the factors that touch the residual stream) and every tensor's PEFT name, shape and dtype.
+
+    The config and the grid of factors are refused as applying it would refuse them; each factor's shape
+    against the model is checked once there is one (evaluate, merge, generate).
+    """
+    lora, weights = _read_config(path)
+    header = safetensors_header(weights)
+    names = _factor_names(path, header)
+    layers, targets = _grid(path, names, lora)
+    hidden = next((shape[1] for (_, target, factor), (_, shape) in sorted(names.items())
+                   if factor == "a" and target in ("query", "key", "value", "gate", "up") and len(shape) == 2),
+                  next((shape[0] for (_, target, factor), (_, shape) in sorted(names.items())
+                        if factor == "b" and len(shape) == 2), 0))
+    sidecar = AdapterSidecar(kind="adapter", model=lora.base_model_name_or_path or "", model_fingerprint=None,
+                             rank=lora.r, alpha=_effective_alpha(lora), targets=targets, layers=layers,
+                             hidden_size=hidden, train=None)
+    tensors = [(names[(layer, target, factor)][0], names[(layer, target, factor)][1],
+                str(header[names[(layer, target, factor)][0]].get("dtype", "")))
+               for layer in layers for target in targets for factor in ("a", "b")]
+    return sidecar, tensors
+
+
 def peft_model_note(sidecar: AdapterSidecar, model: str, want: Literal["adapter", "reward"] = "adapter") -> str | None:
     """The warning for a PEFT adapter applied to a model of another name; refuses one asked for as a reward model.
 

@@ -1,14 +1,17 @@
-"""The ``tune inspect`` job: an adapter's sidecar with every tensor's name and shape; no model, no torch.
+"""The ``tune inspect`` job: an adapter's sidecar with every tensor's name, shape and dtype; no model.
 
 The sidecar is checked as every loader checks it (a steering artifact is refused by the
 cross-document sentence), and the safetensors header against what the sidecar declares as
 far as it can be without the model's config: every factor present and nothing else, each
 A with ``rank`` rows and each B with ``rank`` columns, the sides that touch the residual
-stream ``hidden_size`` wide, and a reward model's head ``[1, hidden_size]``.
+stream ``hidden_size`` wide, and a reward model's head ``[1, hidden_size]``. Each tensor's
+dtype is the header's. A PEFT directory is read as the adapter it applies as (its config and
+grid refused as applying refuses them; peft parses the config, so that path imports torch).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -20,7 +23,6 @@ from ster.engine.model.adapter import (
     factor_names,
 )
 from ster.engine.model.adapters_open import read_document
-from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.tune.requests import TuneInspectRequest
 
@@ -33,11 +35,14 @@ WRITES_HIDDEN = ("output", "down")
 class TensorEntry(BaseModel):
     name: str
     shape: list[int]
+    dtype: str
+    """The safetensors dtype (F32 for every factor Ster writes)."""
 
 
 class AdapterDocument(BaseModel):
     schema_version: int
     product: str
+    """``ster``; ``peft`` for a PEFT directory (read as the adapter it applies as)."""
     kind: str
     model: str
     model_revision: str | None
@@ -62,14 +67,26 @@ class InspectResult(BaseModel):
 def inspect_job(request: TuneInspectRequest, ctx: JobContext) -> InspectResult:
     path = request.artifact
     if path.is_dir():
-        raise Refusal(f"{path} is a directory; tune inspect reads a Ster adapter's .safetensors file (a PEFT "
-                      "directory describes itself in its adapter_config.json)")
+        return _peft(path)
     sidecar, header = read_document(path)
     expected = _expected(sidecar)
     check_tensors(sidecar, header, _filled(expected, header), path)
-    tensors = [TensorEntry(name=name, shape=list(header[name]["shape"])) for name in expected]
+    tensors = [TensorEntry(name=name, shape=list(header[name]["shape"]), dtype=str(header[name].get("dtype", "")))
+               for name in expected]
     return InspectResult(adapter=AdapterDocument(**sidecar.model_dump(exclude={"train"}), scale=sidecar.scale,
                                                  tensors=tensors, train=sidecar.train))
+
+
+def _peft(path: Path) -> InspectResult:
+    """A PEFT directory: its config and factors as the adapter Ster applies (no fingerprint, no report)."""
+    from ster.engine.model.peft_format import peft_document
+
+    sidecar, tensors = peft_document(path)
+    fields = sidecar.model_dump(exclude={"train"})
+    fields["product"] = "peft"
+    return InspectResult(adapter=AdapterDocument(
+        **fields, scale=sidecar.scale, train=None,
+        tensors=[TensorEntry(name=name, shape=shape, dtype=dtype) for name, shape, dtype in tensors]))
 
 
 def _expected(sidecar: AdapterSidecar) -> dict[str, tuple[int | None, int | None]]:
