@@ -52,7 +52,7 @@ def drive(scenario: Scenario, size: tuple[int, int] = (80, 24), tab: str = "5") 
             await pilot.pause()
             await pilot.press(tab)
             await pilot.pause()
-            await scenario(app, pilot, app.query_one(AdaptersPane))
+            await scenario(app, pilot, await app.pane("adapters"))  # type: ignore[arg-type]
 
     asyncio.run(run())
 
