@@ -272,10 +272,11 @@ def test_tune_pane_running(snap_compare, size: tuple[int, int], objective: str, 
     ster:pairs, epochs 3, beta 0.1; accumulation 2; the adapter's default path in grey), and: during a run, 'tune sft ·
     training · epoch 2/4 step 6/16 …' (dpo: 'epoch 2/3 step 7/18 …') with its bar and 0s, the loss curve
     (cyan) over steps 1..6 (dpo 1..7) beside the list of step 6/16 (7/18), epoch, loss, first loss, learn
-    rate (and for dpo accuracy, in yellow: the second curve, drawn in yellow), tokens/s 4,000; for sft the
-    learning rate is the yellow second curve. After the run: 'tune sft · done' at 100%, the curve over every
-    step (16, dpo 18), and in green 'sft done: 16 steps over 4 epochs, loss 0.0032 → final 0.0032' (dpo: 18
-    steps over 3 epochs, loss 0.6931 → final 0.6911, accuracy 1.000, reward margin 0.0032) and 'wrote the
+    rate (and for dpo accuracy, in yellow: the second curve, drawn in yellow, and reward margin), tokens/s 4,000;
+    for sft the learning rate is the yellow second curve. The bottom row names the axes: loss at the left, the
+    second curve's name at the right, step between; no legend covers the plot's top corner. After the run:
+    'tune sft · done' at 100%, the curve over every step (16, dpo 18), and in green 'sft done: 16 steps over
+    4 epochs, loss 0.0032 → final 0.0032' (dpo: 18 steps over 3 epochs, loss 0.6931 → final 0.6911, accuracy 1.000, reward margin 0.0032) and 'wrote the
     adapter /data/ster/artifacts/….safetensors and its .json sidecar'. Nothing is cut at the right edge."""
 
     async def run_before(pilot: Pilot) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -131,8 +132,13 @@ def test_a_dpo_run_on_the_apps_pair_set_starts_at_ln_2(tmp_path: Path) -> None:
         curves = pane.query_one(Curves)
         assert curves.points["loss"][0][1] == pytest.approx(math.log(2), abs=1e-6)
         assert len(curves.points["accuracy"]) == len(curves.points["loss"]) == pane.report["report"]["steps"]  # type: ignore
-        assert "first loss   0.6931" in screen_text(app)
+        assert re.search(r"first loss +0\.6931", screen_text(app))
         assert "accuracy" in message(pane) and "reward margin" in message(pane)
+        margins = curves.points["reward_margin"]
+        assert len(margins) == len(curves.points["loss"]) and margins[0][1] == 0.0  # the identity ranks nothing
+        assert curves.second == "accuracy"
+        await pilot.press("c")
+        assert curves.second == "reward_margin" and "reward margin" in screen_text(app)
         assert pane.report["report"]["pairs"] == 12  # type: ignore[index]  # the Pairs tab's set
 
     drive(scenario)
