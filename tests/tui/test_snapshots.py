@@ -276,8 +276,9 @@ def test_tune_pane_running(snap_compare, size: tuple[int, int], objective: str, 
     for sft the learning rate is the yellow second curve. The bottom row names the axes: loss at the left, the
     second curve's name at the right, step between; no legend covers the plot's top corner. After the run:
     'tune sft · done' at 100%, the curve over every step (16, dpo 18), and in green 'sft done: 16 steps over
-    4 epochs, loss 0.0032 → final 0.0032' (dpo: 18 steps over 3 epochs, loss 0.6931 → final 0.6911, accuracy 1.000, reward margin 0.0032) and 'wrote the
-    adapter /data/ster/artifacts/….safetensors and its .json sidecar'. Nothing is cut at the right edge."""
+    4 epochs, loss 0.0032 → final 0.0032' (dpo: 18 steps over 3 epochs, loss 0.6931 → final 0.6911, accuracy
+    1.000, reward margin 0.0032) and 'wrote the adapter /data/ster/artifacts/….safetensors and its .json
+    sidecar'. Nothing is cut at the right edge."""
 
     async def run_before(pilot: Pilot) -> None:
         await pilot.pause()
