@@ -146,10 +146,12 @@ def test_an_sft_run_draws_a_point_per_step_and_ends_with_its_report_and_adapter(
 
     async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
         await fill(pilot, pane, "sft", data="ster:examples", epochs="3", accumulation="4", output=str(out))
+        pane.query_one("#more").collapsed = False  # type: ignore[attr-defined]
         await pilot.press("t")
         curves = pane.query_one(Curves)
         await until(pilot, lambda: len(curves.points.get("loss", [])) >= 1, 120)
         assert curves.plot is not None  # drawn from the first step
+        assert pane.query_one("#more").collapsed  # type: ignore[attr-defined]  # the curves take the room
         await settle(pilot, app, 120)
         report = pane.report["report"]  # type: ignore[index]
         assert report["steps"] == 6 == len(curves.points["loss"]) == len(curves.points["learning_rate"])
@@ -254,6 +256,18 @@ def test_a_bad_value_is_refused_in_the_forms_words_before_anything_runs(field: s
         assert "--" not in message(pane)
         if field in MORE:
             assert not pane.query_one("#more").collapsed  # type: ignore[attr-defined]  # the bad field in sight
+
+    drive(scenario)
+
+
+def test_a_run_the_engine_refuses_leaves_more_settings_open() -> None:
+    async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
+        await fill(pilot, pane, "sft", data="ster:examples", layers="9")
+        pane.query_one("#more").collapsed = False  # type: ignore[attr-defined]
+        await pilot.press("t")
+        await settle(pilot, app, 60)
+        assert "layer 9 is out of range: this model has 4 layers, numbered 0..3" in message(pane)
+        assert not pane.query_one("#more").collapsed  # type: ignore[attr-defined]  # the field to fix in sight
 
     drive(scenario)
 

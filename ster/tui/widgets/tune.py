@@ -1,6 +1,8 @@
 """The Tune pane: train a LoRA adapter (sft, dpo, ipo, reward, grpo), watch its curves, cancel and resume it.
 
-The form builds the fields of a ``tune`` job and the app starts it (see :meth:`SterApp.start_job`);
+The form builds the fields of a ``tune`` job and the app starts it (see :meth:`SterApp.start_job`); the
+settings most runs leave alone (seed, layers, warmup, checkpoints, sequence limit, batch, grpo's sampling)
+sit in a folded "more settings" section whose title names any that differ from the defaults;
 the pane renders the job's events: the progress line, every optimizer step as a point of the
 curves (:mod:`ster.tui.widgets.curves`), and at the end the report's summary and the adapter's
 path. Cancelling (ctrl+x) leaves the engine's checkpoint beside the output, ``<output>.checkpoint``;
@@ -409,8 +411,6 @@ class TunePane(MessageLine, FieldErrors, Vertical):
         if handle is not None:
             handle.objective = self.objective  # type: ignore[attr-defined]
             self.query_one(JobProgress).queued(handle, f"tune {self.objective}")
-            self.query_one(MoreSettings).collapsed = True  # the curves take the room; its title says what
-            # differs from the defaults
             self.query_one(Curves).begin(self.objective, keep=bool(fields.get("resume")))
 
     # --- rendering the job's events -----------------------------------------------------------------
@@ -426,6 +426,9 @@ class TunePane(MessageLine, FieldErrors, Vertical):
         if event.type == "progress":
             if event.stage == "train" and event.current is not None and event.data:
                 self.query_one(Curves).add(event.current, event.total, event.data)
+                # once it trains the curves take the room (a refused run leaves the section as it was);
+                # the folded title still says what differs from the defaults
+                self.query_one(MoreSettings).collapsed = True
             elif event.stage == "skip":
                 self._skips += 1
                 if self._skips <= 3:
