@@ -252,14 +252,37 @@ def test_tune_pane_before_a_run(snap_compare, size: tuple[int, int], objective: 
     ster:examples' in grey; for grpo the prompts), the adapter field with its default path in grey under
     /data/ster/artifacts ending .safetensors, epochs (iterations for grpo) 1, learning rate 0.0001,
     accumulation 8 (1 for grpo), rank 8, alpha 16, targets query,value; for grpo also reward 'length',
-    group 4 and beta 0.04; the idle progress line saying t trains, ctrl+x cancels, r resumes; and the
-    curve area's hint. Every field is whole, nothing is cut at the right edge."""
+    group 4 and beta 0.04; the folded '▶ more settings' line; the idle progress line saying t trains,
+    ctrl+x cancels, r resumes; and the curve area's hint. Every field is whole, nothing is cut at the right
+    edge."""
 
     async def run_before(pilot: Pilot) -> None:
         await pilot.pause()
         await pilot.press("4")
         await pilot.pause()
         pilot.app.query_one("#objective").value = objective  # type: ignore[attr-defined]
+        await settled(pilot)
+
+    assert snap_compare(StillApp(Settings(trait="calm")), terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("objective", ["sft", "grpo"])
+@pytest.mark.parametrize("size", [SMALL, (120, 34)], ids=["80x24", "120x34"])
+def test_tune_pane_more_settings_open(snap_compare, size: tuple[int, int], objective: str) -> None:
+    """You should see the Tune tab's form as before a run, with '▼ more settings: seed 7' open under it:
+    seed 7, layers all, warmup steps 0; checkpoint every 0, max sequence 512, and for sft batch 1; for grpo
+    a third row, temperature 0.9, top-p 0.95, max new tokens 64 (and no batch). Below it the idle progress
+    line and the curve area's hint, still on the screen at 80x24. Nothing is cut at the right edge."""
+
+    async def run_before(pilot: Pilot) -> None:
+        await pilot.pause()
+        await pilot.press("4")
+        await pilot.pause()
+        pilot.app.query_one("#objective").value = objective  # type: ignore[attr-defined]
+        await pilot.pause()
+        pane = pilot.app.query_one("#tune-pane")
+        pane.query_one("#seed").value = "7"  # type: ignore[attr-defined]  # (Generate has a seed too)
+        pane.query_one("#more").collapsed = False  # type: ignore[attr-defined]
         await settled(pilot)
 
     assert snap_compare(StillApp(Settings(trait="calm")), terminal_size=size, run_before=run_before)
@@ -273,11 +296,13 @@ def test_tune_pane_running(snap_compare, size: tuple[int, int], objective: str, 
     ster:pairs, epochs 3, beta 0.1; accumulation 2; the adapter's default path in grey), and: during a run, 'tune sft ·
     training · epoch 2/4 step 6/16 …' (dpo: 'epoch 2/3 step 7/18 …') with its bar and 0s, the loss curve
     (cyan) over steps 1..6 (dpo 1..7) beside the list of step 6/16 (7/18), epoch, loss, first loss, learn
-    rate (and for dpo accuracy, in yellow: the second curve, drawn in yellow), tokens/s 4,000; for sft the
-    learning rate is the yellow second curve. After the run: 'tune sft · done' at 100%, the curve over every
-    step (16, dpo 18), and in green 'sft done: 16 steps over 4 epochs, loss 0.0032 → final 0.0032' (dpo: 18
-    steps over 3 epochs, loss 0.6931 → final 0.6911, accuracy 1.000, reward margin 0.0032) and 'wrote the
-    adapter /data/ster/artifacts/….safetensors and its .json sidecar'. Nothing is cut at the right edge."""
+    rate (and for dpo accuracy, in yellow: the second curve, drawn in yellow, and reward margin), tokens/s 4,000;
+    for sft the learning rate is the yellow second curve. The bottom row names the axes: loss at the left, the
+    second curve's name at the right, step between; no legend covers the plot's top corner. After the run:
+    'tune sft · done' at 100%, the curve over every step (16, dpo 18), and in green 'sft done: 16 steps over
+    4 epochs, loss 0.0032 → final 0.0032' (dpo: 18 steps over 3 epochs, loss 0.6931 → final 0.6911, accuracy
+    1.000, reward margin 0.0032) and 'wrote the adapter /data/ster/artifacts/….safetensors and its .json
+    sidecar'. Nothing is cut at the right edge."""
 
     async def run_before(pilot: Pilot) -> None:
         await pilot.pause()

@@ -179,3 +179,55 @@ def test_without_a_pair_set_train_says_where_to_get_one_in_the_apps_words() -> N
         assert message(pane) == NO_PAIRS and "--pairs" not in message(pane)
 
     drive(scenario, Settings())
+
+
+def test_the_per_layer_plot_holds_each_layers_best_candidate_of_a_real_optimize_run() -> None:
+    """The plot is textual-plotext's (as the Tune tab's curves): accuracy on the left axis, the holdout
+    separation on the right, a green line at the selected layer; the values are the result document's."""
+    from ster.tui.widgets.layer_plot import LayerPlot
+
+    async def scenario(app: SterApp, pilot: Pilot, pane: TrainPane) -> None:
+        plot = pane.query_one(LayerPlot)
+        assert plot.plot_widget is None  # nothing drawn, nothing imported, before a result
+        await pilot.press("o")
+        await settle(pilot, app)
+        result = [handle for handle in app.runner.handles if handle.name == "optimize"][-1].result
+        assert result is not None
+        candidates = result["selection"]["candidates"]
+        best: dict[int, dict] = {}
+        for row in candidates:  # per layer: the highest holdout accuracy, then the highest separation
+            key = (row["holdout_accuracy"], row["holdout_separation"] or float("-inf"))
+            if row["layer"] not in best or key > (best[row["layer"]]["holdout_accuracy"],
+                                                  best[row["layer"]]["holdout_separation"] or float("-inf")):
+                best[row["layer"]] = row
+        layers = sorted(best)
+        selected = next(row for row in candidates if row["selected"])
+        monitor = plot.plot_widget.plt._active.monitor  # what plotext was given to draw
+        assert monitor.x == [layers, layers] and monitor.yside == ["left", "right"]
+        assert monitor.y == [[best[layer]["holdout_accuracy"] for layer in layers],
+                             [best[layer]["holdout_separation"] for layer in layers]]
+        assert sum(monitor.vcoord, []) == [selected["layer"]] == [2]  # the selected layer's line
+        assert (monitor.xlabel, monitor.ylabel) == (["layer", None], ["accuracy", "separation"])
+        assert plot.plot_widget.region.height >= 10 and plot.plot_widget.region.width >= 30
+        heading = str(plot.query_one("#layer-plot-title").render())
+        assert heading == "best candidate per layer: accuracy left, separation right, ✓ layer 2"
+        await pilot.press("s")  # the table's order is the table's; the plot stays as it was
+        assert plot.plot_widget.plt._active.monitor.y[1] == [best[layer]["holdout_separation"] for layer in layers]
+
+    drive(scenario)
+
+
+def test_a_one_layer_train_plots_a_point_with_its_accuracy_and_margin() -> None:
+    from ster.tui.widgets.layer_plot import LayerPlot
+
+    async def scenario(app: SterApp, pilot: Pilot, pane: TrainPane) -> None:
+        pane.query_one("#layers", Input).value = "2"
+        await pilot.press("escape", "t")
+        await settle(pilot, app)
+        result = [handle for handle in app.runner.handles if handle.name == "train"][-1].result
+        entry = result["layers"][0]  # type: ignore[index]
+        monitor = pane.query_one(LayerPlot).plot_widget.plt._active.monitor
+        assert monitor.x == [[2], [2]] and monitor.y == [[entry["train_accuracy"]], [entry["train_margin"]]]
+        assert sum(monitor.vcoord, []) == [] and monitor.ylabel == ["accuracy", "margin"]  # nothing selected
+
+    drive(scenario)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -23,7 +24,7 @@ from ster.tui.runner import JobHandle
 from ster.tui.settings import Settings
 from ster.tui.widgets.curves import Curves
 from ster.tui.widgets.progress import JobProgress
-from ster.tui.widgets.tune import DEFAULTS, TunePane, checkpoint_of
+from ster.tui.widgets.tune import DEFAULTS, MORE, TunePane, checkpoint_of
 from tests.tui.tui_helpers import screen_text, settle, until
 
 PAIRS = EXAMPLES_DIR / "pairs.json"
@@ -74,6 +75,50 @@ def test_the_form_starts_at_the_contract_defaults_of_each_objective() -> None:
             assert float(shown["beta"]) == fields["beta"].default, objective
     assert int(DEFAULTS["grpo"]["group"]) == GrpoRequest.model_fields["group"].default
     assert DEFAULTS["grpo"]["reward"] == GrpoRequest.model_fields["reward"].default
+    for objective, request in requests.items():  # the more-settings section's
+        fields, shown = request.model_fields, DEFAULTS[objective]
+        for name in ("seed", "warmup-steps", "checkpoint-every", "max-sequence", "batch-size", "max-new-tokens"):
+            if name.replace("-", "_") in fields:
+                assert int(shown[name]) == fields[name.replace("-", "_")].default, (objective, name)
+        assert shown["layers"] == fields["layers"].default
+        if objective == "grpo":
+            assert float(shown["temperature"]) == fields["temperature"].default
+            assert float(shown["top-p"]) == fields["top_p"].default
+
+
+MORE_VALUES = {"seed": "7", "layers": "1,3", "warmup-steps": "2", "checkpoint-every": "3", "max-sequence": "256",
+               "batch-size": "2", "temperature": "0.7", "top-p": "0.8", "max-new-tokens": "16"}
+
+
+@pytest.mark.parametrize("objective", ["sft", "dpo", "reward", "grpo"])
+def test_more_settings_reach_the_request_of_each_objective(objective: str) -> None:
+    async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
+        more = pane.query_one("#more")
+        assert more.collapsed and str(more.title) == "more settings"  # type: ignore[attr-defined]
+        data = {"sft": "ster:examples", "grpo": "ster:grpo-prompts"}.get(objective, "ster:pairs")
+        await fill(pilot, pane, objective, data=data, **MORE_VALUES)
+        grpo = objective == "grpo"
+        assert pane.query_one("#batch-size").display != grpo and pane.query_one("#top-p").parent.display == grpo
+        fields = pane.fields()
+        assert fields is not None, message(pane)
+        request = build_job_request(pane_job(objective), **fields)
+        assert (request.seed, request.layers, request.warmup_steps, request.checkpoint_every,  # type: ignore
+                request.max_sequence) == (7, "1,3", 2, 3, 256)  # type: ignore[attr-defined]
+        if grpo:
+            assert (request.temperature, request.top_p, request.max_new_tokens) == (0.7, 0.8, 16)  # type: ignore
+            assert request.batch_size == 1 and "batch" not in str(more.title)  # type: ignore[attr-defined]
+        else:
+            assert request.batch_size == 2 and "temperature" not in fields  # type: ignore[attr-defined]
+        title = str(more.title)  # type: ignore[attr-defined]  # folded, the title says what differs
+        assert title.startswith("more settings: seed 7, layers 1,3, warmup steps 2, checkpoint every 3"), title
+
+    drive(scenario)
+
+
+def pane_job(objective: str) -> str:
+    from ster.tui.widgets.tune import JOBS
+
+    return JOBS[objective]
 
 
 def test_switching_the_objective_moves_defaults_and_keeps_typed_values_and_each_kind_of_data() -> None:
@@ -101,10 +146,12 @@ def test_an_sft_run_draws_a_point_per_step_and_ends_with_its_report_and_adapter(
 
     async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
         await fill(pilot, pane, "sft", data="ster:examples", epochs="3", accumulation="4", output=str(out))
+        pane.query_one("#more").collapsed = False  # type: ignore[attr-defined]
         await pilot.press("t")
         curves = pane.query_one(Curves)
         await until(pilot, lambda: len(curves.points.get("loss", [])) >= 1, 120)
         assert curves.plot is not None  # drawn from the first step
+        assert pane.query_one("#more").collapsed  # type: ignore[attr-defined]  # the curves take the room
         await settle(pilot, app, 120)
         report = pane.report["report"]  # type: ignore[index]
         assert report["steps"] == 6 == len(curves.points["loss"]) == len(curves.points["learning_rate"])
@@ -131,8 +178,13 @@ def test_a_dpo_run_on_the_apps_pair_set_starts_at_ln_2(tmp_path: Path) -> None:
         curves = pane.query_one(Curves)
         assert curves.points["loss"][0][1] == pytest.approx(math.log(2), abs=1e-6)
         assert len(curves.points["accuracy"]) == len(curves.points["loss"]) == pane.report["report"]["steps"]  # type: ignore
-        assert "first loss   0.6931" in screen_text(app)
+        assert re.search(r"first loss +0\.6931", screen_text(app))
         assert "accuracy" in message(pane) and "reward margin" in message(pane)
+        margins = curves.points["reward_margin"]
+        assert len(margins) == len(curves.points["loss"]) and margins[0][1] == 0.0  # the identity ranks nothing
+        assert curves.second == "accuracy"
+        await pilot.press("c")
+        assert curves.second == "reward_margin" and "reward margin" in screen_text(app)
         assert pane.report["report"]["pairs"] == 12  # type: ignore[index]  # the Pairs tab's set
 
     drive(scenario)
@@ -180,18 +232,42 @@ def test_a_cancelled_run_leaves_a_checkpoint_and_r_resumes_it_to_the_uninterrupt
     ("epochs", "two", 'epochs is a whole number; "two" is not'),
     ("targets", "qq", 'unknown adapter target "qq"'),
     ("group", "1", "group must be at least 2"),
+    ("seed", "-1", "seed must be between 0 and 18446744073709551615"),
+    ("layers", "2-", "layers"),
+    ("warmup-steps", "x", 'warmup steps is a whole number; "x" is not'),
+    ("checkpoint-every", "-2", "checkpoint every must be at least 0"),
+    ("max-sequence", "1", "max sequence must be at least 2"),
+    ("batch-size", "0", "batch must be at least 1"),
+    ("temperature", "0", "temperature must be a finite number above zero"),
+    ("top-p", "1.5", "top-p must be above 0 and at most 1"),
+    ("max-new-tokens", "0", "max new tokens must be at least 1"),
     ("output", "x.json", "adapter x.json ends in .json, which is where its sidecar goes"),
 ])
 def test_a_bad_value_is_refused_in_the_forms_words_before_anything_runs(field: str, value: str,
                                                                          sentence: str) -> None:
     async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
-        objective, data = ("grpo", "ster:grpo-prompts") if field == "group" else ("sft", "ster:examples")
+        grpo = field in ("group", "temperature", "top-p", "max-new-tokens")
+        objective, data = ("grpo", "ster:grpo-prompts") if grpo else ("sft", "ster:examples")
         await fill(pilot, pane, objective, data=data, **{field: value})
         await pilot.press("t")
         await pilot.pause(0.2)
         assert sentence in message(pane)
         assert not tune_jobs(app)  # nothing ran
         assert "--" not in message(pane)
+        if field in MORE:
+            assert not pane.query_one("#more").collapsed  # type: ignore[attr-defined]  # the bad field in sight
+
+    drive(scenario)
+
+
+def test_a_run_the_engine_refuses_leaves_more_settings_open() -> None:
+    async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
+        await fill(pilot, pane, "sft", data="ster:examples", layers="9")
+        pane.query_one("#more").collapsed = False  # type: ignore[attr-defined]
+        await pilot.press("t")
+        await settle(pilot, app, 60)
+        assert "layer 9 is out of range: this model has 4 layers, numbered 0..3" in message(pane)
+        assert not pane.query_one("#more").collapsed  # type: ignore[attr-defined]  # the field to fix in sight
 
     drive(scenario)
 
@@ -213,10 +289,17 @@ def test_the_tune_tab_fits_80_by_24(objective: str) -> None:
 
     async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
         await fill(pilot, pane, objective)
-        screen = Region(0, 0, *app.size)
-        for widget in pane.query("Field, Select, #progress, #curves"):
-            if widget.display and widget.parent.display:  # type: ignore[union-attr]
-                assert widget.region.width >= 4 and screen.contains_region(widget.region), (widget, widget.region)
-        assert pane.query_one(Curves).region.height >= 8  # room for a plot, not a sliver
+        counts = []
+        for collapsed, room in ((True, 8), (False, 5)):  # the more settings folded, then open
+            pane.query_one("#more").collapsed = collapsed  # type: ignore[attr-defined]
+            await pilot.pause()
+            screen, shown = Region(0, 0, *app.size), 0
+            for widget in pane.query("Field, Select, #progress, #curves"):
+                if all(node.display for node in widget.ancestors_with_self if node not in (app, app.screen)):
+                    shown += 1
+                    assert widget.region.width >= 4 and screen.contains_region(widget.region), (widget, widget.region)
+            counts.append(shown)
+            assert pane.query_one(Curves).region.height >= room  # room for a plot, not a sliver
+        assert counts[0] >= 11 and counts[1] - counts[0] == len(pane._shown_more()) >= 6, counts
 
     drive(scenario, size=(80, 24))

@@ -181,7 +181,7 @@ class Loop:
                                               len(self.units), loss, extra)
         self.ctx.progress("train", message, self.state.step, self.total,
                           {"epoch": epoch + 1, "loss": loss, "learning_rate": rate, "tokens_per_second": speed,
-                           **extra})
+                           **extra, **self.objective.progress_data(stats)})
 
     def _report_epoch(self, epoch: int) -> None:
         entry, line = self.objective.epoch_report(epoch, self.settings.epochs, self.state.epoch_stats)

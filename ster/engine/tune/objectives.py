@@ -113,6 +113,11 @@ class Objective:
         """What a step's line shows besides the loss (dpo: accuracy)."""
         return {}
 
+    def progress_data(self, stats: list[Stats]) -> dict[str, float]:
+        """What a step's progress data carries besides its line's values (dpo: the mean reward margin),
+        from the numbers the step already has; the line itself stays as the contract writes it."""
+        return {}
+
     def summary(self, stats: list[Stats]) -> dict[str, Any]:
         """The report's objective-specific fields, from the final epoch's per-unit numbers."""
         return {}
@@ -190,6 +195,10 @@ class Preference(Objective):
     def progress_extra(self, stats: list[Stats]) -> dict[str, float]:
         return {"accuracy": _mean(s["correct"] for s in stats)}
 
+    def progress_data(self, stats: list[Stats]) -> dict[str, float]:
+        """The step's mean reward margin, β·(chosen log-ratio − rejected log-ratio) over its pairs."""
+        return {"reward_margin": _mean(s["chosen_reward"] - s["rejected_reward"] for s in stats)}
+
     def summary(self, stats: list[Stats]) -> dict[str, Any]:
         chosen = _mean(s["chosen_reward"] for s in stats)
         rejected = _mean(s["rejected_reward"] for s in stats)
@@ -225,6 +234,10 @@ class Reward(Objective):
 
     def progress_extra(self, stats: list[Stats]) -> dict[str, float]:
         return {"accuracy": _mean(s["correct"] for s in stats)}
+
+    def progress_data(self, stats: list[Stats]) -> dict[str, float]:
+        """The step's mean score margin, the head's chosen score − rejected score over its pairs."""
+        return {"score_margin": _mean(s["chosen_score"] - s["rejected_score"] for s in stats)}
 
     def summary(self, stats: list[Stats]) -> dict[str, Any]:
         chosen = _mean(s["chosen_score"] for s in stats)

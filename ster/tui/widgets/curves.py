@@ -2,11 +2,13 @@
 
 The points come from the ``train`` progress events of a tune job, whose ``data`` carries
 ``epoch``, ``loss``, ``learning_rate`` and ``tokens_per_second`` for every objective,
-``accuracy`` for dpo and reward, and ``reward``, ``kl``, ``reward_spread``, ``policy_loss``
-and ``completion_tokens`` for grpo. Every numeric series is kept (``points``), one of them
-is drawn beside the loss (``c`` cycles which), and the latest of each is listed with the
-tokens per second. The plot is textual-plotext's, imported when the first point arrives,
-so opening the app costs nothing for it.
+``accuracy`` and ``reward_margin`` for dpo (``score_margin`` for reward), and ``reward``,
+``kl``, ``reward_spread``, ``policy_loss`` and ``completion_tokens`` for grpo. Every
+numeric series is kept (``points``), one of them is drawn beside the loss (``c`` cycles
+which), and the latest of each is listed with the tokens per second. The plot is
+textual-plotext's, imported when the first point arrives, so opening the app costs nothing
+for it. The bottom row names the axes (loss left, the second value right) instead of a
+legend, which would cover the top-left corner where a loss starts and an accuracy of 1.0 runs.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
-NAMES = {"loss": "loss", "accuracy": "accuracy", "reward": "mean reward", "kl": "KL", "learning_rate": "learn rate",
+NAMES = {"loss": "loss", "accuracy": "accuracy", "reward_margin": "reward margin", "score_margin": "score margin",
+         "reward": "mean reward", "kl": "KL", "learning_rate": "learn rate",
          "reward_spread": "reward spread", "policy_loss": "policy loss", "completion_tokens": "completion tok"}
 """The per-step values the curves keep, as the list beside the plot names them, in the order it lists them."""
 SECOND = {"sft": "learning_rate", "dpo": "accuracy", "ipo": "accuracy", "reward": "accuracy", "grpo": "reward"}
@@ -77,7 +80,9 @@ class Curves(Horizontal, can_focus=True):
                 while series and series[-1][0] >= step:  # a step again (a resume from an earlier checkpoint)
                     series.pop()
                 series.append((step, float(value)))
-        if not self._pending:  # steps can come faster than a plot is worth drawing: draw a few times a second
+        if self.plot is None:  # the first point replaces the hint with the plot at once
+            self._draw()
+        elif not self._pending:  # steps can come faster than a plot is worth drawing: draw a few times a second
             self._pending = True
             self.set_timer(REDRAW, self.flush)
 
@@ -112,13 +117,16 @@ class Curves(Horizontal, can_focus=True):
         self.plot.display, self.query_one("#hint").display = True, False
         plt = self.plot.plt
         plt.clear_figure()
+        # the axes are named on the bottom row, beside "step", rather than by a legend drawn over the plot's
+        # top-left corner: that is where a loss starts and where an accuracy of 1.0 runs
         plt.xlabel("step")
-        plt.plot([s for s, _ in loss], [v for _, v in loss], label="loss", marker="braille", color="cyan")
+        plt.ylabel("loss", yside="left")
+        plt.plot([s for s, _ in loss], [v for _, v in loss], marker="braille", color="cyan")
         plt.yticks(*ticks([v for _, v in loss]), yside="left")
         second = self.points.get(self.second or "", [])
         if second:
-            plt.plot([s for s, _ in second], [v for _, v in second], label=NAMES[self.second or ""],
-                     marker="braille", color="yellow", yside="right")
+            plt.ylabel(NAMES[self.second or ""], yside="right")
+            plt.plot([s for s, _ in second], [v for _, v in second], marker="braille", color="yellow", yside="right")
             plt.yticks(*ticks([v for _, v in second]), yside="right")
         first, last = loss[0][0], max(loss[-1][0], loss[0][0] + 1)  # the steps so far; the bar shows what is left
         plt.xlim(first, last)

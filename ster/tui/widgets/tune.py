@@ -1,6 +1,8 @@
 """The Tune pane: train a LoRA adapter (sft, dpo, ipo, reward, grpo), watch its curves, cancel and resume it.
 
-The form builds the fields of a ``tune`` job and the app starts it (see :meth:`SterApp.start_job`);
+The form builds the fields of a ``tune`` job and the app starts it (see :meth:`SterApp.start_job`); the
+settings most runs leave alone (seed, layers, warmup, checkpoints, sequence limit, batch, grpo's sampling)
+sit in a folded "more settings" section whose title names any that differ from the defaults;
 the pane renders the job's events: the progress line, every optimizer step as a point of the
 curves (:mod:`ster.tui.widgets.curves`), and at the end the report's summary and the adapter's
 path. Cancelling (ctrl+x) leaves the engine's checkpoint beside the output, ``<output>.checkpoint``;
@@ -19,7 +21,7 @@ from typing import Any
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.widgets import Input, Label, Select
+from textual.widgets import Collapsible, Input, Label, Select
 
 from ster.tui.messages import JobEvent, JobFinished, JobStarted, SettingsChanged
 from ster.tui.paths import default_adapter, shown
@@ -37,12 +39,21 @@ DATA = {"sft": "examples", "dpo": "pairs", "ipo": "pairs", "reward": "pairs", "g
 DEFAULTS: dict[str, dict[str, str]] = {
     objective: {"epochs": "1", "learning-rate": "0.0001", "accumulation": "1" if objective == "grpo" else "8",
                 "rank": "8", "alpha": "16", "targets": "query,value", "beta": "0.04" if objective == "grpo" else "0.1",
-                "group": "4", "reward": "length"}
+                "group": "4", "reward": "length", "seed": "42", "layers": "all", "warmup-steps": "0",
+                "batch-size": "1", "checkpoint-every": "0", "max-sequence": "512", "temperature": "0.9",
+                "top-p": "0.95", "max-new-tokens": "64"}
     for objective in OBJECTIVES
 }
 """The contract's defaults (the tune requests' own; a test keeps them equal), as the fields show them."""
 BUNDLED = {"examples": "ster:examples", "prompts": "ster:grpo-prompts"}
 NUMBER_FIELDS = ("epochs", "learning-rate", "accumulation", "rank", "alpha", "beta", "group")
+MORE = {"seed": "seed", "layers": "layers", "warmup-steps": "warmup steps", "checkpoint-every": "checkpoint every",
+        "max-sequence": "max sequence", "batch-size": "batch", "temperature": "temperature",
+        "top-p": "top-p", "max-new-tokens": "max new tokens"}
+"""The fields under "more settings" (id, the CLI flag without its dashes → label), in the order they are shown."""
+SAMPLING = ("temperature", "top-p", "max-new-tokens")
+"""grpo's sampling of its completions; the batch is every other objective's (grpo decodes a group as one batch)."""
+MORE_TITLE = "more settings"
 RESUME_HINT = "r resumes the run from its checkpoint (the same fields), t starts over"
 
 
@@ -75,16 +86,41 @@ def not_negative(label: str) -> Any:
     return check
 
 
-def whole(label: str, low: int) -> Any:
+def whole(label: str, low: int, high: int | None = None) -> Any:
     def check(text: str) -> int:
         if not text.strip():
             raise ValueError(f"{label} is empty; give a whole number of at least {low}")
-        return parse_whole(text, label, low)
+        return parse_whole(text, label, low, high)
     return check
 
 
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def nucleus(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError(f'top-p is a number above 0 and at most 1 (1 keeps every token); "{text}" is not') from None
+    if not 0 < value <= 1:
+        raise ValueError("top-p must be above 0 and at most 1 (1 keeps every token)")
+    return value
+
+
+def check_layers(text: str) -> str:
+    from ster.tui.words import parse_layers
+
+    if not text.strip():
+        raise ValueError("layers is empty; give all, or layers such as 2,5 or 8-15")
+    return parse_layers(text)
+
+
+CHECKS: dict[str, Any] = {
+    "seed": whole("seed", 0, 2**64 - 1),
+    "layers": check_layers, "warmup-steps": whole("warmup steps", 0), "batch-size": whole("batch", 1),
+    "checkpoint-every": whole("checkpoint every", 0), "max-sequence": whole("max sequence", 2),
+    "temperature": positive("temperature"), "top-p": nucleus, "max-new-tokens": whole("max new tokens", 1)}
 
 
 def check_targets(text: str) -> str:
@@ -101,9 +137,25 @@ def check_targets(text: str) -> str:
 def tune_words(sentence: str, data: str) -> str:
     """An engine sentence as the Tune tab says it: its fields' labels for the flags."""
     for flag, label in (("--output", "adapter"), ("--epochs", "epochs"), ("--iterations", "epochs"),
-                        ("--learning-rate", "learning rate"), ("--pairs", "pairs"), ("--resume", "resume (r)")):
+                        ("--learning-rate", "learning rate"), ("--pairs", "pairs"), ("--resume", "resume (r)"),
+                        *((f"--{name}", label) for name, label in MORE.items())):
         sentence = sentence.replace(flag, label)
     return in_our_words(sentence.replace(f"--{data}", data))
+
+
+class MoreSettings(Collapsible):
+    """The settings most runs leave at their defaults, folded under one line that names those changed."""
+
+    SCOPED_CSS = False  # its rules follow the screen's -short class, as the form rows' do
+    DEFAULT_CSS = """
+    MoreSettings { background: transparent; border-top: none; padding: 0; }
+    MoreSettings.-collapsed { margin-bottom: 1; }  /* open, its last row's margin is the gap */
+    MoreSettings:focus-within { background-tint: $foreground 0%; }
+    MoreSettings CollapsibleTitle { padding: 0 1 0 0; color: $text-muted; }
+    MoreSettings Contents { padding: 1 0 0 2; }
+    Screen.-short MoreSettings { margin-bottom: 0; }
+    Screen.-short MoreSettings Contents { padding: 0 0 0 2; }
+    """
 
 
 class TunePane(MessageLine, FieldErrors, Vertical):
@@ -114,6 +166,7 @@ class TunePane(MessageLine, FieldErrors, Vertical):
     TunePane #data, TunePane #output, TunePane #reward { width: 1fr; }
     TunePane .grpo-only, TunePane .beta-only { display: none; }
     TunePane.-grpo .grpo-only, TunePane.-beta .beta-only { display: block; }
+    TunePane.-grpo .no-grpo { display: none; }
     TunePane #message { height: auto; padding: 0 1; display: none; }
     """
     BINDINGS = [
@@ -165,9 +218,38 @@ class TunePane(MessageLine, FieldErrors, Vertical):
             yield Label("reward", classes="field-label -gap")
             yield Field("length", id="reward",
                         tooltip="length (tokens emitted), or a reward model written by tune reward")
+        with MoreSettings(title=MORE_TITLE, id="more"):
+            with FormRow():
+                yield from labelled("seed", self._more("seed", 6, 24, "the adapter's initial factors and the order of "
+                                                                      "the data (grpo: its sampling too)"))
+                yield Label("layers", classes="field-label -gap")
+                yield self._more("layers", 6, 24, "layers that carry an adapter: all, or such as 2,5 or 8-15")
+                yield Label("warmup steps", classes="field-label -gap")
+                yield self._more("warmup-steps", 5, 8, "optimizer steps over which the learning rate ramps up")
+            with FormRow():
+                yield from labelled("checkpoint every", self._more(
+                    "checkpoint-every", 5, 8, "write a resumable checkpoint every this many steps; 0: only when "
+                                              "cancelled"))
+                yield Label("max sequence", classes="field-label -gap")
+                yield self._more("max-sequence", 6, 8, "tokens; a longer sequence is skipped, never cut")
+                yield Label("batch", classes="field-label -gap no-grpo")
+                yield self._more("batch-size", 5, 8, "units per forward (grpo decodes each prompt's group as one)",
+                                 "no-grpo")
+            with FormRow(classes="grpo-only"):
+                yield from labelled("temperature", self._more("temperature", 6, 10, "sampling temperature of the "
+                                                                                     "completions, above zero"))
+                yield Label("top-p", classes="field-label -gap")
+                yield self._more("top-p", 6, 10, "nucleus sampling: 1 keeps every token")
+                yield Label("max new tokens", classes="field-label -gap")
+                yield self._more("max-new-tokens", 5, 8, "tokens sampled per completion at most")
         yield JobProgress("t trains an adapter; ctrl+x cancels and keeps a checkpoint, r resumes it", id="progress")
         yield Wrapped("", id="message")
         yield Curves(id="curves")
+
+    @staticmethod
+    def _more(name: str, width: int, grow: int, tooltip: str, classes: str = "") -> Field:
+        return Field(DEFAULTS["sft"][name], check=CHECKS[name], width=width, grow=grow, id=name, tooltip=tooltip,
+                     classes=classes)
 
     def on_mount(self) -> None:
         self._show_objective()
@@ -203,6 +285,18 @@ class TunePane(MessageLine, FieldErrors, Vertical):
             hint = f"a file, or {BUNDLED[data]}"
         self.query_one("#data", Field).placeholder = hint
         self.query_one("#output", Field).placeholder = shown(self._default_output())
+        self._title_more()
+
+    def _shown_more(self) -> list[str]:
+        """The more-settings fields of this objective."""
+        skip = ("batch-size",) if self.objective == "grpo" else SAMPLING
+        return [name for name in MORE if name not in skip]
+
+    def _title_more(self) -> None:
+        """The section's title names what differs from the defaults, so a folded section still says it."""
+        changed = [f"{MORE[name]} {self.query_one(f'#{name}', Field).value.strip()}" for name in self._shown_more()
+                   if self.query_one(f"#{name}", Field).value.strip() != DEFAULTS[self.objective][name]]
+        self.query_one(MoreSettings).title = MORE_TITLE + (": " + ", ".join(changed) if changed else "")
 
     def _default_output(self) -> Path:
         settings = self.app.settings  # type: ignore[attr-defined]
@@ -218,6 +312,8 @@ class TunePane(MessageLine, FieldErrors, Vertical):
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "data":
             self.query_one("#output", Field).placeholder = shown(self._default_output())
+        elif event.input.id in MORE:
+            self._title_more()
 
     def on_settings_changed(self, message: SettingsChanged) -> None:
         self._show_objective()
@@ -231,7 +327,11 @@ class TunePane(MessageLine, FieldErrors, Vertical):
         objective, settings = self.objective, self.app.settings  # type: ignore[attr-defined]
         shown_ids = [name for name in NUMBER_FIELDS if name != "group" or objective == "grpo"]
         shown_ids = [name for name in shown_ids if name != "beta" or objective in ("dpo", "ipo", "grpo")]
+        more = self._shown_more()
         if self.first_bad(*shown_ids, "targets"):
+            return None
+        if self.first_bad(*more):
+            self.query_one(MoreSettings).collapsed = False  # the bad field in sight
             return None
         value = {name: self.query_one(f"#{name}", Field).value.strip() for name in (*NUMBER_FIELDS, "targets")}
         fields: dict[str, Any] = {
@@ -239,6 +339,9 @@ class TunePane(MessageLine, FieldErrors, Vertical):
             "accumulation": int(value["accumulation"]), "rank": int(value["rank"]), "alpha": float(value["alpha"]),
             "targets": value["targets"], **settings.model_fields()}
         fields["iterations" if objective == "grpo" else "epochs"] = int(value["epochs"])
+        for name in more:
+            typed = self.query_one(f"#{name}", Field).value.strip()
+            fields[name.replace("-", "_")] = typed if name == "layers" else CHECKS[name](typed)
         data, typed = DATA[objective], self.query_one("#data", Field).value.strip()
         if typed:
             fields[data] = typed if typed.startswith("ster:") else Path(typed).expanduser()
@@ -323,6 +426,9 @@ class TunePane(MessageLine, FieldErrors, Vertical):
         if event.type == "progress":
             if event.stage == "train" and event.current is not None and event.data:
                 self.query_one(Curves).add(event.current, event.total, event.data)
+                # once it trains the curves take the room (a refused run leaves the section as it was);
+                # the folded title still says what differs from the defaults
+                self.query_one(MoreSettings).collapsed = True
             elif event.stage == "skip":
                 self._skips += 1
                 if self._skips <= 3:
