@@ -33,7 +33,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Static
+from textual.widgets import Label, Static
 
 from ster.engine.steering.strength import DEFAULT_STRENGTH, DEFAULT_SWEEP
 from ster.tui.runner import JobHandle
@@ -63,8 +63,8 @@ STEPS = {"relative": (0.1, 0.01), "absolute": (1.0, 0.1)}
 FIELDS = ("prompt", "strength", "max-new-tokens", "temperature", "seed", "adapter")
 PROMPTS_TIP = ("a prompt-set file, or ster:prompts; empty: the prompt above alone. Several prompts give the "
                "effect a noise to be judged against, so only they can suggest a strength")
-ADAPTER_TIP = ("a LoRA adapter (.safetensors, its .json sidecar beside it) or a PEFT adapter directory, shown beside "
-               "the base model; empty: none. Starts at the app's current adapter")
+ADAPTER_TIP = ("a: a LoRA adapter (.safetensors, its .json sidecar beside it) or a PEFT adapter directory, shown "
+               "beside the base model; empty: none. Starts at the app's current adapter")
 
 
 class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
@@ -73,6 +73,7 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
     DEFAULT_CSS = """
     GeneratePane #prompt { width: 1fr; }
     GeneratePane #adapter { width: 1fr; min-width: 12; }
+    GeneratePane #steer-hint { padding: 0 0 0 1; color: $text-muted; }
     GeneratePane #message { height: auto; padding: 0 1; display: none; }
     GeneratePane #panels { height: 1fr; min-height: 5; }
     GeneratePane #caption, GeneratePane #fluent-rule { height: auto; padding: 0 1; }
@@ -83,12 +84,15 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         Binding("[", "step(-1, False)", "Weaker", tooltip="Lower the strength a step (negative steers the other way)"),
         Binding("}", "step(1, True)", "Stronger, fine", show=False, tooltip="Raise it a small step (0.01x; 0.1)"),
         Binding("{", "step(-1, True)", "Weaker, fine", show=False, tooltip="Lower it a small step (0.01x; 0.1)"),
-        Binding("o", "steer_on", "Base/adapter", tooltip="Steer on the adapter or on the base model (with an "
-                                                            "adapter named above; the steered title says which)"),
+        Binding("o", "steer_on", "Base/adapter", show=False,
+                tooltip="Steer on the adapter or on the base model (with an adapter named above; the steered title "
+                        "says which)"),
         Binding("w", "sweep", "Sweep", tooltip="Generate at every sweep strength; effect and degeneracy of each"),
         Binding("c", "copy", "Copy", tooltip="Copy the texts (or the focused panel's, or the sweep row's)"),
         Binding("s", "save", "Save", tooltip="Save the texts (or the focused panel's, or the sweep row's) to a file"),
         Binding("p", "edit_prompt", "Edit prompt", show=False, tooltip="Type in the prompt (escape leaves it)"),
+        Binding("a", "edit_adapter", "Edit adapter", show=False,
+                tooltip="Type the adapter's path (empty: none; escape leaves it)"),
     ]
 
     def __init__(self, **kwargs: Any) -> None:
@@ -125,8 +129,10 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
                                                tooltip="temperature: 0 decodes greedily; above 0 samples by the seed"))
             yield from labelled(" seed", Field("42", check=lambda t: parse_whole(t, "seed", 0, 2**64 - 1), width=6,
                                                grow=24, id="seed"))
-            yield from labelled(" adapter", Field(self._current_adapter(), check=self._check_adapter, id="adapter",
-                                                  placeholder="none", tooltip=ADAPTER_TIP))
+        with FormRow():
+            yield from labelled("adapter", Field(self._current_adapter(), check=self._check_adapter, id="adapter",
+                                                 placeholder="none", tooltip=ADAPTER_TIP))
+            yield Label("", id="steer-hint")
         with FormRow():
             yield from labelled("sweep", Field(DEFAULT_SWEEP, check=parse_strengths, width=24, grow=44,
                                                id="strengths", tooltip="strengths to sweep; 0 is always added"))
@@ -239,6 +245,9 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
     def action_edit_prompt(self) -> None:
         self.query_one("#prompt", Field).focus()
 
+    def action_edit_adapter(self) -> None:
+        self.query_one("#adapter", Field).focus()
+
     def on_input_submitted(self, event: Field.Submitted) -> None:
         """Enter in the sweep's fields sweeps; enter in any other field generates."""
         self.action_sweep() if event.input.id in ("strengths", "prompts") else self.action_generate()
@@ -297,9 +306,15 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
     def _hint_steered(self) -> None:
         """Before a run, the empty panels say what ``g`` will run there."""
         adapter = self._adapter() if self.query_one("#adapter", Field).error() is None else None
+        on, other = ("it", "the base") if self.steer_on_adapter else ("the base", "it")
+        hint = "" if adapter is None else f"steered runs on {on} (o: on {other})"
+        self.query_one("#steer-hint", Label).update(hint)
+        self.query_one("#steer-hint", Label).styles.width = len(hint) + 1 if hint else 0  # auto keeps its old width
         if not any(self.panel(role).text or role in self.jobs for role in ("baseline", "adapted", "steered")):
             self._show_adapted(adapter is not None)
             if adapter is not None:
+                self.panel("baseline").reset(f"base · {model_name(self.app.settings.model)}",  # type: ignore
+                                             "g generates the prompt on the base model here…")
                 self.panel("adapted").reset(f"adapter · {adapter_name(adapter)}", "g generates the prompt through "
                                             "the adapter here…")
                 self.panel("steered").reset("steered", f"…and here with the Train tab's artifact on "
