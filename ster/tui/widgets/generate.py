@@ -171,6 +171,8 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         on = self._steered_on(adapter)
         self.ran = {"adapter": adapter, "on": on}
         self.prompt_used = fields["prompt"]
+        if adapter is None:  # the adapter's panel goes with its older text: this run has none
+            self.panel("adapted").reset("adapter", "")
         self._show_adapted(adapter is not None)
         runs: list[tuple[str, dict[str, Any]]] = []
         if settings.vector is None:
