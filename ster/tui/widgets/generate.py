@@ -314,13 +314,15 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         self.query_one("#steer-hint", Label).styles.width = len(hint) + 1 if hint else 0  # auto keeps its old width
         if not any(self.panel(role).text or role in self.jobs for role in ("baseline", "adapted", "steered")):
             self._show_adapted(adapter is not None)
-            if adapter is not None:
-                self.panel("baseline").reset(f"base · {model_name(self.app.settings.model)}",  # type: ignore
-                                             "g generates the prompt on the base model here…")
-                self.panel("adapted").reset(f"adapter · {adapter_name(adapter)}", "g generates the prompt through "
-                                            "the adapter here…")
-                self.panel("steered").reset("steered", f"…and here with the Train tab's artifact on "
-                                            f"{self._steered_on(adapter)} (o switches), at the strength above")
+            if adapter is None:  # the two panels of a run without an adapter, with their first hints
+                for role, title in (("baseline", "unsteered"), ("steered", "steered")):
+                    self.panel(role).reset(title, self.panel(role).hint)
+                return
+            self.panel("baseline").reset(f"base · {model_name(self.app.settings.model)}",  # type: ignore
+                                         "g generates the prompt on the base model here…")
+            self.panel("adapted").reset(f"adapter · {adapter_name(adapter)}", "…here through the adapter…")
+            self.panel("steered").reset("steered", f"…and here with the Train tab's artifact on "
+                                        f"{self._steered_on(adapter)} (o switches), at the strength above")
 
     def role_name(self, role: str) -> str:
         """How the progress line and the panels' notes name a run: with an adapter, the unsteered run is the base."""
