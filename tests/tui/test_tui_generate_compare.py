@@ -194,3 +194,21 @@ def test_an_adapter_for_another_model_leaves_the_runs_after_it_not_run(calm: Pat
         assert pane.panel("baseline").border_title == "(not run) base · ster:toy"
 
     drive(Settings(vector=calm, adapter=other), scenario)
+
+
+def test_a_cancelled_compare_leaves_the_runs_after_it_not_run(calm: Path, adapter: Path) -> None:  # noqa: F811
+    from tests.tui.test_tui_generate import HeldStore
+
+    store = HeldStore()
+
+    async def scenario(app: RecordingApp, pilot: Pilot, pane: GeneratePane) -> None:
+        await form(pilot, pane, strength=STRENGTH)
+        await pilot.press("g", "ctrl+x")  # the steered run is held at its model load; the others wait for it
+        store.release.set()
+        await settle(app, pilot)
+        assert [h.state for h in generations(app)] == ["cancelled"]
+        assert pane.panel("steered").border_title.startswith("(cancelled) steered 0.4x")
+        assert pane.panel("adapted").border_title == "(not run) adapter · quiet.sft"
+        assert pane.panel("baseline").border_title == "(not run) base · ster:toy"
+
+    drive(Settings(vector=calm, adapter=adapter), scenario, store)

@@ -225,7 +225,7 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         adapter = self._adapter()
         if adapter is None:
             self.say("no adapter named above, so the steered text runs on the base model; name one under adapter "
-                     "(or choose one in the Adapters tab) to steer on it", "yellow")
+                     "(a types there) to steer on it", "yellow")
             return
         self.steer_on_adapter = not self.steer_on_adapter
         other = "the base model" if self.steer_on_adapter else adapter_name(adapter)
