@@ -152,6 +152,7 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         yield SweepTable(id="sweep")
 
     def on_mount(self) -> None:
+        self.add_class("-unswept")  # until a sweep begins, its table is only a header (hidden when space is short)
         self._hint_steered()
 
     def on_input_changed(self, event: Field.Changed) -> None:
@@ -212,6 +213,7 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
             self.sweep_adapter = None if adapter is None else adapter_name(adapter)
             strengths = list(handle.request.strengths)  # type: ignore[attr-defined]
             self.query_one(SweepTable).begin(strengths, self.sweep_adapter)
+            self.remove_class("-unswept")
             where = f"the prompts of {self.sweep_source}" if self.sweep_source else "the prompt above"
             through = f" through the adapter {self.sweep_adapter}" if adapter is not None else ""
             self.query_one("#caption", Static).update(f"sweeping {settings.artifact_label()}{through} at "

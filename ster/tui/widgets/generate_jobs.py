@@ -73,6 +73,7 @@ class GenerateJobs:
         self.query_one(JobProgress).ended(handle, state, getattr(final, "message", ""))
         if role != "sweep":
             self.panel(role).remove_class("running")
+            self.panel(role).scroll_home(animate=False)  # streamed, it followed the tail; read, it starts at the top
         if final.type == "error":
             self._failed(role, final.kind, in_our_words(final.message))  # type: ignore[union-attr]
         elif role == "sweep":
