@@ -98,8 +98,14 @@ class SweepTable(DataTable):
                  if self.size.width >= 100 or label in NARROW_COLUMNS]
         rest = max(10, self.size.width - sum(width + 2 for _, width in shown) - 4)
         for label, width in (*shown, (OUTPUT, rest)):
-            header = f"output through {self.adapter} (enter: all)" if label == OUTPUT and self.adapter else label
-            self.add_column(other if label == "other" else header, width=width, key=label)
+            self.add_column(other if label == "other" else self._header(label, width), width=width, key=label)
+
+    def _header(self, label: str, width: int) -> str:
+        """A column's header; the output's names the adapter the texts came through, whole where it fits."""
+        if label != OUTPUT or not self.adapter:
+            return label
+        header = f"output through {self.adapter} (enter: all)"
+        return header if len(header) <= width else f"output through {self.adapter}"
 
     def begin(self, strengths: list[Any], adapter: str | None = None) -> None:
         """A waiting row per strength (engine ``Strength`` objects), so the outputs can stream into place;
