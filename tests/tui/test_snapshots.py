@@ -348,8 +348,8 @@ def test_generate_pane_three_way_compare(snap_compare, tmp_path: Path, monkeypat
     '(logistic, layer 2)', which the status line shows); the adapter row naming quiet.sft.safetensors and
     'steered runs on it (o: on the base)'; the yellow warning that the direction was fitted on the bare
     checkpoint. At 120 columns the three panels sit side by side, each with its token count below; at 80
-    they are stacked, each under its whole title. The sweep table, empty before a sweep, is left out at both
-    sizes; the caption under the panels says what w does."""
+    they are stacked, each under its whole title. The sweep table, empty before a sweep, is its header alone at
+    both sizes, under the caption that says what w does."""
     monkeypatch.chdir(tmp_path)
     vector, adapter = Path("calm.json"), Path("quiet.sft.safetensors")
     vector.write_text(json.dumps(OPTIMIZED))

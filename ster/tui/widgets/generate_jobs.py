@@ -11,6 +11,7 @@ leaves the message line then rather than showing twice.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.text import Text
@@ -142,7 +143,7 @@ class GenerateJobs:
             if field.value.strip() != self._current_adapter():
                 field.value = self._current_adapter()
                 self._hint_steered()
-            if self.app.settings.adapter != self.ran["adapter"]:  # type: ignore[attr-defined]
+            if not same_adapter(self.app.settings.adapter, self.ran["adapter"]):  # type: ignore[attr-defined]
                 on_adapter = self.ran["on"] not in (None, "the base")
                 self._mark_old("the adapter has changed since", ("adapted", "steered") if on_adapter else
                                ("adapted",), sweep=self.sweep_adapter is not None)
@@ -156,3 +157,9 @@ class GenerateJobs:
             self.query_one("#caption", Static).update(Text.assemble((f"older sweep ({why}): ", "yellow"),
                                                                     self.caption))
 
+
+def same_adapter(one: Path | None, other: Path | None) -> bool:
+    """Whether two adapter paths name the same adapter (a typed relative path and another tab's absolute one)."""
+    if one is None or other is None:
+        return one is other
+    return one.expanduser().resolve() == other.expanduser().resolve()
