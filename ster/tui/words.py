@@ -122,3 +122,38 @@ def parse_layers(text: str) -> str:
 def format_number(value: float) -> str:
     """A number as a field shows it: no float noise (0.30000000000000004 → 0.3), no trailing .0."""
     return f"{round(value, 6):g}"
+
+
+def parse_adapter(text: str, local: bool = True) -> Path | None:
+    """The Generate tab's adapter field: None when empty (or ``none``), else the adapter's path: a LoRA
+    ``.safetensors`` file with its ``.json`` sidecar beside it, or a PEFT adapter directory. With ``local``
+    (the jobs run in this process, so on these files) the path is read here, so a wrong one is one sentence
+    before anything runs; the engine checks the model and width it was trained for when the job starts."""
+    from ster.engine.model.adapter import read_sidecar
+
+    typed = text.strip()
+    if not typed or typed.lower() == "none":
+        return None
+    path = Path(typed).expanduser()
+    if not local:
+        return path
+    if path.is_dir():
+        if not (path / "adapter_config.json").is_file():
+            raise ValueError(f"adapter {typed} is a directory without adapter_config.json: name a LoRA "
+                             ".safetensors file or a PEFT adapter directory")
+        return path
+    if path.suffix == ".json" and path.with_suffix(".safetensors").exists():
+        raise ValueError(f"adapter {typed} is the sidecar; name the adapter beside it, "
+                         f"{path.with_suffix('.safetensors').name}")
+    if not path.exists():
+        raise ValueError(f"adapter {typed} does not exist")
+    if path.suffix != ".safetensors":
+        raise ValueError(f"adapter {typed} is not a LoRA adapter: name its .safetensors file (with the .json "
+                         "sidecar beside it) or a PEFT adapter directory")
+    try:
+        sidecar = read_sidecar(path)
+    except Refusal as exc:
+        raise ValueError(str(exc)) from None
+    if sidecar.kind == "reward":
+        raise ValueError(f"adapter {typed} is a reward model, not a generation adapter")
+    return path

@@ -385,3 +385,74 @@ def test_adapters_pane_with_three_rows(snap_compare, size: tuple[int, int], show
         await still(pilot)
 
     assert snap_compare(StillApp(Settings()), terminal_size=size, run_before=run_before)
+
+
+COMPARED = [  # role, its request's vector and adapter, its text: the toy's greedy texts (from ``ster generate``)
+    ("steered", True, True, "the town is slow and we rest."),
+    ("adapted", False, True, "the town is quiet and we rest."),
+    ("baseline", False, False, "the town is flooding and we flee."),
+]
+SIDECAR = {"schema_version": 1, "product": "ster", "kind": "adapter", "model": "ster:toy", "model_revision": None,
+           "model_fingerprint": None, "rank": 8, "alpha": 16.0, "targets": ["query", "value"], "layers": [0, 1, 2, 3],
+           "hidden_size": 64, "train": {"chat_template": "absent", "precision": "f32"}}
+"""An adapter's sidecar, as ``tune sft`` writes it (less most of its report): the adapter field reads only this."""
+PROVENANCE = ("this direction was fitted on the bare checkpoint and this run attaches adapter quiet.sft.safetensors, "
+              "so it is being read in a different space than it was fitted in")
+
+
+def canned_compare(app: SterApp, vector: Path, adapter: Path) -> None:
+    """Deliver the three generate jobs of `g` with an adapter to the Generate pane, each with its text's tokens
+    and its result, as the runner would have run them one after another."""
+    from ster.engine.protocol.events import Token, Warning
+
+    pane: Any = app.query_one("#generate-pane")
+    pane.ran, pane.prompt_used = {"adapter": adapter, "on": "quiet.sft"}, PROMPT
+    pane._show_adapted(True)
+    for job_id, (role, steered, adapted, text) in enumerate(COMPARED, 4):
+        fields = {"model": "ster:toy", "prompt": PROMPT, **({"vector": vector, "strength": "0.4x"} if steered else {}),
+                  **({"adapter": adapter} if adapted else {})}
+        handle = JobHandle(job_id, "generate", build_job_request("generate", **fields), pane, fields)
+        app.runner.handles.append(handle)
+        pane.jobs[role] = handle
+        pane.panel(role).reset(pane.title(role), "")
+        words = text.split(" ")
+        events: list[Any] = [Warning(message=PROVENANCE)] if steered else []
+        events += [Token(text=word if at == 0 else f" {word}", index=at) for at, word in enumerate(words)]
+        data = {"model": "ster:toy", "prompt": PROMPT, "text": text, "tokens": 8, "prompt_tokens": 11,
+                "stop_reason": "eos", "chat_template": "absent", "vector": str(vector) if steered else None,
+                "adapter": str(adapter) if adapted else None, "strength": 0.4 if steered else None,
+                "strength_unit": "relative" if steered else None,
+                "absolute_strength": {"2": 2.3696} if steered else None,
+                "relative_strength": {"2": 0.4} if steered else None}
+        deliver(pane, handle, events, Result(command="generate", data=data))
+
+
+PROMPT = "question : tell me about the town . answer :"
+
+
+@pytest.mark.parametrize("size", [SMALL, (120, 34)], ids=["80x24", "120x34"])
+def test_generate_pane_three_way_compare(snap_compare, tmp_path: Path, monkeypatch, size: tuple[int, int]) -> None:
+    """You should see the Generate tab comparing three texts for the town prompt: 'base · ster:toy' (the
+    town is flooding and we flee.), 'adapter · quiet.sft' (the town is quiet and we rest.) and 'steered 0.4x
+    · calm (logistic, layer 2) on quiet.sft' (the town is slow and we rest.; at 120 columns without
+    '(logistic, layer 2)', which the status line shows); the adapter row naming quiet.sft.safetensors and
+    'steered runs on it (o: on the base)'; the yellow warning that the direction was fitted on the bare
+    checkpoint. At 120 columns the three panels sit side by side, each with its token count below; at 80
+    they are stacked, each under its whole title. The sweep table, empty before a sweep, is its header alone at
+    both sizes, under the caption that says what w does."""
+    monkeypatch.chdir(tmp_path)
+    vector, adapter = Path("calm.json"), Path("quiet.sft.safetensors")
+    vector.write_text(json.dumps(OPTIMIZED))
+    adapter.write_bytes(b"")
+    adapter.with_suffix(".json").write_text(json.dumps(SIDECAR))
+
+    async def run_before(pilot: Pilot) -> None:
+        await pilot.pause()  # the app shows the Pairs tab once mounted; switch after that
+        await pilot.press("3")
+        await pilot.pause()
+        pilot.app.query_one("#strength").value = "0.4x"  # type: ignore[attr-defined]
+        canned_compare(pilot.app, vector, adapter)  # type: ignore[arg-type]
+        await settled(pilot)
+
+    settings = Settings(vector=vector, artifact=OPTIMIZED, adapter=adapter)
+    assert snap_compare(StillApp(settings), terminal_size=size, run_before=run_before)

@@ -14,9 +14,9 @@ from ster.tui.widgets.footer import KeyBar
 
 INTRO = (
     "Ster steers a language model: write contrastive pairs (Pairs), fit and select a direction (Train), then "
-    "compare steered with unsteered text and sweep strengths (Generate); train a LoRA adapter on examples, pairs or "
-    "prompts and watch its loss curve (Tune); load, inspect, evaluate, merge, export and use adapters (Adapters). "
-    "Every action runs as an engine job; "
+    "compare steered with unsteered text, and with a LoRA adapter's, and sweep strengths (Generate); train a LoRA "
+    "adapter on examples, pairs or prompts and watch its loss curve (Tune); load, inspect, evaluate, merge, export "
+    "and use adapters (Adapters). Every action runs as an engine job; "
     "the Jobs tab shows their events and cancels them. The command palette (ctrl+p) lists every action too.\n\n"
     "Strength: 0.4x pushes along the direction by 0.4 times the layer's activation norm (the typical size of "
     "the residual stream there), so the same number means about as much on any model; a bare number such as 3 "

@@ -1,15 +1,17 @@
 """How the Generate pane renders its jobs: token streams into the panels and the sweep table, the
 end of each job into titles, the progress line and the message line.
 
-The steered run goes first and the baseline is started only once it has succeeded (see
-:mod:`ster.tui.widgets.generate`), so a refused steered run leaves the baseline "not run".
-Text made before the model or the artifact changed stays on screen, marked as older. A
+The steered run goes first and each run after it (the adapter's, then the base model's) is
+started only once the one before has succeeded (see :mod:`ster.tui.widgets.generate`), so a
+refused or cancelled run leaves the ones after it "not run". Text made before the model, the
+artifact or the adapter changed stays on screen, marked as older. A
 sweep's warning that nothing moved is said by the caption once the result is in, so it
 leaves the message line then rather than showing twice.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.text import Text
@@ -17,19 +19,18 @@ from textual.widgets import Static
 
 from ster.tui.messages import JobEvent, JobFinished, JobStarted, SettingsChanged
 from ster.tui.runner import ENDED, JobHandle, final_state
+from ster.tui.widgets.fields import Field
 from ster.tui.widgets.generate_parts import TextPanel, other_unit
 from ster.tui.widgets.progress import JobProgress
 from ster.tui.widgets.sweep_caption import fluent_rule, nothing_moved, sweep_caption
 from ster.tui.widgets.sweep_table import SweepTable
 from ster.tui.words import format_number, in_our_words
 
-ROLES = {"steered": "steered", "baseline": "unsteered", "sweep": "sweep"}
-"""A job's role in the pane → how its progress line names it."""
-
 
 class GenerateJobs:
-    """Mixed into the Generate pane, which provides ``jobs``, ``baseline_fields``, ``caption``, ``sweep_source``,
-    ``_start``, ``_steered_title``, ``say``, ``add`` and ``drop``."""
+    """Mixed into the Generate pane, which provides ``jobs``, ``queued``, ``caption``, ``sweep_source``,
+    ``sweep_adapter``, ``role_name``, ``title``, ``_start``, ``_current_adapter``, ``_hint_steered``, ``say``,
+    ``add`` and ``drop``."""
 
     def panel(self, role: str) -> TextPanel:
         return self.query_one(f"#{role}", TextPanel)
@@ -41,7 +42,7 @@ class GenerateJobs:
         role = self._role(message.handle)
         if role is None:
             return
-        self.query_one(JobProgress).started(message.handle, ROLES[role], message.first)
+        self.query_one(JobProgress).started(message.handle, self.role_name(role), message.first)
         if role != "sweep":
             self.panel(role).note("generating…")
             self.panel(role).add_class("running")
@@ -73,6 +74,7 @@ class GenerateJobs:
         self.query_one(JobProgress).ended(handle, state, getattr(final, "message", ""))
         if role != "sweep":
             self.panel(role).remove_class("running")
+            self.panel(role).scroll_home(animate=False)  # streamed, it followed the tail; read, it starts at the top
         if final.type == "error":
             self._failed(role, final.kind, in_our_words(final.message))  # type: ignore[union-attr]
         elif role == "sweep":
@@ -81,14 +83,16 @@ class GenerateJobs:
             self._generated(role, final.data)  # type: ignore[union-attr]
 
     def _not_run(self, why: str) -> None:
-        self.baseline_fields = None
-        self.panel("baseline").mark("not run")
-        self.panel("baseline").note(f"not run: {why}", "dim")
+        """The runs still queued will not start: each panel says why."""
+        for role, _ in self.queued:
+            self.panel(role).mark("not run")
+            self.panel(role).note(f"not run: {why}", "dim")
+        self.queued = []
 
     def _failed(self, role: str, kind: str, sentence: str) -> None:
         """A refusal or failure goes to the message line in red; the affected output is marked."""
-        if role == "steered":
-            self._not_run(f"the steered run was {ENDED[kind]}, so nothing was generated")
+        if role != "sweep" and self.queued:
+            self._not_run(f"the {self.role_name(role)} run was {ENDED[kind]}, so nothing was generated")
         if kind != "cancelled":
             self.add(sentence, "red")
         if role == "sweep":
@@ -106,13 +110,14 @@ class GenerateJobs:
         tokens = f"{data['tokens']} tokens, stopped at {data['stop_reason'].replace('_', ' ')}"
         if role == "steered":
             unit = "x" if data["strength_unit"] == "relative" else ""
-            panel.retitle(self._steered_title(f"{format_number(data['strength'])}{unit}"))
+            panel.retitle(self.title("steered", f"{format_number(data['strength'])}{unit}"))
             panel.border_subtitle = f"{other_unit(data)} · {tokens}"
-            if self.baseline_fields is not None:
-                self._start("baseline", "generate", self.baseline_fields)
-                self.baseline_fields = None
         else:
             panel.border_subtitle = tokens
+        if self.queued:
+            (after, fields), self.queued = self.queued[0], self.queued[1:]
+            if not self._start(after, "generate", fields):
+                self._not_run(f"the {self.role_name(after)} request was refused")
         if not data["text"]:
             panel.note("(empty: the model ended the text at once)")
 
@@ -123,21 +128,38 @@ class GenerateJobs:
         still = nothing_moved(data)
         if still:
             self.drop(f"warning: {in_our_words(still)}", "yellow")
-        self.caption = sweep_caption(data, settings.artifact_label(), self.sweep_source)
+        self.caption = sweep_caption(data, settings.artifact_label(), self.sweep_source, self.sweep_adapter)
         self.query_one("#caption", Static).update(self.caption)
         self.query_one("#fluent-rule", Static).update(fluent_rule(data))
 
     def on_settings_changed(self, message: SettingsChanged) -> None:
-        """Text made with another model or artifact stays, marked as older than the settings."""
+        """Text made with another model, artifact or adapter stays, marked as older than the settings; the
+        adapter field takes the app's new adapter."""
         for what in ("model", "artifact"):
             if what in message.changed:
                 self._mark_old(f"the {what} has changed since")
+        if "adapter" in message.changed:
+            field = self.query_one("#adapter", Field)
+            if field.value.strip() != self._current_adapter():
+                field.value = self._current_adapter()
+                self._hint_steered()
+            if not same_adapter(self.app.settings.adapter, self.ran["adapter"]):  # type: ignore[attr-defined]
+                on_adapter = self.ran["on"] not in (None, "the base")
+                self._mark_old("the adapter has changed since", ("adapted", "steered") if on_adapter else
+                               ("adapted",), sweep=self.sweep_adapter is not None)
 
-    def _mark_old(self, why: str) -> None:
-        for role in ("baseline", "steered"):
+    def _mark_old(self, why: str, roles: tuple[str, ...] = ("baseline", "adapted", "steered"),
+                  sweep: bool = True) -> None:
+        for role in roles:
             if self.panel(role).text and role not in self.jobs:
                 self.panel(role).mark("older")
-        if self.query_one(SweepTable).rows_data and "sweep" not in self.jobs:
+        if sweep and self.query_one(SweepTable).rows_data and "sweep" not in self.jobs:
             self.query_one("#caption", Static).update(Text.assemble((f"older sweep ({why}): ", "yellow"),
                                                                     self.caption))
 
+
+def same_adapter(one: Path | None, other: Path | None) -> bool:
+    """Whether two adapter paths name the same adapter (a typed relative path and another tab's absolute one)."""
+    if one is None or other is None:
+        return one is other
+    return one.expanduser().resolve() == other.expanduser().resolve()

@@ -73,11 +73,12 @@ class TextPanel(VerticalScroll):
         self._show_title()
 
     def _show_title(self) -> None:
-        """The title, less its trailing ``(method, layers)`` when the border has no room for all of it (the
-        status line names the artifact whole), so the strength and the artifact's name stay readable."""
+        """The title, less the artifact's ``(method, layers)`` when the border has no room for all of it (the
+        status line names the artifact whole), so the strength, the artifact's name and what it steers on stay
+        readable."""
         full = f"({self.state}) {self.title}" if self.state else self.title
         room = self.outer_size.width - 6  # the border's corners and the spaces around the title
-        self.border_title = full if room <= 0 or len(full) <= room else re.sub(r" \([^()]*\)$", "", full)
+        self.border_title = full if room <= 0 or len(full) <= room else re.sub(r" \([^()]*\)( on |$)", r"\1", full)
 
     def note(self, note: str, style: str = "dim") -> None:
         """A line in place of the text, for a panel that has none yet (queued, not run)."""

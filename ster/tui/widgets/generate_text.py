@@ -1,8 +1,8 @@
 """Copying and saving what the Generate pane shows, from the keyboard.
 
 What ``c`` copies and ``s`` saves follows the focus: the focused text panel's text, the
-highlighted sweep row's outputs when the sweep table has focus and rows, and otherwise both
-panels as one small document that says what produced each text (the prompt, the
+highlighted sweep row's outputs when the sweep table has focus and rows, and otherwise every
+panel as one small document that says what produced each text (the prompt, the adapter, the
 artifact, the strength), since a steered text without its settings is hard to use later.
 """
 
@@ -44,14 +44,14 @@ class GenerateText:
             return f"the sweep's outputs at {table.strengths[key]}", row_text(row) if row else table.streamed(key)
         if isinstance(focused, TextPanel):
             return f"the {focused.title.split(' ·')[0]} text", focused.text
-        return "the prompt and both texts", self._document()
+        shown = [role for role in ("baseline", "adapted", "steered") if self.panel(role).display]  # type: ignore
+        return f"the prompt and {'all three' if len(shown) == 3 else 'both'} texts", self._document()
 
     def _document(self) -> str:
-        baseline, steered = self.panel("baseline"), self.panel("steered")  # type: ignore[attr-defined]
-        if not baseline.text and not steered.text:
+        panels = [self.panel(role) for role in ("baseline", "adapted", "steered")]  # type: ignore[attr-defined]
+        if not any(panel.text for panel in panels):
             return ""
         prompt = self.prompt_used  # type: ignore[attr-defined]
-        parts = [f"prompt: {prompt}", f"[{baseline.title}]\n{baseline.text}"]
-        if steered.text:
-            parts.append(f"[{steered.title}]\n{steered.text}")
+        parts = [f"prompt: {prompt}", f"[{panels[0].title}]\n{panels[0].text}"]
+        parts += [f"[{panel.title}]\n{panel.text}" for panel in panels[1:] if panel.text]
         return "\n\n".join(parts) + "\n"

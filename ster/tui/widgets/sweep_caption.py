@@ -48,11 +48,12 @@ def nothing_moved(data: dict[str, Any]) -> str | None:
     return stillness(verdicts, prompt_count(data))
 
 
-def sweep_caption(data: dict[str, Any], artifact: str, source: str | None) -> Text:
-    """What was swept and on which prompts, what it suggests (or why nothing), and what effect means: its unit,
-    which sign is the trait's, and the marks beside it."""
+def sweep_caption(data: dict[str, Any], artifact: str, source: str | None, adapter: str | None = None) -> Text:
+    """What was swept (on the model, through ``adapter`` when one was attached) and on which prompts, what it
+    suggests (or why nothing), and what effect means: its unit, which sign is the trait's, and the marks beside it."""
     count = prompt_count(data)
-    caption = Text.assemble((f"swept {artifact} on {data['model']}, {source_words(count, source)}: ", "bold"))
+    model = data["model"] if adapter is None else f"{data['model']} through the adapter {adapter}"
+    caption = Text.assemble((f"swept {artifact} on {model}, {source_words(count, source)}: ", "bold"))
     suggested = data["suggested"]
     unit = "x" if data["strength_unit"] == "relative" else ""
     picks = [f"{suggested[sign]:+g}{unit}" for sign in ("positive", "negative") if suggested[sign] is not None]

@@ -78,6 +78,8 @@ class SweepTable(DataTable):
         """Per row, the sweep result's row, once the sweep has ended."""
         self.unit = "relative"
         self.result: dict[str, Any] | None = None
+        self.adapter: str | None = None
+        """The adapter the sweep's texts were generated through (its name), named in the output column's header."""
 
     def on_mount(self) -> None:
         self._columns()
@@ -96,11 +98,19 @@ class SweepTable(DataTable):
                  if self.size.width >= 100 or label in NARROW_COLUMNS]
         rest = max(10, self.size.width - sum(width + 2 for _, width in shown) - 4)
         for label, width in (*shown, (OUTPUT, rest)):
-            self.add_column(other if label == "other" else label, width=width, key=label)
+            self.add_column(other if label == "other" else self._header(label, width), width=width, key=label)
 
-    def begin(self, strengths: list[Any]) -> None:
-        """A waiting row per strength (engine ``Strength`` objects), so the outputs can stream into place."""
-        self.unit = strengths[0].unit
+    def _header(self, label: str, width: int) -> str:
+        """A column's header; the output's names the adapter the texts came through, whole where it fits."""
+        if label != OUTPUT or not self.adapter:
+            return label
+        header = f"output through {self.adapter} (enter: all)"
+        return header if len(header) <= width else f"output through {self.adapter}"
+
+    def begin(self, strengths: list[Any], adapter: str | None = None) -> None:
+        """A waiting row per strength (engine ``Strength`` objects), so the outputs can stream into place;
+        ``adapter`` names the adapter the texts are generated through (None: the base model)."""
+        self.unit, self.adapter = strengths[0].unit, adapter
         self._columns()
         self.texts = {s.signed(): [] for s in strengths}
         self.strengths = {s.signed(): str(s) for s in strengths}
