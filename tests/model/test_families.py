@@ -55,6 +55,14 @@ FAMILIES = {
                                                             "rope_theta": 100000.0},
                                          "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}},
                      "final_logit_softcapping": 5.0, "tie_word_embeddings": True}),
+    # Gemma 3's multimodal checkpoint: the text model under text_config and language_model.*, a vision tower
+    # beside it that Ster does not read.
+    "gemma3": ("Gemma3Config", "Gemma3ForConditionalGeneration",
+               {"text_config": {**COMMON, "head_dim": 16, "sliding_window": 5, "query_pre_attn_scalar": 24,
+                                "layer_types": ["full_attention", "sliding_attention", "sliding_attention"]},
+                "vision_config": {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                                  "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
+                "mm_tokens_per_image": 4, "image_token_index": 100, "boi_token_index": 101, "eoi_token_index": 102}),
 }
 ROWS = [[1, 14, 20, 33, 41, 52, 60, 71, 80, 90, 17], [1, 22, 35, 47], [1, 5, 9, 13, 17, 21, 25, 29]]
 """Three sequences, two longer than every window."""
@@ -64,12 +72,12 @@ def build(family: str, where: Path) -> tuple[Path, torch.nn.Module]:
     import transformers
 
     config_class, model_class, options = FAMILIES[family]
-    config = getattr(transformers, config_class)(**COMMON, **options)
+    config = getattr(transformers, config_class)(**({} if "text_config" in options else COMMON), **options)
     torch.manual_seed(0)
     model = getattr(transformers, model_class)(config).float().eval()
     with torch.no_grad():  # every tensor random, norms and biases included, so that none goes unchecked
         for name, param in model.named_parameters():
-            base = 1.0 if name.endswith("norm.weight") and family != "gemma3_text" else 0.0
+            base = 1.0 if name.endswith("norm.weight") and not family.startswith("gemma3") else 0.0
             param.copy_(base + torch.randn(param.shape) * (0.5 if "embed" in name else 0.1))
     model.config._attn_implementation = "eager"
     model.save_pretrained(where)
@@ -100,7 +108,7 @@ def hf_blocks(model: torch.nn.Module, row: list[int]) -> tuple[torch.Tensor, lis
     outputs: list[torch.Tensor] = []
     handles = [layer.register_forward_hook(lambda m, a, out: outputs.append(out[0] if isinstance(out, tuple)
                                                                               else out))
-               for layer in model.model.layers]
+               for layer in text_layers(model)]
     try:
         with torch.no_grad():
             result = model(torch.tensor([row]), output_hidden_states=True)
@@ -111,6 +119,12 @@ def hf_blocks(model: torch.nn.Module, row: list[int]) -> tuple[torch.Tensor, lis
     for layer, hidden in enumerate(result.hidden_states[1:-1]):  # HF's own hidden states agree with the hooks
         assert torch.equal(hidden[0], blocks[layer])
     return result.logits[0], blocks
+
+
+def text_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """transformers' decoder layers, in a causal LM or in a multimodal model's language model."""
+    inner = model.model
+    return inner.language_model.layers if hasattr(inner, "language_model") else inner.layers
 
 
 def close(ours: torch.Tensor, theirs: torch.Tensor) -> None:

@@ -56,6 +56,11 @@ class Family:
     keep their short names; loading splits the tensor, merging folds into its rows."""
     normalise: Callable[[dict[str, Any]], None] = lambda raw: None
     """Rewrites a raw config.json (a copy) into :class:`DecoderConfig`'s fields: sliding layers, rotary bases."""
+    text_config: bool = False
+    """config.json describes the text model under ``text_config`` (Gemma 3's multimodal checkpoints); the
+    checkpoint's other towers are not read."""
+    renames: tuple[tuple[str, str | None], ...] = ()
+    """Checkpoint name prefixes and what they become in the decoder (None: a tensor the decoder does not read)."""
 
 
 def _no_sliding(raw: dict[str, Any]) -> None:
@@ -99,6 +104,13 @@ def _gemma3(raw: dict[str, Any]) -> None:
         raw["rope_local_theta"] = raw.get("rope_local_base_freq", 10_000.0)
 
 
+GEMMA3_DEFAULTS = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                   "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                   "max_position_embeddings": 131_072, "tie_word_embeddings": True, "query_pre_attn_scalar": 256,
+                   "sliding_window": 4096, "rms_norm_eps": 1e-6}
+"""transformers' Gemma3TextConfig defaults: the text_config of a multimodal Gemma 3 checkpoint omits many."""
+GEMMA3 = {"qk_norm": True, "norm_offset": 1.0, "embed_scale": True, "sandwich_norms": True, "normalise": _gemma3}
+
 FAMILIES: dict[str, Family] = {family.model_type: family for family in (
     Family("llama", normalise=_no_sliding),
     Family("qwen2", {"rms_norm_eps": 1e-6}, qkv_bias=True, normalise=_qwen_sliding),
@@ -107,9 +119,11 @@ FAMILIES: dict[str, Family] = {family.model_type: family for family in (
     Family("phi3", {"rms_norm_eps": 1e-5, "sliding_window": None},
            fused={"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")},
            normalise=_every_layer_slides),
-    Family("gemma3_text", {"head_dim": 256, "tie_word_embeddings": True, "query_pre_attn_scalar": 256,
-                           "sliding_window": 4096, "rms_norm_eps": 1e-6},
-           qk_norm=True, norm_offset=1.0, embed_scale=True, sandwich_norms=True, normalise=_gemma3),
+    Family("gemma3_text", GEMMA3_DEFAULTS, **GEMMA3),
+    Family("gemma3", GEMMA3_DEFAULTS, **GEMMA3, text_config=True,
+           renames=(("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                    ("model.language_model.", "model."), ("vision_tower.", None), ("multi_modal_projector.", None),
+                    ("model.vision_tower.", None), ("model.multi_modal_projector.", None))),
 )}
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 FAMILY_FIELDS = ("sliding_window", "layer_types", "rope_local_theta", "rope_local_type", "query_pre_attn_scalar",
@@ -178,6 +192,9 @@ class DecoderConfig(BaseModel):
             return raw
         data = dict(raw)
         family = FAMILIES.get(str(data.get("model_type")))
+        if family is not None and family.text_config:
+            outer = {name: data[name] for name in ("tie_word_embeddings",) if name in data}
+            data = {**outer, **(data.get("text_config") or {}), "model_type": family.model_type}
         if family is not None:
             if family.model_type == "llama":
                 for name in FAMILY_FIELDS:
@@ -243,6 +260,15 @@ class DecoderConfig(BaseModel):
 
 LlamaConfig = DecoderConfig
 """The name the config had when Llama was the only family."""
+
+
+def decoder_name(config: DecoderConfig, name: str) -> str | None:
+    """The decoder's name for checkpoint tensor ``name`` (its own for most families; Gemma 3's multimodal
+    checkpoints hold the text model under ``language_model``), or None for a tensor the decoder does not read."""
+    for prefix, replacement in config.family.renames:
+        if name.startswith(prefix):
+            return None if replacement is None else replacement + name[len(prefix):]
+    return name
 
 
 def read_model_type(path: Path) -> str:

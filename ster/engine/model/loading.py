@@ -27,7 +27,7 @@ from ster.engine.model.chat import (
     special_tokens,
 )
 from ster.engine.model.codec import TextCodec, eos_ids, load_tokenizer
-from ster.engine.model.config import LlamaConfig, load_config
+from ster.engine.model.config import LlamaConfig, decoder_name, load_config
 from ster.engine.model.fingerprint import checkpoint_fingerprint
 from ster.engine.model.requests import ChatMode, ModelRequest
 from ster.engine.model.resolve import ModelSource, resolve_model
@@ -151,9 +151,12 @@ def load_decoder(source: ModelSource, config: LlamaConfig, precision: str, devic
     for path in source.weights:
         try:
             with safe_open(str(path), framework="pt", device="cpu") as weights:  # checks the header
-                names = [name for name in weights.keys() if not name.endswith("rotary_emb.inv_freq")]
-                # (some old checkpoints store the rotary table; it is recomputed)
-            for name, tensor in split_fused(read_tensors(path, names), config):
+                names = [name for name in weights.keys()
+                         if not name.endswith("rotary_emb.inv_freq") and decoder_name(config, name) is not None]
+                # (some old checkpoints store the rotary table; it is recomputed. A multimodal checkpoint's
+                # other towers are not read.)
+            renamed = ((decoder_name(config, name) or name, tensor) for name, tensor in read_tensors(path, names))
+            for name, tensor in split_fused(renamed, config):
                 if quantize is not None and tensor.ndim == 2:  # projections, head, embedding
                     state[name] = quantize(tensor.to(device=device))
                 else:

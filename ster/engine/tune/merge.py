@@ -33,7 +33,7 @@ from ster.engine.model.adapter import (
     projection_shape,
 )
 from ster.engine.model.adapters_open import read_document, read_peft
-from ster.engine.model.config import LlamaConfig, load_config
+from ster.engine.model.config import LlamaConfig, decoder_name, load_config
 from ster.engine.model.fingerprint import checkpoint_fingerprint
 from ster.engine.model.resolve import ModelSource, resolve_model
 from ster.engine.protocol.errors import Refusal
@@ -166,9 +166,11 @@ def _header(path: Path) -> dict[str, Any]:
 def _check_weights(sidecar: AdapterSidecar, shards: dict[str, tuple[Path, dict[str, Any]]],
                    config: LlamaConfig) -> None:
     """Every weight the adapter updates is in the checkpoint, shaped as the adapter's factors multiply to."""
+    in_checkpoint = {decoder_name(config, name): name for name in shards}
     for layer in sidecar.layers:
         for target in sidecar.targets:
             name, _, _, rows = weight_rows(config, layer, target)
+            name = in_checkpoint.get(name, name)
             shape = [rows, projection_shape(config, target)[1]]
             if name not in shards:
                 raise Refusal(f"the weights of {sidecar.model} have no tensor {name}, which the adapter updates")
@@ -211,9 +213,10 @@ def _write_weights(ctx: JobContext, source: ModelSource, shards: dict[str, tuple
         with safe_open(str(path), framework="pt", device="cpu") as weights:
             for name in weights.keys():  # noqa: SIM118 - safe_open is not iterable
                 tensor = weights.get_tensor(name)
-                if name in updates:
+                update = updates.get(decoder_name(config, name) or name)
+                if update is not None:
                     folded = tensor.to(device, torch.float32, copy=True)  # [out, in] f32
-                    for start, stop, factors in updates[name]:
+                    for start, stop, factors in update:
                         a, b = (adapter.tensors[factor].detach().to(device, torch.float32) for factor in factors)
                         folded[start:stop] += adapter.scale * (b @ a)
                     tensor = folded.to(tensor.dtype).cpu()
