@@ -177,6 +177,21 @@ def test_decoding_with_the_cache_equals_transformers_past_the_window(checkpoint)
         close(logits[0], want[position])
 
 
+def test_packed_pair_reads_equal_transformers(checkpoint) -> None:
+    """extract's packed rows (a shared prefix once, then each side, with explicit positions and mask) slide their
+    windows over positions: each side's last state equals transformers' on the side alone."""
+    from ster.engine.steering.activations import read_pair_states
+
+    _, _, reference, decoder = checkpoint
+    pairs = [(ROWS[0], ROWS[0][:6] + [50, 51, 52, 53, 54]), (ROWS[2], ROWS[1])]
+    positives, negatives = read_pair_states(decoder, pairs, [0, 1, 2], batch_size=2)
+    for i, pair in enumerate(pairs):
+        for states, row in zip((positives, negatives), pair):
+            _, blocks = hf_blocks(reference, row)
+            for layer in range(3):
+                close(states[i, layer], blocks[layer][-1])
+
+
 def test_steering_adds_at_the_block_output(checkpoint) -> None:
     _, _, _, decoder = checkpoint
     ids = torch.tensor([ROWS[0]])
