@@ -148,7 +148,8 @@ def test_wrong_model_type_is_refused_before_weights_are_read(cli, tmp_path: Path
     (toy_copy / "model.safetensors").write_bytes(b"not weights at all")  # never opened
     run, out = extract(cli, tmp_path, model=str(toy_copy))
     assert run.code == 1
-    assert 'declares model_type "gpt2", which Ster cannot load; supported model types: "llama"' in run.err
+    assert ('declares model_type "gpt2", which Ster cannot load; supported model types: "llama", "qwen2", '
+            '"mistral", "qwen3", "phi3", "gemma3_text", "gemma3"') in run.err
     assert not out.exists()
 
 

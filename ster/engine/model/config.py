@@ -1,12 +1,22 @@
 """config.json: the architecture check and the decoder's hyper-parameters.
 
 This module reads JSON only. It runs before any weight is opened, so a checkpoint of
-the wrong family, or a Llama checkpoint with a setting the decoder does not
-implement, is refused before a byte of weights is read.
+a family Ster does not run, or one with a setting the decoder does not implement, is
+refused before a byte of weights is read.
+
+One decoder runs every family (:mod:`ster.engine.model.llama`); what differs between
+families is stated here as data: a :class:`Family` says which structural options the
+family's blocks have (q/k norms, Gemma's ``1 + w`` norm weights and extra norms, the
+embedding scale, biases, fused projections), and its small normalising function turns the
+family's config.json spelling into the fields of one :class:`DecoderConfig` (the defaults
+of the family's own ``transformers`` config class, its sliding-window layers, its rotary
+bases per layer type).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +25,112 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import first_error, read_json
 
-SUPPORTED_MODEL_TYPES = ("llama",)
 _ROPE_TYPES = ("default", "linear", "llama3")
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")
+"""The MLP activations the decoder implements (``hidden_act``, Gemma's ``hidden_activation``)."""
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+@dataclass(frozen=True)
+class Family:
+    """What one model family's decoder blocks have beyond Llama's, and how its config.json is read."""
+
+    model_type: str
+    defaults: dict[str, Any] = field(default_factory=dict)
+    """Values the family's ``transformers`` config class assumes when config.json omits them."""
+    qkv_bias: bool = False
+    """q, k and v carry a bias whatever ``attention_bias`` says (Qwen2; the output projection has none)."""
+    qk_norm: bool = False
+    """An RMSNorm over each query and key head (``q_norm``, ``k_norm``) before the rotation."""
+    norm_offset: float = 0.0
+    """Every RMSNorm scales by ``offset + w`` (Gemma stores ``w`` and applies ``1 + w``, in f32)."""
+    embed_scale: bool = False
+    """Embeddings are multiplied by ``sqrt(hidden_size)`` (Gemma)."""
+    sandwich_norms: bool = False
+    """Norms on the attention's and the MLP's outputs too (Gemma: ``post_attention_layernorm`` is then the
+    attention output's norm, ``pre_feedforward_layernorm`` the MLP input's, ``post_feedforward_layernorm`` its
+    output's)."""
+    fused: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """A checkpoint projection that holds several of Ster's, stacked by rows in this order (Phi-3's ``qkv_proj``
+    and ``gate_up_proj``). The decoder keeps the separate projections (and fuses them itself), so LoRA targets
+    keep their short names; loading splits the tensor, merging folds into its rows."""
+    normalise: Callable[[dict[str, Any]], None] = lambda raw: None
+    """Rewrites a raw config.json (a copy) into :class:`DecoderConfig`'s fields: sliding layers, rotary bases."""
+    text_config: bool = False
+    """config.json describes the text model under ``text_config`` (Gemma 3's multimodal checkpoints); the
+    checkpoint's other towers are not read."""
+    renames: tuple[tuple[str, str | None], ...] = ()
+    """Checkpoint name prefixes and what they become in the decoder (None: a tensor the decoder does not read)."""
+
+
+def _no_sliding(raw: dict[str, Any]) -> None:
+    raw["sliding_window"], raw["layer_types"] = None, None
+
+
+def _every_layer_slides(raw: dict[str, Any]) -> None:
+    """Mistral and Phi-3: one window (or none) for every layer."""
+    window = raw.get("sliding_window")
+    raw["layer_types"] = None if window is None else [SLIDING] * int(raw.get("num_hidden_layers") or 0)
+
+
+def _qwen_sliding(raw: dict[str, Any]) -> None:
+    """Qwen2 and Qwen3: a window only with ``use_sliding_window``, on the layers from ``max_window_layers`` on
+    (or as ``layer_types`` lists them)."""
+    window = raw.get("sliding_window") if raw.get("use_sliding_window") else None
+    raw["sliding_window"] = window
+    if window is None:
+        raw["layer_types"] = None
+    elif raw.get("layer_types") is None:
+        first = int(raw.get("max_window_layers", 28))
+        raw["layer_types"] = [SLIDING if i >= first else FULL for i in range(int(raw.get("num_hidden_layers") or 0))]
+
+
+def _gemma3(raw: dict[str, Any]) -> None:
+    """Gemma 3: ``hidden_activation``; sliding layers by ``layer_types`` (or every ``sliding_window_pattern``-th
+    layer full); global rotary settings for full layers, ``rope_local_base_freq`` (default rope) for sliding ones."""
+    raw["hidden_act"] = raw.pop("hidden_activation", None) or raw.get("hidden_act") or "gelu_pytorch_tanh"
+    if raw.get("sliding_window") is not None and raw.get("layer_types") is None:
+        pattern = int(raw.get("sliding_window_pattern", 6))
+        raw["layer_types"] = [SLIDING if (i + 1) % pattern else FULL for i in range(int(raw.get("num_hidden_layers")
+                                                                                            or 0))]
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict) and (FULL in params or SLIDING in params):  # transformers 5: per layer type
+        full, local = params.get(FULL) or {}, params.get(SLIDING) or {}
+        raw["rope_parameters"] = {"rope_theta": 1_000_000.0, **full}
+        raw["rope_local_theta"] = local.get("rope_theta", 10_000.0)
+        raw["rope_local_type"] = local.get("rope_type", "default")
+    else:
+        raw.setdefault("rope_theta", 1_000_000.0)
+        raw["rope_local_theta"] = raw.get("rope_local_base_freq", 10_000.0)
+
+
+GEMMA3_DEFAULTS = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                   "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                   "max_position_embeddings": 131_072, "tie_word_embeddings": True, "query_pre_attn_scalar": 256,
+                   "sliding_window": 4096, "rms_norm_eps": 1e-6}
+"""transformers' Gemma3TextConfig defaults: the text_config of a multimodal Gemma 3 checkpoint omits many."""
+GEMMA3 = {"qk_norm": True, "norm_offset": 1.0, "embed_scale": True, "sandwich_norms": True, "normalise": _gemma3}
+
+FAMILIES: dict[str, Family] = {family.model_type: family for family in (
+    Family("llama", normalise=_no_sliding),
+    Family("qwen2", {"rms_norm_eps": 1e-6}, qkv_bias=True, normalise=_qwen_sliding),
+    Family("mistral", {"sliding_window": 4096}, normalise=_every_layer_slides),
+    Family("qwen3", {"head_dim": 128}, qk_norm=True, normalise=_qwen_sliding),
+    Family("phi3", {"rms_norm_eps": 1e-5, "sliding_window": None},
+           fused={"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")},
+           normalise=_every_layer_slides),
+    Family("gemma3_text", GEMMA3_DEFAULTS, **GEMMA3),
+    Family("gemma3", GEMMA3_DEFAULTS, **GEMMA3, text_config=True,
+           renames=(("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                    ("model.language_model.", "model."), ("vision_tower.", None), ("multi_modal_projector.", None),
+                    ("model.vision_tower.", None), ("model.multi_modal_projector.", None))),
+)}
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
+FAMILY_FIELDS = ("sliding_window", "layer_types", "rope_local_theta", "rope_local_type", "query_pre_attn_scalar",
+                 "final_logit_softcapping", "attn_logit_softcapping", "partial_rotary_factor",
+                 "use_bidirectional_attention")
+"""The fields Llama does not have. A Llama config never sets them, and they are left out of its
+fingerprint, which therefore stays what it was before other families ran."""
 
 
 class RopeScaling(BaseModel):
@@ -30,8 +144,8 @@ class RopeScaling(BaseModel):
     original_max_position_embeddings: int = 8192
 
 
-class LlamaConfig(BaseModel):
-    """The fields of a Llama config.json that the decoder reads."""
+class DecoderConfig(BaseModel):
+    """The fields of a config.json that the decoder reads, whatever the family."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
     model_type: str
@@ -52,24 +166,57 @@ class LlamaConfig(BaseModel):
     mlp_bias: bool = False
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
+    # Beyond Llama (FAMILY_FIELDS):
+    sliding_window: int | None = None
+    """How many positions a sliding layer's query sees, itself included (``q - k < window``); None: no window."""
+    layer_types: list[str] | None = None
+    """Per layer, ``sliding_attention`` or ``full_attention``; None when no layer slides."""
+    rope_local_theta: float | None = None
+    """The rotary base of sliding layers when it differs from ``rope_theta`` (Gemma 3); they get no scaling."""
+    rope_local_type: str = "default"
+    query_pre_attn_scalar: float | None = None
+    """Attention scores are scaled by this ** -0.5 instead of head_dim ** -0.5 (Gemma)."""
+    final_logit_softcapping: float | None = None
+    attn_logit_softcapping: float | None = None
+    partial_rotary_factor: float = 1.0
+    """The share of each head's width that rotates (Phi-3 family); the rest passes unrotated."""
+    use_bidirectional_attention: bool = False
 
     @model_validator(mode="before")
     @classmethod
-    def _fold_rope_parameters(cls, raw: Any) -> Any:
-        """Accept both spellings of the rotary settings (``rope_theta``/``rope_scaling`` and
-        the newer ``rope_parameters``) and the old ``type`` key inside ``rope_scaling``."""
+    def _normalise(cls, raw: Any) -> Any:
+        """The family's defaults and spelling first (see :class:`Family`), then both spellings of the rotary
+        settings (``rope_theta``/``rope_scaling`` and the newer ``rope_parameters``) and the old ``type`` key
+        inside ``rope_scaling``."""
         if not isinstance(raw, dict):
             return raw
         data = dict(raw)
+        family = FAMILIES.get(str(data.get("model_type")))
+        if family is not None and family.text_config:
+            outer = {name: data[name] for name in ("tie_word_embeddings",) if name in data}
+            data = {**outer, **(data.get("text_config") or {}), "model_type": family.model_type}
+        if family is not None:
+            if family.model_type == "llama":
+                for name in FAMILY_FIELDS:
+                    data.pop(name, None)
+            for name, value in family.defaults.items():
+                data.setdefault(name, value)
+            family.normalise(data)
         params = data.pop("rope_parameters", None)
         if isinstance(params, dict):
             data.setdefault("rope_theta", params.get("rope_theta", 10000.0))
+            if "partial_rotary_factor" in params and family is not None and family.model_type != "llama":
+                data.setdefault("partial_rotary_factor", params["partial_rotary_factor"])
             if params.get("rope_type", "default") != "default":
                 data.setdefault("rope_scaling", params)
         scaling = data.get("rope_scaling")
         if isinstance(scaling, dict) and "rope_type" not in scaling and "type" in scaling:
             data["rope_scaling"] = {**scaling, "rope_type": scaling["type"]}
         return data
+
+    @property
+    def family(self) -> Family:
+        return FAMILIES[self.model_type]
 
     @property
     def kv_heads(self) -> int:
@@ -82,11 +229,46 @@ class LlamaConfig(BaseModel):
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
     @property
+    def rotary_size(self) -> int:
+        """How many of a head's dimensions rotate (all but with a ``partial_rotary_factor``)."""
+        return int(self.head_size * self.partial_rotary_factor)
+
+    @property
+    def attention_scale(self) -> float | None:
+        """The factor of the attention scores when it is not ``head_dim ** -0.5`` (None: that default)."""
+        return None if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar ** -0.5
+
+    def sliding(self, layer: int) -> bool:
+        """Whether ``layer`` attends through the sliding window."""
+        return self.sliding_window is not None and self.layer_types is not None and self.layer_types[layer] == SLIDING
+
+    @property
     def eos_ids(self) -> list[int]:
         """End-of-sequence ids named by config.json (possibly none)."""
         if self.eos_token_id is None:
             return []
         return [self.eos_token_id] if isinstance(self.eos_token_id, int) else list(self.eos_token_id)
+
+    def architecture(self) -> dict[str, Any]:
+        """Every field that decides the residual stream (not the special token ids nor the context length), for
+        the checkpoint fingerprint; a Llama config's is what it was before other families were read."""
+        exclude = {"bos_token_id", "eos_token_id", "max_position_embeddings"}
+        if self.model_type == "llama":
+            exclude |= set(FAMILY_FIELDS)
+        return self.model_dump(mode="json", exclude=exclude)
+
+
+LlamaConfig = DecoderConfig
+"""The name the config had when Llama was the only family."""
+
+
+def decoder_name(config: DecoderConfig, name: str) -> str | None:
+    """The decoder's name for checkpoint tensor ``name`` (its own for most families; Gemma 3's multimodal
+    checkpoints hold the text model under ``language_model``), or None for a tensor the decoder does not read."""
+    for prefix, replacement in config.family.renames:
+        if name.startswith(prefix):
+            return None if replacement is None else replacement + name[len(prefix):]
+    return name
 
 
 def read_model_type(path: Path) -> str:
@@ -97,31 +279,31 @@ def read_model_type(path: Path) -> str:
     return raw["model_type"]
 
 
-def check_architecture(model_type: str, where: str) -> None:
-    """Refuse any family but Llama, naming the type found and the types supported."""
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        supported = ", ".join(f'"{name}"' for name in SUPPORTED_MODEL_TYPES)
-        raise Refusal(
-            f'{where} declares model_type "{model_type}", which Ster cannot load; '
-            f"supported model types: {supported}"
-        )
+def check_architecture(model_type: str, where: str, supported: tuple[str, ...] = SUPPORTED_MODEL_TYPES) -> None:
+    """Refuse any family but those ``supported``, naming the type found and the types supported."""
+    if model_type not in supported:
+        names = ", ".join(f'"{name}"' for name in supported)
+        raise Refusal(f'{where} declares model_type "{model_type}", which Ster cannot load; supported model types: '
+                      f"{names}")
 
 
-def load_config(path: Path) -> LlamaConfig:
+def load_config(path: Path) -> DecoderConfig:
     """Read and check a config.json: the family first, then the settings the decoder needs."""
-    check_architecture(read_model_type(path), str(path))
+    model_type = read_model_type(path)
+    check_architecture(model_type, str(path))
     try:
-        config = LlamaConfig.model_validate(read_json(path, "model config"))
+        config = DecoderConfig.model_validate(read_json(path, "model config"))
     except ValidationError as exc:
-        raise Refusal(f"model config {path} is not a usable Llama config: {first_error(exc)}") from None
+        raise Refusal(f"model config {path} is not a usable {model_type} config: {first_error(exc)}") from None
     _check_supported(config, path)
     return config
 
 
-def _check_supported(config: LlamaConfig, path: Path) -> None:
-    """Refuse the Llama settings this decoder does not implement, rather than run them wrongly."""
-    if config.hidden_act != "silu":
-        raise Refusal(f'model config {path} uses hidden_act "{config.hidden_act}"; Ster implements silu only')
+def _check_supported(config: DecoderConfig, path: Path) -> None:
+    """Refuse the settings this decoder does not implement, rather than run them wrongly."""
+    if config.hidden_act not in ACTIVATIONS:
+        raise Refusal(f'model config {path} uses hidden_act "{config.hidden_act}"; Ster implements '
+                      f"{', '.join(ACTIVATIONS)}")
     scaling = config.rope_scaling
     if scaling is not None and scaling.rope_type not in _ROPE_TYPES:
         raise Refusal(
@@ -131,3 +313,21 @@ def _check_supported(config: LlamaConfig, path: Path) -> None:
     if config.num_attention_heads % config.kv_heads:
         raise Refusal(f"model config {path} has {config.kv_heads} key/value heads, which do not divide "
                       f"its {config.num_attention_heads} attention heads")
+    if config.rope_local_type != "default":
+        raise Refusal(f'model config {path} uses rope type "{config.rope_local_type}" on its sliding layers; Ster '
+                      "implements default rope there")
+    if config.attn_logit_softcapping is not None:
+        raise Refusal(f"model config {path} caps attention logits (attn_logit_softcapping); Ster does not implement "
+                      "that")
+    if config.use_bidirectional_attention:
+        raise Refusal(f"model config {path} uses bidirectional attention; Ster runs causal decoders only")
+    if config.rotary_size % 2 or not 0 < config.partial_rotary_factor <= 1:
+        raise Refusal(f"model config {path} has partial_rotary_factor {config.partial_rotary_factor}, which does "
+                      f"not rotate an even number of each head's {config.head_size} dimensions")
+    if config.sliding_window is not None and config.sliding_window < 1:
+        raise Refusal(f"model config {path} has sliding_window {config.sliding_window}; a window sees at least "
+                      "the token itself")
+    types = config.layer_types
+    if types is not None and (len(types) != config.num_hidden_layers or set(types) - {SLIDING, FULL}):
+        raise Refusal(f"model config {path} has layer_types that do not give one of {SLIDING}, {FULL} for each of "
+                      f"its {config.num_hidden_layers} layers")

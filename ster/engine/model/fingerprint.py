@@ -34,14 +34,13 @@ SCHEME = "ster-fp1"
 WHOLE_TENSOR_BYTES = 4096
 WINDOWS = 8
 WINDOW_BYTES = 256
-_NOT_ARCHITECTURE = {"bos_token_id", "eos_token_id", "max_position_embeddings"}
 _MAX_HEADER = 100 * 1024 * 1024
 
 
 def checkpoint_fingerprint(config: LlamaConfig, weights: tuple[Path, ...]) -> str:
     """``ster-fp1:`` and a SHA-256 hex digest of the architecture and the sampled tensors."""
     digest = hashlib.sha256()
-    architecture = config.model_dump(mode="json", exclude=_NOT_ARCHITECTURE)
+    architecture = config.architecture()
     architecture.update(num_key_value_heads=config.kv_heads, head_dim=config.head_size)
     digest.update(json.dumps(architecture, sort_keys=True).encode())
     tensors: list[tuple[str, str, list[int], bytes]] = []

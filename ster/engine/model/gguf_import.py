@@ -29,6 +29,9 @@ from ster.engine.protocol.files import (
 )
 from ster.engine.protocol.jobs import JobContext
 
+GGUF_MODEL_TYPES = ("llama",)
+"""The GGUF architectures ``model import`` converts (other families run from safetensors checkpoints only)."""
+
 
 class ImportResult(BaseModel):
     """What ``ster model import`` prints."""
@@ -69,7 +72,7 @@ def import_job(request: ModelImportRequest, ctx: JobContext) -> ImportResult:
     check_output_directory(request.output)
     ctx.progress("read", f"reading the header of {source}")
     architecture, name = read_architecture(source)
-    check_architecture(architecture, str(source))
+    check_architecture(architecture, str(source), GGUF_MODEL_TYPES)
     ctx.progress("dequantize", "dequantizing tensors and rebuilding the tokenizer (transformers' GGUF reader)")
     model, tokenizer = _load_with_transformers(source)
     ctx.check_cancelled()

@@ -1,4 +1,4 @@
-"""A Llama decoder written for reading and steering.
+"""The decoder, written for reading and steering: Llama, and the families that differ from it in details.
 
 Ster owns its decoder loop instead of calling a generic inference API because the
 loop needs exact operations those APIs do not offer: stop after the deepest layer a
@@ -20,14 +20,21 @@ parameter names and the memory are unchanged), queries and keys rotate together,
 single-row step keeps each dtype on its fast CPU kernel (see :func:`_linear` and
 :func:`_single_row`). Weights quantized to int8 (``--precision int8``) are torchao tensors;
 :mod:`ster.engine.model.quantize` runs them.
+
+Other families (Qwen2, Qwen3, Mistral, Phi-3, Gemma 3) run through the same classes: what differs is
+data on the config (:class:`ster.engine.model.config.Family` and the fields it normalises), read once
+when a block is built — biases, q/k norms, Gemma's ``1 + w`` norms and extra norms around attention
+and MLP, the embedding scale, the activation, sliding-window layers with their own rotary base and
+mask (:func:`_window_inputs`), the attention scale, final logit soft-capping, partial rotation.
+The module keeps its name from when Llama was the only family.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -48,12 +55,28 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 class Norm(nn.Module):
-    """An RMSNorm's learned scale."""
+    """An RMSNorm's learned scale; with ``offset`` 1 (Gemma) the scale applied is ``1 + weight``."""
 
-    def __init__(self, width: int, eps: float) -> None:
+    def __init__(self, width: int, eps: float, offset: float = 0.0) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(width))
         self.eps = eps
+        self.offset = offset
+
+
+def norm(x: Tensor, module: Norm) -> Tensor:
+    """``module``'s RMSNorm of ``x``: Llama's (:func:`rms_norm`), or Gemma's, ``x̂ · (1 + w)`` all in f32, cast back."""
+    if not module.offset:
+        return rms_norm(x, module.weight, module.eps)
+    weight = module.weight.float() + module.offset
+    return F.rms_norm(x.float(), weight.shape, weight, module.eps).to(x.dtype)
+
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "silu": F.silu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+}
 
 
 class Rotary:
@@ -62,10 +85,13 @@ class Rotary:
     Nothing is cached per position, so nothing grows with ``max_position_embeddings``.
     """
 
-    def __init__(self, config: LlamaConfig, device: torch.device) -> None:
-        dim = config.head_size
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
-        self.inv_freq = _scale_frequencies(inv_freq, config.rope_scaling)  # [hd/2] f32
+    def __init__(self, config: LlamaConfig, device: torch.device, local: bool = False) -> None:
+        """The rotation of full-attention layers, or with ``local`` that of sliding layers (their own base,
+        no scaling; Gemma 3). Only the first ``config.rotary_size`` dimensions of a head rotate."""
+        dim = config.rotary_size
+        theta = config.rope_local_theta if local and config.rope_local_theta is not None else config.rope_theta
+        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
+        self.inv_freq = _scale_frequencies(inv_freq, None if local else config.rope_scaling)  # [rot/2] f32
 
     def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos and sin for ``positions`` [B, T], shaped [B, 1, T, hd] to broadcast over heads."""
@@ -93,7 +119,11 @@ def _scale_frequencies(inv_freq: Tensor, scaling: RopeScaling | None) -> Tensor:
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate f32 ``x`` [B, H, T, hd] by the angles (the half-split form HF checkpoints use)."""
+    """Rotate f32 ``x`` [B, H, T, hd] by the angles (the half-split form HF checkpoints use); with angles for
+    fewer dimensions than hd (a partial rotation), only those leading dimensions turn."""
+    if cos.shape[-1] < x.shape[-1]:
+        turned, kept = x.split([cos.shape[-1], x.shape[-1] - cos.shape[-1]], dim=-1)
+        return torch.cat((_rotate(turned, cos, sin), kept), dim=-1)
     first, second = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-second, first), dim=-1) * sin
 
@@ -128,6 +158,8 @@ class StepInputs:
     cache: KVCache | None
     adapters: bool = True
     """Whether attached LoRA factors apply in this forward (False: the frozen base, DPO's reference)."""
+    local: StepInputs | None = None
+    """What sliding-window layers use instead (their angles and window mask), when that differs."""
 
 
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -136,15 +168,23 @@ ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 class Attention(nn.Module):
     """Grouped-query self-attention with f32 scores."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, index: int = 0) -> None:
         super().__init__()
-        width, hd = config.hidden_size, config.head_size
+        width, hd, family = config.hidden_size, config.head_size, config.family
         bias = config.attention_bias
+        qkv_bias = bias or family.qkv_bias
         self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.kv_heads, hd
-        self.q_proj = nn.Linear(width, self.heads * hd, bias=bias)
-        self.k_proj = nn.Linear(width, self.kv_heads * hd, bias=bias)
-        self.v_proj = nn.Linear(width, self.kv_heads * hd, bias=bias)
+        self.q_proj = nn.Linear(width, self.heads * hd, bias=qkv_bias)
+        self.k_proj = nn.Linear(width, self.kv_heads * hd, bias=qkv_bias)
+        self.v_proj = nn.Linear(width, self.kv_heads * hd, bias=qkv_bias)
         self.o_proj = nn.Linear(self.heads * hd, width, bias=bias)
+        if family.qk_norm:
+            self.q_norm = Norm(hd, config.rms_norm_eps, family.norm_offset)
+            self.k_norm = Norm(hd, config.rms_norm_eps, family.norm_offset)
+        self.qk_norm = family.qk_norm
+        self.sliding = config.sliding(index)
+        """Whether this layer attends through the sliding window (with the step's ``local`` inputs)."""
+        self.scale = config.attention_scale
         self.fused_weight: Tensor | None = None
         """q, k and v's weights as one tensor, which ``prepare`` makes the three weights views of."""
         self.fused_bias: Tensor | None = None
@@ -157,22 +197,27 @@ class Attention(nn.Module):
         lora = self.lora if step.adapters else _NONE
         # q, k and v in one matmul: [B, T, (H + 2·kv)·hd] → [B, H + 2·kv, T, hd]
         qkv = _fused_linear(x, self, ("q_proj", "k_proj", "v_proj"), lora)
-        qkv = qkv.view(batch, length, heads + 2 * kv_heads, hd).transpose(1, 2)
-        qk = _rotate(qkv[:, :heads + kv_heads].float(), step.cos, step.sin)  # queries and keys, f32
+        qkv = qkv.view(batch, length, heads + 2 * kv_heads, hd)
+        if self.qk_norm:  # each query and key head normalised before the rotation (Qwen3, Gemma 3)
+            q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=2)
+            qkv = torch.cat((norm(q, self.q_norm), norm(k, self.k_norm), v), dim=2)
+        qkv = qkv.transpose(1, 2)
+        view = step.local if self.sliding and step.local is not None else step
+        qk = _rotate(qkv[:, :heads + kv_heads].float(), view.cos, view.sin)  # queries and keys, f32
         q, k, v = qk[:, :heads], qk[:, heads:].to(x.dtype), qkv[:, heads + kv_heads:]
         if step.cache is not None:
             k, v = step.cache.append(layer, k, v)  # [B, kv, S, hd]
-        if length == 1 and step.mask is None:
-            out = _one_query(q, k.float(), v.float())
+        if length == 1 and view.mask is None:
+            out = _one_query(q, k.float(), v.float(), self.scale)
         else:
             out = F.scaled_dot_product_attention(
-                q, k.float(), v.float(), attn_mask=step.mask, is_causal=step.causal, enable_gqa=True
+                q, k.float(), v.float(), attn_mask=view.mask, is_causal=view.causal, enable_gqa=True, scale=self.scale
             )  # [B, H, T, hd] f32
         out = out.to(x.dtype).transpose(1, 2).reshape(batch, length, heads * hd)
         return _linear(out, self.o_proj, lora.get("o_proj"))
 
 
-def _one_query(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+def _one_query(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> Tensor:
     """Attention of one new token ([B, H, 1, hd] f32) over every cached key ([B, kv, S, hd] f32): a decode step.
 
     Three small ops instead of ``scaled_dot_product_attention``, whose CPU kernel spends about half
@@ -182,13 +227,14 @@ def _one_query(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     batch, heads, _, hd = q.shape
     kv = k.shape[1]
     grouped = q.view(batch, kv, heads // kv, hd)  # [B, kv, group, hd]
-    scores = torch.matmul(grouped, k.transpose(-1, -2)) * (1.0 / math.sqrt(hd))  # [B, kv, group, S]
+    scale = 1.0 / math.sqrt(hd) if scale is None else scale
+    scores = torch.matmul(grouped, k.transpose(-1, -2)) * scale  # [B, kv, group, S]
     out = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, kv, group, hd]
     return out.view(batch, heads, 1, hd)
 
 
 class MLP(nn.Module):
-    """The SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+    """The gated feed-forward: down(act(gate(x)) * up(x)), act silu (SwiGLU) or Gemma's tanh-approximated gelu."""
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
@@ -196,6 +242,7 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(width, inner, bias=bias)
         self.up_proj = nn.Linear(width, inner, bias=bias)
         self.down_proj = nn.Linear(inner, width, bias=bias)
+        self.act = ACTIVATIONS[config.hidden_act]
         self.fused_weight: Tensor | None = None
         """gate and up's weights as one tensor, which ``prepare`` makes the two weights views of."""
         self.fused_bias: Tensor | None = None
@@ -205,7 +252,7 @@ class MLP(nn.Module):
     def feed(self, x: Tensor, step: StepInputs) -> Tensor:
         lora = self.lora if step.adapters else _NONE
         gate, up = _fused_linear(x, self, ("gate_proj", "up_proj"), lora).chunk(2, dim=-1)
-        return _linear(F.silu(gate) * up, self.down_proj, lora.get("down_proj"))
+        return _linear(self.act(gate) * up, self.down_proj, lora.get("down_proj"))
 
 
 @dataclass(frozen=True)
@@ -332,21 +379,36 @@ def _single_row(dtype: torch.dtype, device: torch.device) -> Iterator[None]:
 
 class Block(nn.Module):
     """One decoder layer. Its output is the residual stream after the layer: what reads record
-    and what steering adds to, through forward hooks on this module."""
+    and what steering adds to, through forward hooks on this module.
+
+    Llama's block normalises the input of the attention (``input_layernorm``) and of the MLP
+    (``post_attention_layernorm``). A family with ``sandwich_norms`` (Gemma) also normalises their
+    outputs before adding them to the residual stream, under Hugging Face's names: ``input_layernorm``,
+    ``post_attention_layernorm`` (the attention's output), ``pre_feedforward_layernorm``,
+    ``post_feedforward_layernorm``."""
 
     def __init__(self, config: LlamaConfig, index: int) -> None:
         super().__init__()
+        width, eps, family = config.hidden_size, config.rms_norm_eps, config.family
+        offset = family.norm_offset
         self.index = index
-        self.input_layernorm = Norm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
-        self.post_attention_layernorm = Norm(config.hidden_size, config.rms_norm_eps)
+        self.sandwich = family.sandwich_norms
+        self.input_layernorm = Norm(width, eps, offset)
+        self.self_attn = Attention(config, index)
+        self.post_attention_layernorm = Norm(width, eps, offset)
+        if self.sandwich:
+            self.pre_feedforward_layernorm = Norm(width, eps, offset)
+            self.post_feedforward_layernorm = Norm(width, eps, offset)
         self.mlp = MLP(config)
 
     def forward(self, h: Tensor, step: StepInputs) -> Tensor:
-        norm = self.input_layernorm
-        h = h + self.self_attn.attend(rms_norm(h, norm.weight, norm.eps), step, self.index)
-        norm = self.post_attention_layernorm
-        return h + self.mlp.feed(rms_norm(h, norm.weight, norm.eps), step)
+        if self.sandwich:
+            h = h + norm(self.self_attn.attend(norm(h, self.input_layernorm), step, self.index),
+                         self.post_attention_layernorm)
+            return h + norm(self.mlp.feed(norm(h, self.pre_feedforward_layernorm), step),
+                            self.post_feedforward_layernorm)
+        h = h + self.self_attn.attend(norm(h, self.input_layernorm), step, self.index)
+        return h + self.mlp.feed(norm(h, self.post_attention_layernorm), step)
 
 
 class Trunk(nn.Module):
@@ -356,7 +418,7 @@ class Trunk(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_hidden_layers))
-        self.norm = Norm(config.hidden_size, config.rms_norm_eps)
+        self.norm = Norm(config.hidden_size, config.rms_norm_eps, config.family.norm_offset)
 
 
 @dataclass(frozen=True)
@@ -382,7 +444,7 @@ class ForwardOutput:
 
 
 class Decoder(nn.Module):
-    """A Llama causal language model."""
+    """A causal language model of any family the config names (see :mod:`ster.engine.model.config`)."""
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
@@ -390,6 +452,8 @@ class Decoder(nn.Module):
         self.model = Trunk(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary: Rotary | None = None  # built by `prepare` on the weights' device
+        self.local_rotary: Rotary | None = None
+        """Sliding layers' rotation when their base differs (Gemma 3); built by ``prepare``."""
 
     def prepare(self) -> Decoder:
         """Tie the output head when the config says so, fuse each block's q/k/v and gate/up weights,
@@ -399,7 +463,10 @@ class Decoder(nn.Module):
         for block in self.blocks:
             _fuse(block.self_attn, ("q_proj", "k_proj", "v_proj"))
             _fuse(block.mlp, ("gate_proj", "up_proj"))
-        self.rotary = Rotary(self.config, self.model.embed_tokens.weight.device)
+        device = self.model.embed_tokens.weight.device
+        self.rotary = Rotary(self.config, device)
+        if self.config.rope_local_theta is not None:
+            self.local_rotary = Rotary(self.config, device, local=True)
         self.requires_grad_(False)
         return self.eval()
 
@@ -438,13 +505,40 @@ class Decoder(nn.Module):
             mask, causal = _attention_mask(ids.shape[1], past, key_mask, positions.device)
         cos, sin = self.rotary.angles(positions)
         step = StepInputs(cos, sin, mask, causal, cache, adapters)
+        if self.config.sliding_window is not None:
+            step = replace(step, local=self._window_inputs(step, positions, past, key_mask, layout))
         h = _embed(ids, self.model.embed_tokens.weight)  # [B, T, D]
+        if self.config.family.embed_scale:  # Gemma: × sqrt(hidden_size), rounded to the weights' dtype
+            h = h * torch.tensor(self.config.hidden_size ** 0.5, dtype=h.dtype)
         with _single_row(h.dtype, h.device) if ids.numel() == 1 else _NO_SWITCH:
             for block in self.blocks[:depth]:
                 h = block(h, step)
             if cache is not None:
                 cache.length += ids.shape[1]
             return ForwardOutput(h, self._logits(h, vocab))
+
+    def _window_inputs(self, step: StepInputs, positions: Tensor, past: int, key_mask: Tensor | None,
+                       layout: Layout | None) -> StepInputs:
+        """The sliding layers' angles and mask: the full layers' mask less every key a window or more before
+        the query, counted in positions (real tokens), so padding and packed layouts slide as a lone row does."""
+        window = self.config.sliding_window
+        assert window is not None
+        cos, sin = (step.cos, step.sin) if self.local_rotary is None else self.local_rotary.angles(positions)
+        total = past + positions.shape[1]
+        if total <= window:  # no query can see a key a window away
+            return replace(step, cos=cos, sin=sin)
+        mask = step.mask
+        if mask is None:
+            query_index = torch.arange(past, total, device=positions.device)[:, None]
+            mask = (torch.arange(total, device=positions.device)[None, :] <= query_index)[None, None]  # [1, 1, T, S]
+        if layout is not None:
+            key_positions = positions
+        elif key_mask is not None:
+            key_positions = (key_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+        else:
+            key_positions = torch.arange(total, device=positions.device)[None, :]
+        near = (positions[:, None, :, None] - key_positions[:, None, None, :]) < window  # [B, 1, T, S]
+        return replace(step, cos=cos, sin=sin, mask=mask & near, causal=False)
 
     def _logits(self, h: Tensor, vocab: Vocab) -> Tensor | None:
         if vocab == "none":
@@ -453,8 +547,7 @@ class Decoder(nn.Module):
 
     def final_norm(self, h: Tensor) -> Tensor:
         """The final RMSNorm of residual states [..., D]: what the output head (or a reward head) reads."""
-        norm = self.model.norm
-        return rms_norm(h, norm.weight, norm.eps)
+        return norm(h, self.model.norm)
 
     def project(self, h: Tensor) -> Tensor:
         """f32 logits [..., V] of residual states [..., D] taken before the final norm.
@@ -462,7 +555,9 @@ class Decoder(nn.Module):
         Training calls it on the positions a loss reads only (``vocab="none"`` first), so the
         vocabulary projection, the widest matmul of the model, is computed nowhere else.
         """
-        return _linear(self.final_norm(h), self.lm_head).float()
+        logits = _linear(self.final_norm(h), self.lm_head).float()
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 def _fuse(module: nn.Module, names: tuple[str, ...]) -> None:

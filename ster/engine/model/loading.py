@@ -27,7 +27,7 @@ from ster.engine.model.chat import (
     special_tokens,
 )
 from ster.engine.model.codec import TextCodec, eos_ids, load_tokenizer
-from ster.engine.model.config import LlamaConfig, load_config
+from ster.engine.model.config import LlamaConfig, decoder_name, load_config
 from ster.engine.model.fingerprint import checkpoint_fingerprint
 from ster.engine.model.requests import ChatMode, ModelRequest
 from ster.engine.model.resolve import ModelSource, resolve_model
@@ -151,9 +151,12 @@ def load_decoder(source: ModelSource, config: LlamaConfig, precision: str, devic
     for path in source.weights:
         try:
             with safe_open(str(path), framework="pt", device="cpu") as weights:  # checks the header
-                names = [name for name in weights.keys() if not name.endswith("rotary_emb.inv_freq")]
-                # (some old checkpoints store the rotary table; it is recomputed)
-            for name, tensor in read_tensors(path, names):
+                names = [name for name in weights.keys()
+                         if not name.endswith("rotary_emb.inv_freq") and decoder_name(config, name) is not None]
+                # (some old checkpoints store the rotary table; it is recomputed. A multimodal checkpoint's
+                # other towers are not read.)
+            renamed = ((decoder_name(config, name) or name, tensor) for name, tensor in read_tensors(path, names))
+            for name, tensor in split_fused(renamed, config):
                 if quantize is not None and tensor.ndim == 2:  # projections, head, embedding
                     state[name] = quantize(tensor.to(device=device))
                 else:
@@ -168,6 +171,31 @@ def load_decoder(source: ModelSource, config: LlamaConfig, precision: str, devic
     state.clear()  # the decoder holds the only references now, so prepare() frees each block's separate
     # q/k/v and gate/up tensors as it fuses them: the peak stays one block above the model
     return decoder.prepare()
+
+
+def split_fused(tensors: Iterator[tuple[str, torch.Tensor]], config: LlamaConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors under the decoder's names: a family's fused projection (Phi-3's ``qkv_proj``,
+    ``gate_up_proj``) becomes the projections it stacks, as views of its rows; every other tensor as it is."""
+    fused = config.family.fused
+    for name, tensor in tensors:
+        pieces = name.rsplit(".", 2)  # [module, projection, weight or bias]
+        if len(pieces) < 3 or pieces[1] not in fused:
+            yield name, tensor
+            continue
+        module, projection, kind = pieces
+        parts = fused[projection]
+        rows = [fused_rows(config, part) for part in parts]
+        if tensor.shape[0] != sum(rows):
+            yield name, tensor  # left whole, so the shape check names it
+            continue
+        for part, piece in zip(parts, tensor.split(rows, dim=0)):
+            yield f"{module}.{part}.{kind}", piece
+
+
+def fused_rows(config: LlamaConfig, projection: str) -> int:
+    """Output rows of one of the projections a fused tensor stacks (q, k, v, gate, up)."""
+    heads = {"q_proj": config.num_attention_heads, "k_proj": config.kv_heads, "v_proj": config.kv_heads}
+    return heads[projection] * config.head_size if projection in heads else config.intermediate_size
 
 
 _SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
@@ -228,4 +256,5 @@ def _check_state(decoder: Decoder, state: dict[str, Any], source: ModelSource) -
             raise Refusal(f"tensor {name} in {where} has shape {tuple(state[name].shape)}, but config.json implies {shape}")
     extra = sorted(set(state) - set(expected))
     if extra:
-        raise Refusal(f"the weights in {where} hold tensor {extra[0]}, which a Llama decoder does not have")
+        raise Refusal(f"the weights in {where} hold tensor {extra[0]}, which a {decoder.config.model_type} decoder "
+                      "does not have")

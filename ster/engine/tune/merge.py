@@ -33,7 +33,7 @@ from ster.engine.model.adapter import (
     projection_shape,
 )
 from ster.engine.model.adapters_open import read_document, read_peft
-from ster.engine.model.config import LlamaConfig, load_config
+from ster.engine.model.config import LlamaConfig, decoder_name, load_config
 from ster.engine.model.fingerprint import checkpoint_fingerprint
 from ster.engine.model.resolve import ModelSource, resolve_model
 from ster.engine.protocol.errors import Refusal
@@ -82,6 +82,23 @@ def weight_name(layer: int, target: str) -> str:
     return f"model.layers.{layer}.{module}.{TARGETS[target]}.weight"
 
 
+def weight_rows(config: LlamaConfig, layer: int, target: str) -> tuple[str, int, int, int]:
+    """The checkpoint tensor a target's adapter updates, the rows of it that are the target's, and its row count:
+    all of a tensor of its own, a slice of a family's fused projection (Phi-3's ``qkv_proj``, ``gate_up_proj``)."""
+    from ster.engine.model.loading import fused_rows
+
+    projection = TARGETS[target]
+    module = "self_attn" if target in ATTENTION else "mlp"
+    for fused, parts in config.family.fused.items():
+        if projection in parts:
+            rows = [fused_rows(config, part) for part in parts]
+            start = sum(rows[:parts.index(projection)])
+            return (f"model.layers.{layer}.{module}.{fused}.weight", start, start + rows[parts.index(projection)],
+                    sum(rows))
+    out = projection_shape(config, target)[0]
+    return weight_name(layer, target), 0, out, out
+
+
 def merge_job(request: MergeRequest, ctx: JobContext) -> MergeResult:
     ctx.progress("resolve", f"resolving model {request.model}")
     source = resolve_model(request.model, request.revision)
@@ -103,7 +120,7 @@ def merge_job(request: MergeRequest, ctx: JobContext) -> MergeResult:
     device = resolve_device(request.device)
     sidecar, adapter = _read_adapter(ctx, request.adapter, sidecar, source, config, device, shards)
     with atomic_directory(request.output) as staging:
-        merged, dtypes, parameters = _write_weights(ctx, source, shards, adapter, staging / WEIGHTS, device)
+        merged, dtypes, parameters = _write_weights(ctx, source, shards, adapter, staging / WEIGHTS, device, config)
         files = [WEIGHTS, *_copy_files(source, staging)]
     ctx.log(f"merged {len(merged)} projections into {request.output}")
     return MergeResult(report=MergeReport(
@@ -149,9 +166,12 @@ def _header(path: Path) -> dict[str, Any]:
 def _check_weights(sidecar: AdapterSidecar, shards: dict[str, tuple[Path, dict[str, Any]]],
                    config: LlamaConfig) -> None:
     """Every weight the adapter updates is in the checkpoint, shaped as the adapter's factors multiply to."""
+    in_checkpoint = {decoder_name(config, name): name for name in shards}
     for layer in sidecar.layers:
         for target in sidecar.targets:
-            name, shape = weight_name(layer, target), list(projection_shape(config, target))
+            name, _, _, rows = weight_rows(config, layer, target)
+            name = in_checkpoint.get(name, name)
+            shape = [rows, projection_shape(config, target)[1]]
             if name not in shards:
                 raise Refusal(f"the weights of {sidecar.model} have no tensor {name}, which the adapter updates")
             if list(shards[name][1].get("shape", [])) != shape:
@@ -173,15 +193,18 @@ def _read_adapter(ctx: JobContext, path: Path, sidecar: AdapterSidecar | None, s
 
 
 def _write_weights(ctx: JobContext, source: ModelSource, shards: dict[str, tuple[Path, dict[str, Any]]],
-                   adapter: Adapter, target: Path, device: Any) -> tuple[list[str], set[str], int]:
+                   adapter: Adapter, target: Path, device: Any, config: LlamaConfig) -> tuple[list[str], set[str], int]:
     """Write every tensor of the source into one file, the adapted projections with their update folded in;
     return the merged names, the merged weights' dtypes and the parameter count."""
     import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    updates = {weight_name(layer, target): factor_names(layer, target)
-               for layer in adapter.layers for target in adapter.targets}
+    updates: dict[str, list[tuple[int, int, tuple[str, str]]]] = {}
+    for layer in adapter.layers:
+        for short in adapter.targets:
+            name, start, stop, _ = weight_rows(config, layer, short)
+            updates.setdefault(name, []).append((start, stop, factor_names(layer, short)))
     state: dict[str, torch.Tensor] = {}
     merged, dtypes = [], set()
     for number, path in enumerate(source.weights, start=1):
@@ -190,9 +213,12 @@ def _write_weights(ctx: JobContext, source: ModelSource, shards: dict[str, tuple
         with safe_open(str(path), framework="pt", device="cpu") as weights:
             for name in weights.keys():  # noqa: SIM118 - safe_open is not iterable
                 tensor = weights.get_tensor(name)
-                if name in updates:
-                    a, b = (adapter.tensors[factor].detach().to(device, torch.float32) for factor in updates[name])
-                    folded = tensor.to(device, torch.float32) + adapter.scale * (b @ a)  # [out, in] f32
+                update = updates.get(decoder_name(config, name) or name)
+                if update is not None:
+                    folded = tensor.to(device, torch.float32, copy=True)  # [out, in] f32
+                    for start, stop, factors in update:
+                        a, b = (adapter.tensors[factor].detach().to(device, torch.float32) for factor in factors)
+                        folded[start:stop] += adapter.scale * (b @ a)
                     tensor = folded.to(tensor.dtype).cpu()
                     merged.append(name)
                     dtypes.add(str(shards[name][1].get("dtype")))
