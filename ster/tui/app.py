@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 TABS = (("pairs", "Pairs", "ster.tui.widgets.pairs:PairsPane"), ("train", "Train", "ster.tui.widgets.train:TrainPane"),
         ("generate", "Generate", "ster.tui.widgets.generate:GeneratePane"),
         ("tune", "Tune", "ster.tui.widgets.tune:TunePane"),
-        ("adapters", "Adapters", "ster.tui.widgets.adapters:AdaptersPane"), ("jobs", "Jobs", "ster.tui.widgets.jobs:JobsPane"))
+        ("adapters", "Adapters", "ster.tui.widgets.adapters:AdaptersPane"),
+        ("jobs", "Jobs", "ster.tui.widgets.jobs:JobsPane"))
 """Each tab: its id, its title, and where its pane's class lives (imported when the pane is first shown)."""
 EAGER = ("pairs", "jobs")
 """The panes composed with the app: the first screen, and the Jobs tab, which records every job from the start.
