@@ -22,6 +22,7 @@ from ster.tui.screens.dialogs import AskText, Confirm
 from ster.tui.settings import Settings
 from ster.tui.widgets.adapters import AdaptersPane
 from ster.tui.widgets.curves import Curves
+from ster.tui.widgets.status import StatusLine
 from ster.tui.widgets.tune import TunePane, checkpoint_of
 from tests.tui.test_tui_jobs_tune import start_sft
 from tests.tui.tui_helpers import screen_text, settle, until
@@ -97,6 +98,7 @@ def test_a_tune_run_made_in_the_app_is_listed_and_becomes_the_current_adapter(tm
         assert entry is not None and (entry.kind, entry.objective, entry.model) == ("adapter", "sft", "ster:toy")
         assert entry.summary == f"loss {report['final_loss']:.4f}"
         assert app.settings.adapter == out and app.settings.adapter_info["objective"] == "sft"  # type: ignore[index]
+        assert "adapter a " in app.query_one(StatusLine).plain  # the status line names what Generate compares
         await pilot.press("5")
         await pilot.pause()
         cells = row(pane)

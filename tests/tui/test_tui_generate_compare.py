@@ -212,3 +212,37 @@ def test_a_cancelled_compare_leaves_the_runs_after_it_not_run(calm: Path, adapte
         assert pane.panel("baseline").border_title == "(not run) base · ster:toy"
 
     drive(Settings(vector=calm, adapter=adapter), scenario, store)
+
+
+def test_a_title_too_long_for_its_border_is_said_whole_inside_the_panel() -> None:
+    """Three panels at 120 columns leave a steered panel about 38 wide; its border cuts a title such as
+    'steered 0.4x · calm.optimized.ster-toy (logistic, layer 2) on calm.dpo.ster-toy', so the panel's first
+    line says it whole above the text, and a short title stays in the border alone."""
+    import asyncio
+
+    from textual.app import App
+
+    from ster.tui.widgets.generate_parts import TextPanel
+
+    long = "steered 0.4x · calm.optimized.ster-toy (logistic, layer 2) on calm.dpo.ster-toy"
+
+    class Panels(App[None]):
+        def compose(self) -> Any:
+            yield TextPanel(long, "…", id="long")
+            yield TextPanel("base · ster:toy", "…", id="short")
+
+    async def run() -> None:
+        app = Panels()
+        async with app.run_test(size=(38, 12)) as pilot:
+            await pilot.pause()
+            cut, short = app.query_one("#long", TextPanel), app.query_one("#short", TextPanel)
+            cut.append("the town is gentle and we rest.")
+            short.append("the town is flooding and we flee.")
+            await pilot.pause()
+            assert str(cut.border_title).endswith("…") or len(str(cut.border_title)) < len(long)
+            body = str(cut.query_one(Static).render())
+            assert body.startswith(long[:20]) and "calm.dpo.ster-toy" in body and body.endswith("we rest.")
+            assert cut.text == "the town is gentle and we rest."  # copy and save take the text alone
+            assert str(short.query_one(Static).render()) == "the town is flooding and we flee."
+
+    asyncio.run(run())

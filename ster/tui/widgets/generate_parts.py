@@ -50,9 +50,13 @@ class TextPanel(VerticalScroll):
         self.border_title = title
         self.text = ""
         """What the job's token events have streamed so far."""
+        self.body = Text(hint, style="dim")
+        """What the panel shows under its title: the text, or a note in its place."""
+        self.whole_title: str | None = None
+        """The title, when the border cannot hold it even shortened: then the body's first line carries it."""
 
     def compose(self) -> ComposeResult:
-        yield Static(Text(self.hint, style="dim"))
+        yield Static(self.body)
 
     def reset(self, title: str, note: str) -> None:
         self.title, self.state, self.border_subtitle, self.text = title, "", "", ""
@@ -78,13 +82,25 @@ class TextPanel(VerticalScroll):
         readable."""
         full = f"({self.state}) {self.title}" if self.state else self.title
         room = self.outer_size.width - 6  # the border's corners and the spaces around the title
-        self.border_title = full if room <= 0 or len(full) <= room else re.sub(r" \([^()]*\)( on |$)", r"\1", full)
+        short = full if room <= 0 or len(full) <= room else re.sub(r" \([^()]*\)( on |$)", r"\1", full)
+        self.border_title = short
+        whole = full if room > 0 and len(short) > room else None  # cut even so: say it whole inside
+        if whole != self.whole_title:
+            self.whole_title = whole
+            self._show_body()
 
     def note(self, note: str, style: str = "dim") -> None:
         """A line in place of the text, for a panel that has none yet (queued, not run)."""
-        self.query_one(Static).update(Text(note, style=style))
+        self.body = Text(note, style=style)
+        self._show_body()
 
     def append(self, delta: str) -> None:
         self.text += delta
-        self.query_one(Static).update(Text(self.text))
+        self.body = Text(self.text)
+        self._show_body()
+
+    def _show_body(self) -> None:
+        shown = self.body if self.whole_title is None else Text.assemble((self.whole_title, "dim"), "\n", self.body)
+        for static in self.query(Static):  # none before the panel is composed, which shows the body as it is then
+            static.update(shown)
         self.scroll_end(animate=False)

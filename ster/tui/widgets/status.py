@@ -1,9 +1,9 @@
 """The status line under the tabs: what the app works on (left) and what it is doing (right).
 
 The right part — the running job, its stage and how far it has come, or ``idle`` — is
-sized first and never cut; the left part (model, artifact, pair set, how the model is
-loaded, and the server that loads it when jobs run on one) takes the rest and ends in an
-ellipsis when the screen is narrow.
+sized first and never cut; the left part (model, artifact, the adapter once there is one,
+pair set, how the model is loaded, and the server that loads it when jobs run on one) takes
+the rest and ends in an ellipsis when the screen is narrow.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ class StatusLine(Static):
         loaded = f"{settings.precision} {settings.device}"
         if server:
             loaded += f" on {urlsplit(server).netloc or server}"
-        for label, value in (("model", settings.model), ("artifact", settings.artifact_label()),
+        adapter = [("adapter", settings.adapter_label())] if settings.adapter is not None else []
+        for label, value in (("model", settings.model), ("artifact", settings.artifact_label()), *adapter,
                              ("pairs", settings.pairs.name if settings.pairs else "none"),
                              ("", loaded), ("chat", chat)):
             where.append(f"{label} " if label else "", style="dim")
