@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
-from ster.engine.pairs.model import Pair, PairSet
+if TYPE_CHECKING:
+    from ster.engine.pairs.model import Pair, PairSet
 
 
 def summary_text(pair_set: PairSet, report: dict[str, Any] | None, inspecting: bool) -> Text:

@@ -12,7 +12,7 @@ under it, and "is this what was saved?" is a plain equality.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -20,7 +20,6 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
-from ster.engine.pairs.model import Pair, PairSet
 from ster.tui.messages import JobEvent, JobFinished
 from ster.tui.runner import JobHandle
 from ster.tui.widgets.pair_files import PairFiles
@@ -32,6 +31,17 @@ FIXED_COLUMNS = (("#", 4), ("duplicate", 20), ("refusal", 22), ("ratio", 6))
 NARROW_COLUMNS = (("#", 3), ("duplicate", 12), ("refusal", 14), ("ratio", 5))
 """Below 110 columns the flag columns give their width to the two texts (a cut flag still names its kind)."""
 NEW_SET = "trait"
+
+if TYPE_CHECKING:
+    from ster.engine.pairs.model import Pair, PairSet
+
+
+def _models() -> Any:
+    """The pair-set models, imported when the pane first holds a set: after the first paint, which the
+    validation library they are built on would otherwise delay by about a tenth of a second."""
+    from ster.engine.pairs import model
+
+    return model
 
 
 class PairsPane(PairFiles, Vertical):
@@ -57,7 +67,7 @@ class PairsPane(PairFiles, Vertical):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.pair_set = PairSet(trait_name=NEW_SET, pairs=[])
+        self._pair_set: PairSet | None = None
         self.path: Path | None = None
         """The file the set belongs to; None until it is saved or opened."""
         self.dirty = False
@@ -71,6 +81,17 @@ class PairsPane(PairFiles, Vertical):
         """The latest inspect job: only its report describes the current set; earlier ones are stale."""
         self._opened_note = ""
 
+    @property
+    def pair_set(self) -> PairSet:
+        """The set being edited; a new, empty one until a file is opened or a pair added."""
+        if self._pair_set is None:
+            self._pair_set = _models().PairSet(trait_name=NEW_SET, pairs=[])
+        return self._pair_set
+
+    @pair_set.setter
+    def pair_set(self, value: PairSet) -> None:
+        self._pair_set = value
+
     def compose(self) -> ComposeResult:
         yield Wrapped("", id="summary")
         yield Wrapped("", id="message")
@@ -78,6 +99,9 @@ class PairsPane(PairFiles, Vertical):
         yield Wrapped("", id="detail")
 
     def on_mount(self) -> None:
+        self.call_after_refresh(self._begin)  # the app's frame is painted first; the set follows at once
+
+    def _begin(self) -> None:
         path: Path | None = self.app.settings.pairs  # type: ignore[attr-defined]
         remote = getattr(self.app, "remote", None) is not None
         if path is not None and (remote or path.exists()):  # on a server, the server says whether it exists
@@ -95,7 +119,8 @@ class PairsPane(PairFiles, Vertical):
 
     def on_resize(self) -> None:
         """The text columns share whatever width the fixed ones leave."""
-        self._fill_table(self._highlighted())
+        if self._pair_set is not None or self.live is not None:  # else the table is filled once the set is there
+            self._fill_table(self._highlighted())
 
     # --- editing: each change replaces the set, then asks the engine about it -------------------------
 
@@ -108,7 +133,7 @@ class PairsPane(PairFiles, Vertical):
 
     def _added(self, texts: tuple[str, str] | None) -> None:
         if texts:
-            pairs = [*self.pair_set.pairs, Pair(positive=texts[0], negative=texts[1])]
+            pairs = [*self.pair_set.pairs, _models().Pair(positive=texts[0], negative=texts[1])]
             self._change(self.pair_set.model_copy(update={"pairs": pairs}), cursor=len(pairs) - 1)
 
     def action_edit(self) -> None:
@@ -124,7 +149,7 @@ class PairsPane(PairFiles, Vertical):
     def _edited(self, index: int, texts: tuple[str, str] | None) -> None:
         if texts and texts != (self.pair_set.pairs[index].positive, self.pair_set.pairs[index].negative):
             pairs = list(self.pair_set.pairs)
-            pairs[index] = Pair(positive=texts[0], negative=texts[1])
+            pairs[index] = _models().Pair(positive=texts[0], negative=texts[1])
             self._change(self.pair_set.model_copy(update={"pairs": pairs}), cursor=index)
 
     def on_data_table_row_highlighted(self) -> None:
@@ -183,7 +208,7 @@ class PairsPane(PairFiles, Vertical):
 
     def _synthesis_progress(self, event: Any) -> None:
         if event.stage == "kept" and event.data and self.live is not None:
-            self.live.append(Pair.model_validate(event.data))
+            self.live.append(_models().Pair.model_validate(event.data))
             self._add_row(len(self.live) - 1, self.live[-1], None)
             self.query_one(DataTable).move_cursor(row=len(self.live) - 1)
         self.stage = event.message
@@ -207,8 +232,9 @@ class PairsPane(PairFiles, Vertical):
 
     def _inspected(self, request: Any, data: dict[str, Any]) -> None:
         if request.pair_set is None:  # an open: the report carries the whole set
-            pairs = [Pair(positive=p["positive"], negative=p["negative"]) for p in data["pairs"]]
-            self.pair_set = PairSet(trait_name=data["trait_name"], pairs=pairs)
+            models = _models()
+            pairs = [models.Pair(positive=p["positive"], negative=p["negative"]) for p in data["pairs"]]
+            self.pair_set = models.PairSet(trait_name=data["trait_name"], pairs=pairs)
             self.dirty = False
             self._use_path(request.pairs)
             self._say(self._opened_note or f"opened {request.pairs}", "green")
