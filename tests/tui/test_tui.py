@@ -182,13 +182,19 @@ asyncio.run(main())
 
 
 def test_the_first_paint_builds_only_the_first_tab() -> None:
-    """The Train, Generate and Tune panes are neither imported nor mounted for the first screen; each is there,
-    whole, the first time its tab is shown."""
+    """The Train, Generate and Tune panes are neither imported nor mounted for the first screen, nor the pair
+    models (and the validation library under them) imported for its first frame; each pane is there, whole, the
+    first time its tab is shown."""
     code = """
 import asyncio, sys
 from ster.tui.app import SterApp
-LAZY = ("ster.tui.widgets.train", "ster.tui.widgets.generate", "ster.tui.widgets.tune")
+LAZY = ("ster.tui.widgets.train", "ster.tui.widgets.generate", "ster.tui.widgets.tune", "ster.tui.widgets.adapters")
 class First(SterApp):
+    def _display(self, screen, renderable):
+        if renderable is not None and not getattr(self, "framed", False):
+            self.framed = True
+            print("validation library at the first frame:", "pydantic" in sys.modules)
+        super()._display(screen, renderable)
     def on_mount(self):
         self.call_after_refresh(self.painted)  # before the app's own after-paint work
         super().on_mount()
@@ -206,5 +212,6 @@ asyncio.run(main())
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert "imported at first paint: []" in proc.stdout, proc.stdout + proc.stderr
+    assert "validation library at the first frame: False" in proc.stdout, proc.stdout + proc.stderr
     assert "mounted at first paint: ['pairs-pane', 'jobs-pane']" in proc.stdout, proc.stdout + proc.stderr
     assert "after 4: True sft" in proc.stdout, proc.stdout + proc.stderr
