@@ -208,13 +208,17 @@ def test_merge_writes_a_model_directory_that_loads_and_offers_it_as_the_model(ad
         await pilot.press("n")
         await pilot.pause()
         assert message(pane).startswith("kept") and (merged / "model.safetensors").stat().st_mtime_ns == before
+        left = merged.parent / ".facts.merged.replaced"  # what an app killed mid-replace would have left: kept
+        left.mkdir()
+        (left / "keep.txt").write_text("mine")
         await pilot.press("g")
         await answer(pilot)
         await until(pilot, lambda: isinstance(app.screen, Confirm))
         await pilot.press("y")
         await settle(pilot, app, 120)
         assert app.runner.handles[-1].state == "done" and (merged / "model.safetensors").stat().st_mtime_ns != before
-        assert not (merged.parent / ".facts.merged.replaced").exists()
+        assert (left / "keep.txt").read_text() == "mine"
+        assert not (merged.parent / ".facts.merged.replaced1").exists()
 
     drive(scenario)
 

@@ -14,6 +14,7 @@ it succeeds, and put back when it does not.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from io import StringIO
 from pathlib import Path
@@ -297,9 +298,7 @@ class AdaptersPane(MessageLine, Vertical):
                      "another directory", "red")
 
     def _replace(self, action: str, entry: AdapterEntry, target: Path, fields: dict[str, Any]) -> None:
-        aside = target.with_name(f".{target.name}.replaced")
-        if aside.exists():
-            shutil.rmtree(aside, ignore_errors=True)
+        aside = _free_aside(target)
         try:
             target.rename(aside)
         except OSError as exc:
@@ -501,3 +500,13 @@ def evaluation(entry: AdapterEntry) -> Group:
                           f"{data['mean_example_loss']:.4f}", f"{data['mean_example_perplexity']:.4f}",
                           style="green" if role == "adapter" else "")
     return Group(title, table)
+
+
+def _free_aside(target: Path) -> Path:
+    """A hidden name beside ``target`` that nothing holds yet, to move it to while its replacement is written
+    (an earlier one left there by an app that was killed mid-job is kept, never removed)."""
+    for n in itertools.count():
+        aside = target.with_name(f".{target.name}.replaced{n or ''}")
+        if not aside.exists() and not aside.is_symlink():
+            return aside
+    raise AssertionError("unreachable")
