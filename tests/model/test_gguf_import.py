@@ -26,7 +26,7 @@ def test_a_non_llama_gguf_is_refused_before_anything_is_written(cli, tmp_path: P
     out = tmp_path / "out"
     run = cli("model", "import", source, "--output", out)
     assert run.code == 1
-    assert f'{source} declares model_type "gpt2", which Ster cannot load; supported model types: "llama"' in run.err
+    assert f'{source} declares model_type "gpt2", which Ster cannot load; supported model types: "llama", "qwen2", "qwen3", "mistral", "phi3", "gemma3"' in run.err
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["gpt2.gguf"]
 
 

@@ -1,4 +1,4 @@
-"""The ``model import`` job: a Llama GGUF checkpoint converted into a standard directory.
+"""The ``model import`` job: a GGUF checkpoint of a native family converted into a standard directory.
 
 The GGUF header is read first, so a file of another family is refused before a
 tensor is dequantized or a file written. Dequantizing and rebuilding the tokenizer
@@ -29,8 +29,9 @@ from ster.engine.protocol.files import (
 )
 from ster.engine.protocol.jobs import JobContext
 
-GGUF_MODEL_TYPES = ("llama",)
-"""The GGUF architectures ``model import`` converts (other families run from safetensors checkpoints only)."""
+GGUF_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma3")
+"""The GGUF architectures ``model import`` converts: the families Ster runs natively (a Gemma 3 GGUF holds the
+text model, written as ``gemma3_text``). Any other architecture is refused from the header."""
 
 
 class ImportResult(BaseModel):
@@ -130,7 +131,10 @@ def _write_checkpoint(directory: Path, model: Any, tokenizer: Any) -> tuple[int,
 
 
 def _config_document(config: Any) -> dict[str, Any]:
-    """A classic Llama config.json, readable by Ster and by transformers 4.x and 5.x alike."""
+    """config.json of the imported model: a classic Llama one for Llama (readable by transformers 4.x and 5.x
+    alike, and fingerprinted as before other families ran), the family's own config class's document otherwise."""
+    if config.model_type != "llama":
+        return _family_document(config)
     rope = getattr(config, "rope_parameters", None) or {}
     rope_theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
     scaling = rope if rope.get("rope_type", "default") != "default" else getattr(config, "rope_scaling", None)
@@ -156,6 +160,23 @@ def _config_document(config: Any) -> dict[str, Any]:
         "eos_token_id": config.eos_token_id,
         "torch_dtype": "float32",
     }
+
+
+_NOT_WRITTEN = ("quantization_config", "_name_or_path", "transformers_version", "dtype", "torch_dtype", "use_cache")
+
+
+def _family_document(config: Any) -> dict[str, Any]:
+    """The config transformers built from the GGUF's header, as its own class writes it, less what described the
+    GGUF file (its quantization) rather than the model; the weights are written at f32."""
+    from transformers import PretrainedConfig
+
+    generic = PretrainedConfig().to_dict()  # the settings every config carries (labels, output switches)
+    document = {name: value for name, value in config.to_dict().items()
+                if name not in _NOT_WRITTEN and not (name in generic and generic[name] == value)}
+    document["architectures"] = [type(config).__name__.replace("Config", "ForCausalLM")]
+    document["tie_word_embeddings"] = bool(getattr(config, "tie_word_embeddings", False))
+    document["torch_dtype"] = "float32"
+    return document
 
 
 def _tokenizer_config(tokenizer: Any, config: dict[str, Any]) -> dict[str, Any]:
