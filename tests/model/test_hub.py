@@ -65,9 +65,9 @@ def test_an_unreachable_endpoint_is_refused_without_a_traceback(tmp_path: Path) 
 def test_a_cached_repository_of_another_family_is_refused(tmp_path: Path) -> None:
     snapshot = build_cache(tmp_path / "hub")
     config = snapshot / "config.json"
-    config.write_text(config.read_text().replace('"llama"', '"gpt_neox"'))
+    config.write_text(config.read_text().replace('"llama"', '"t5"'))
     run = generate("acme/toy-llama", {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"})
-    assert run.code == 1 and 'model_type "gpt_neox", which Ster cannot load' in run.err
+    assert run.code == 1 and 'model_type "t5", which is not a causal language model' in run.err
 
 
 @pytest.mark.parametrize("local", ["copy", "ster:toy"])

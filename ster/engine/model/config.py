@@ -181,6 +181,9 @@ class DecoderConfig(BaseModel):
     partial_rotary_factor: float = 1.0
     """The share of each head's width that rotates (Phi-3 family); the rest passes unrotated."""
     use_bidirectional_attention: bool = False
+    native: bool = True
+    """False for a causal LM of a family Ster has no decoder for, which runs through transformers' own model
+    (:mod:`ster.engine.model.generic`); its fields are read off transformers' config class."""
 
     @model_validator(mode="before")
     @classmethod
@@ -216,7 +219,8 @@ class DecoderConfig(BaseModel):
 
     @property
     def family(self) -> Family:
-        return FAMILIES[self.model_type]
+        """The family's record; a model run through transformers has the plain one (nothing fused or renamed)."""
+        return FAMILIES.get(self.model_type) or Family(self.model_type)
 
     @property
     def kv_heads(self) -> int:
@@ -254,7 +258,7 @@ class DecoderConfig(BaseModel):
         the checkpoint fingerprint; a Llama config's is what it was before other families were read."""
         exclude = {"bos_token_id", "eos_token_id", "max_position_embeddings"}
         if self.model_type == "llama":
-            exclude |= set(FAMILY_FIELDS)
+            exclude |= set(FAMILY_FIELDS) | {"native"}
         return self.model_dump(mode="json", exclude=exclude)
 
 
@@ -287,10 +291,79 @@ def check_architecture(model_type: str, where: str, supported: tuple[str, ...] =
                       f"{names}")
 
 
+def check_model_type(path: Path, where: str | None = None) -> str:
+    """A config.json's ``model_type``, refusing one Ster cannot run: a native family, or a causal language model
+    transformers itself knows (run through its own model). Reads JSON only (and transformers' tables of classes)."""
+    model_type = read_model_type(path)
+    if model_type not in FAMILIES:
+        generic_config(read_json(path, "model config"), where or str(path))
+    return model_type
+
+
+def generic_config(raw: dict[str, Any], where: str) -> Any:
+    """transformers' own config object of a causal LM of a family Ster has no decoder for; a checkpoint that is
+    not one (an encoder, an encoder-decoder, a classifier, a type transformers does not know, remote code) is
+    refused in one sentence, before any weight is read."""
+    model_type = str(raw.get("model_type"))
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if model_type not in CONFIG_MAPPING_NAMES:
+        names = ", ".join(f'"{name}"' for name in SUPPORTED_MODEL_TYPES)
+        raise Refusal(f'{where} declares model_type "{model_type}", which Ster cannot load: it has no decoder for it '
+                      f"(natively: {names}) and transformers does not know it")
+    architectures = [str(name) for name in raw.get("architectures") or []]
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or raw.get("is_encoder_decoder"):
+        raise Refusal(f'{where} declares model_type "{model_type}", which is not a causal language model; Ster reads '
+                      "and steers causal language models only")
+    if architectures and not any("CausalLM" in name or "LMHead" in name for name in architectures):
+        raise Refusal(f"{where} declares architectures {', '.join(architectures)}, which is not a causal language "
+                      "model; Ster reads and steers causal language models only")
+    if raw.get("auto_map"):
+        raise Refusal(f"{where} needs its own modelling code (auto_map); Ster does not run code a checkpoint ships")
+    try:
+        return CONFIG_MAPPING[model_type].from_dict(raw)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise Refusal(f"{where} is not a usable {model_type} config: {exc}") from None
+
+
+def _generic_decoder_config(raw: dict[str, Any], path: Path) -> DecoderConfig:
+    """The decoder fields of a model run through transformers, read off its own config class (which knows
+    each family's spelling: GPT-2's ``n_embd`` is its ``hidden_size``)."""
+    hf = generic_config(raw, str(path)).get_text_config()
+
+    def value(name: str, default: Any = None) -> Any:
+        try:
+            found = getattr(hf, name)
+        except AttributeError:
+            return default
+        return default if found is None else found
+
+    hidden = int(value("hidden_size"))
+    heads = int(value("num_attention_heads", 1))
+    try:
+        return DecoderConfig(
+            model_type=str(raw["model_type"]), native=False, vocab_size=value("vocab_size"), hidden_size=hidden,
+            intermediate_size=value("intermediate_size", None) or value("n_inner", None) or 4 * hidden,
+            num_hidden_layers=value("num_hidden_layers"), num_attention_heads=heads,
+            num_key_value_heads=value("num_key_value_heads", heads), head_dim=value("head_dim", hidden // heads),
+            hidden_act=str(value("hidden_act", "") or value("hidden_activation", "") or "unknown"),
+            max_position_embeddings=value("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(value("tie_word_embeddings", False)),
+            bos_token_id=value("bos_token_id"), eos_token_id=value("eos_token_id"),
+            sliding_window=value("sliding_window"), layer_types=value("layer_types"),
+            final_logit_softcapping=value("final_logit_softcapping"),
+        )
+    except (ValidationError, TypeError, ValueError) as exc:
+        detail = first_error(exc) if isinstance(exc, ValidationError) else str(exc)
+        raise Refusal(f"model config {path} is not a usable {raw['model_type']} config: {detail}") from None
+
+
 def load_config(path: Path) -> DecoderConfig:
     """Read and check a config.json: the family first, then the settings the decoder needs."""
-    model_type = read_model_type(path)
-    check_architecture(model_type, str(path))
+    model_type = check_model_type(path)
+    if model_type not in FAMILIES:
+        return _generic_decoder_config(read_json(path, "model config"), path)
     try:
         config = DecoderConfig.model_validate(read_json(path, "model config"))
     except ValidationError as exc:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ster.engine.model.llama import Decoder, KVCache
+from ster.engine.model.llama import Decoder
 from ster.engine.model.sampling import Generation, Sampling
 
 
@@ -69,11 +69,10 @@ def decode(
 ) -> Generation:
     """Generate up to ``max_new_tokens`` after ``prompt_ids``, calling ``on_token(index, id)`` for each."""
     device = model.lm_head.weight.device
-    dtype = model.lm_head.weight.dtype
     generator = sampling.generator(device)
     out: list[int] = []
     with torch.inference_mode():
-        cache = KVCache(model.config, 1, len(prompt_ids) + max_new_tokens, dtype, device)
+        cache = model.new_cache(1, len(prompt_ids) + max_new_tokens)
         logits = model(torch.tensor([prompt_ids], device=device), cache=cache).logits  # [1, V]
         while True:
             check_cancelled()

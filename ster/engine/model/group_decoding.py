@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 
 from ster.engine.model.decoding import choose
-from ster.engine.model.llama import Decoder, KVCache
+from ster.engine.model.llama import Decoder
 from ster.engine.model.sampling import Generation, Sampling
 
 
@@ -40,7 +40,6 @@ def decode_group(
 ) -> list[Generation]:
     """One generation per entry of ``samplings``, decoded together; ``on_token(row, index, id)`` per token."""
     device = model.lm_head.weight.device
-    dtype = model.lm_head.weight.dtype
     count = len(samplings)
     generators = [sampling.generator(device) for sampling in samplings]
     outputs: list[list[int]] = [[] for _ in samplings]
@@ -48,13 +47,11 @@ def decode_group(
     active = list(range(count))
     length = len(prompt_ids) + max_new_tokens
     with torch.inference_mode():
-        cache = KVCache(model.config, count, length, dtype, device)
+        cache = model.new_cache(count, length)
         if shared_prefill:
-            alone = KVCache(model.config, 1, len(prompt_ids), dtype, device)
+            alone = model.new_cache(1, len(prompt_ids))
             logits = model(torch.tensor([prompt_ids], device=device), cache=alone).logits.expand(count, -1)
-            cache.keys[:, :, :, :len(prompt_ids)] = alone.keys
-            cache.values[:, :, :, :len(prompt_ids)] = alone.values
-            cache.length = len(prompt_ids)
+            cache.take_prefix(alone, count)
         else:
             logits = model(torch.tensor([prompt_ids] * count, device=device), cache=cache).logits  # [B, V]
         while True:
@@ -76,16 +73,10 @@ def decode_group(
             if not keep:
                 return [result for result in results if result is not None]
             if len(keep) < len(active):
-                _keep_rows(cache, keep, device)
+                cache.keep_rows(torch.tensor(keep, device=device))
                 active = [active[position] for position in keep]
                 if select_rows is not None:
                     select_rows(torch.tensor(active, device=device))
             ids = torch.tensor(tokens, device=device)[:, None]  # [B', 1]
             logits = model(ids, cache=cache).logits
 
-
-def _keep_rows(cache: KVCache, positions: list[int], device: torch.device) -> None:
-    """Drop every cache row but ``positions`` (rows that stopped), keeping what was written."""
-    at = torch.tensor(positions, device=device)
-    cache.keys = cache.keys.index_select(1, at)
-    cache.values = cache.values.index_select(1, at)

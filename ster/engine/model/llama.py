@@ -145,6 +145,17 @@ class KVCache:
         self.values[layer, :, :, self.length:end] = values
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
 
+    def take_prefix(self, alone: KVCache, count: int) -> None:
+        """Copy a single-row cache's positions into every one of this cache's ``count`` rows (a shared prefill)."""
+        self.keys[:, :, :, :alone.length] = alone.keys[:, :, :, :alone.length]
+        self.values[:, :, :, :alone.length] = alone.values[:, :, :, :alone.length]
+        self.length = alone.length
+
+    def keep_rows(self, rows: Tensor) -> None:
+        """Drop every row but ``rows`` (rows that stopped), keeping what was written."""
+        self.keys = self.keys.index_select(1, rows)
+        self.values = self.values.index_select(1, rows)
+
 
 @dataclass(frozen=True)
 class StepInputs:
@@ -473,6 +484,16 @@ class Decoder(nn.Module):
     @property
     def blocks(self) -> nn.ModuleList:
         return self.model.layers
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        """An empty KV cache for ``batch`` rows of up to ``max_len`` positions, at the weights' dtype and device."""
+        weight = self.lm_head.weight
+        return KVCache(self.config, batch, max_len, weight.dtype, weight.device)
+
+    def lora_module(self, layer: int, projection: str) -> nn.Module:
+        """The module of ``layer`` that holds ``projection`` and its attached LoRA factors."""
+        block = self.blocks[layer]
+        return block.self_attn if projection in ATTENTION_PROJECTIONS else block.mlp
 
     def forward(
         self,

@@ -89,6 +89,11 @@ class ModelStore:
             if key in self._decoders:
                 return self._decoders[key]
             ctx.progress("load", f"loading {checkpoint.source.model} weights at {request.precision} on {device}")
+            if not checkpoint.config.native:
+                kind = checkpoint.config.model_type
+                ctx.progress("load", f'model_type "{kind}" has no decoder of Ster\'s own, so it runs through '
+                             "transformers' model, read and steered by hooks on its layers: correct, but slower than "
+                             "the native families")
             decoder = load_decoder(checkpoint.source, checkpoint.config, request.precision, device)
             self._decoders[key] = decoder
             return decoder
@@ -144,6 +149,13 @@ def load_decoder(source: ModelSource, config: LlamaConfig, precision: str, devic
     from ster.engine.model.llama import Decoder
 
     dtype = getattr(torch, DTYPES[precision])
+    if not config.native:
+        if precision == "int8":
+            raise Refusal(f'--precision int8 runs on Ster\'s own decoders only, and model_type "{config.model_type}" '
+                          "runs through transformers")
+        from ster.engine.model.generic import load_generic
+
+        return load_generic(source.root, config, dtype, device)  # type: ignore[return-value]
     quantize = _quantizer(precision)
     with torch.device("meta"):
         decoder = Decoder(config)

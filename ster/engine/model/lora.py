@@ -33,7 +33,7 @@ from ster.engine.model.adapter import (
     sidecar_path,
 )
 from ster.engine.model.config import LlamaConfig
-from ster.engine.model.llama import ATTENTION_PROJECTIONS, Decoder, LoraFactors
+from ster.engine.model.llama import Decoder, LoraFactors
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import dumps_pretty, write_atomic_together
 
@@ -99,16 +99,15 @@ def attached(decoder: Decoder, adapter: Adapter | None) -> Iterator[Decoder]:
     if adapter is None:
         yield decoder
         return
-    modules = [module for block in decoder.blocks for module in (block.self_attn, block.mlp)]
+    modules = lora_modules(decoder)
     before = [dict(module.lora) for module in modules]
     try:
         for module in modules:
             module.lora.clear()
         for layer in adapter.layers:
-            block = decoder.blocks[layer]
             for target in adapter.targets:
                 a, b = factor_names(layer, target)
-                module = block.self_attn if TARGETS[target] in ATTENTION_PROJECTIONS else block.mlp
+                module = decoder.lora_module(layer, TARGETS[target])
                 module.lora[TARGETS[target]] = LoraFactors(adapter.tensors[a], adapter.tensors[b], adapter.scale)
         yield decoder
     finally:
@@ -128,16 +127,22 @@ def folded(decoder: Decoder) -> Iterator[Decoder]:
     saved: list[tuple[nn.Module, dict[str, LoraFactors], Tensor | None, dict[str, Tensor]]] = []
     try:
         with torch.no_grad():
-            for block in decoder.blocks:
-                for module in (block.self_attn, block.mlp):
-                    if module.lora and _fold(module, saved):
-                        module.lora = {}
+            for module in lora_modules(decoder):
+                if module.lora and _fold(module, saved):
+                    module.lora = {}
         yield decoder
     finally:
         for module, lora, fused, weights in reversed(saved):
             module.lora, module.fused_weight = lora, fused
             for name, weight in weights.items():
                 getattr(module, name).weight = weight
+
+
+def lora_modules(decoder: Decoder) -> list[nn.Module]:
+    """Every module of the decoder's blocks that LoRA factors attach to (each block's attention and MLP)."""
+    return [module for block in decoder.blocks for module in (getattr(block, "self_attn", None),
+                                                               getattr(block, "mlp", None))
+            if module is not None and hasattr(module, "lora")]
 
 
 def _fold(module: nn.Module, saved: list[tuple[nn.Module, dict[str, LoraFactors], Tensor | None,

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ster.engine.model.config import check_architecture, read_model_type
+from ster.engine.model.config import check_model_type
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import read_json
 from ster.engine.protocol.paths import DATA_DIR, EXAMPLES_DIR
@@ -89,7 +89,7 @@ def _unchecked_revision(source: ModelSource, what: str) -> ModelSource:
 
 def _from_directory(model: str, revision: str | None, root: Path, tokenizer_config: Path | None = None) -> ModelSource:
     config = _required(root, "config.json")
-    check_architecture(read_model_type(config), str(config))
+    check_model_type(config)
     tokenizer = _required(root, "tokenizer.json")
     if tokenizer_config is None and (root / "tokenizer_config.json").is_file():
         tokenizer_config = root / "tokenizer_config.json"
@@ -149,7 +149,7 @@ def _from_hub(repo_id: str, revision: str | None) -> ModelSource:
     disable_progress_bars()
     with _hub_errors(repo_id, revision):
         config = Path(huggingface_hub.hf_hub_download(repo_id, "config.json", revision=revision))
-        check_architecture(read_model_type(config), f"{repo_id} config.json")
+        check_model_type(config, f"{repo_id} config.json")
         snapshot = Path(huggingface_hub.snapshot_download(repo_id, revision=revision, allow_patterns=_HUB_FILES))
     return _from_directory(repo_id, snapshot.name, snapshot)
 

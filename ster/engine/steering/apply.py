@@ -37,7 +37,9 @@ def _added(model: Decoder, layers: list[int], addition: Callable[[int], Tensor])
     handles = []
 
     def hook_for(layer: int):  # noqa: ANN202 - a forward hook's signature is torch's
-        def hook(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
+        def hook(module: nn.Module, args: tuple, output: Tensor | tuple) -> Tensor | tuple:
+            if isinstance(output, tuple):  # a transformers layer that returns (hidden, ...)
+                return (output[0] + addition(layer), *output[1:])
             return output + addition(layer)
 
         return hook

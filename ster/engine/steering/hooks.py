@@ -23,8 +23,8 @@ def record_blocks(model: Decoder, layers: list[int]) -> Iterator[dict[int, Tenso
     handles = []
 
     def hook_for(layer: int):  # noqa: ANN202 - a forward hook's signature is torch's
-        def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
-            seen[layer] = output
+        def hook(module: nn.Module, args: tuple, output: Tensor | tuple) -> None:
+            seen[layer] = output[0] if isinstance(output, tuple) else output  # (a transformers layer's tuple)
 
         return hook
 

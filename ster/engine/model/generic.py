@@ -1,0 +1,277 @@
+"""Any other causal language model, run through transformers' own model class.
+
+Ster's own decoder (:mod:`ster.engine.model.llama`) runs the families it knows. A causal LM
+of another family that transformers can load runs here instead, behind the same interface
+the jobs call (``forward`` with a cache, a key mask, a depth, a vocabulary choice and a packed
+layout; ``blocks``; ``final_norm``; ``project``; ``lm_head``; ``new_cache``), so reading,
+steering, training and decoding need no second code path:
+
+- **Blocks** are the model's own decoder layers (the one ``ModuleList`` as long as the config's
+  layer count). A block's output is the residual stream after it, read and steered by the same
+  forward hooks as on Ster's decoder. A forward that needs no logits stops after the deepest
+  block it reads (a hook raises once the state is recorded), as Ster's decoder does.
+- **Adapters** are LoRA factors on the layers' ``self_attn.{q,k,v,o}_proj`` and
+  ``mlp.{gate,up,down}_proj`` — PEFT's own layout of the update ``scale · B (A x)`` — added by a
+  forward hook on each projection, so the adapter files, training, merging and PEFT export are the
+  same as on Ster's decoder. A target the model's layers do not have is refused by name.
+- **Caches** are transformers' ``DynamicCache``; packed layouts pass a 4-D additive mask (one per
+  layer type when some layers slide).
+
+It is slower than Ster's own decoder (no fused projections, transformers' per-call overhead)
+and the job says so once, on the progress stream, when the weights load.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ster.engine.model.config import FULL, SLIDING, DecoderConfig
+from ster.engine.model.llama import ForwardOutput, Layout, LoraFactors, Vocab, _lora_update, _positions
+from ster.engine.protocol.errors import Refusal
+
+LORA_MODULES = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
+"""Where a LoRA target lives in a transformers decoder layer (PEFT's names for Llama-like layers)."""
+FINAL_NORMS = ("norm", "final_layernorm", "ln_f", "final_layer_norm", "norm_f")
+
+
+class _Stop(Exception):
+    """Raised by the capturing hook once the deepest block a read needs has run."""
+
+
+class GenericCache:
+    """transformers' DynamicCache, with the position count Ster's decoding loop reads."""
+
+    def __init__(self, model: nn.Module) -> None:
+        from transformers import DynamicCache
+
+        self.inner = DynamicCache(config=model.config)
+        self.length = 0
+
+    def take_prefix(self, alone: GenericCache, count: int) -> None:
+        """Become ``alone``'s single-row cache repeated for ``count`` rows (a group's shared prefill)."""
+        alone.inner.batch_repeat_interleave(count)
+        self.inner, self.length = alone.inner, alone.length
+
+    def keep_rows(self, rows: Tensor) -> None:
+        """Keep only the cache rows ``rows`` (rows that stopped are dropped)."""
+        self.inner.batch_select_indices(rows)
+
+
+class GenericDecoder(nn.Module):
+    """A transformers causal LM behind the interface of Ster's :class:`~ster.engine.model.llama.Decoder`."""
+
+    def __init__(self, config: DecoderConfig, model: nn.Module) -> None:
+        super().__init__()
+        self.config = config
+        self.hf = model
+        self.layers = _decoder_layers(model, config)
+        self.final = _final_norm(model)
+        self.adapters_on = True
+        """Whether attached LoRA factors apply in the current forward (False: the frozen base)."""
+        parameters = inspect.signature(model.forward).parameters
+        self._cache_keyword = "cache" if "cache" in parameters else "past_key_values"
+        self._keeps_logits = "logits_to_keep" in parameters
+        for layer in self.layers:
+            for attribute, names in LORA_MODULES.items():
+                module = getattr(layer, attribute, None)
+                if module is None:
+                    continue
+                module.lora = {}  # what lora.attached fills, as on Ster's own blocks
+                module.fused_weight = None
+                for name in names:
+                    child = getattr(module, name, None)
+                    if isinstance(child, nn.Linear):
+                        child.register_forward_hook(self._lora_hook(module, name))
+
+    def _lora_hook(self, module: nn.Module, name: str):  # noqa: ANN202 - a forward hook's signature is torch's
+        def hook(linear: nn.Module, args: tuple, output: Tensor) -> Tensor | None:
+            lora: LoraFactors | None = module.lora.get(name)
+            if lora is None or not self.adapters_on:
+                return None
+            return output + _lora_update(args[0], lora)
+
+        return hook
+
+    def prepare(self) -> GenericDecoder:
+        self.requires_grad_(False)
+        return self.eval()
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.layers
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self.hf.get_output_embeddings()
+
+    def new_cache(self, batch: int, max_len: int) -> GenericCache:
+        return GenericCache(self.hf)
+
+    def lora_module(self, layer: int, projection: str) -> nn.Module:
+        """The module of ``layer`` that holds ``projection`` and its attached factors, refusing a target this
+        model's layers do not have."""
+        attribute = next(name for name, names in LORA_MODULES.items() if projection in names)
+        module = getattr(self.layers[layer], attribute, None)
+        if module is None or not isinstance(getattr(module, projection, None), nn.Linear):
+            raise Refusal(f"this {self.config.model_type} model's layers have no {attribute}.{projection} linear "
+                          "projection, so an adapter cannot target it here")
+        return module
+
+    def forward(
+        self,
+        ids: Tensor,
+        *,
+        cache: GenericCache | None = None,
+        key_mask: Tensor | None = None,
+        depth: int | None = None,
+        vocab: Vocab = "last",
+        layout: Layout | None = None,
+        adapters: bool = True,
+    ) -> ForwardOutput:
+        """As :meth:`ster.engine.model.llama.Decoder.forward`."""
+        count = len(self.blocks)
+        depth = count if depth is None else depth
+        if depth < count and vocab != "none":
+            raise ValueError("a forward that stops before the last block computes no logits")
+        past = cache.length if cache is not None else 0
+        if layout is not None:
+            positions, mask = layout.positions, self._layout_mask(layout)
+        else:
+            positions = _positions(ids, past, key_mask)
+            mask = None if key_mask is None else key_mask.long()
+        stop = vocab == "none" and cache is None  # no logits wanted: nothing after the block is run
+        seen: dict[str, Tensor] = {}
+
+        def capture(module: nn.Module, args: tuple, output: Any) -> None:
+            seen["hidden"] = output[0] if isinstance(output, tuple) else output
+            if stop:
+                raise _Stop
+
+        kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask, "position_ids": positions,
+                                  "use_cache": cache is not None, self._cache_keyword: None if cache is None
+                                  else cache.inner}
+        if self._keeps_logits and not stop:
+            kwargs["logits_to_keep"] = 1 if vocab == "last" else 0
+        handle = self.blocks[depth - 1].register_forward_hook(capture)
+        self.adapters_on = adapters
+        logits = None
+        try:
+            with _quiet():
+                if stop:
+                    try:
+                        self.hf(**kwargs)
+                    except _Stop:
+                        pass
+                else:
+                    output = self.hf(**kwargs)
+                    if vocab != "none":
+                        logits = output.logits.float()
+                        logits = logits[:, -1] if vocab == "last" else logits
+        finally:
+            handle.remove()
+            self.adapters_on = True
+        if cache is not None:
+            cache.length += ids.shape[1]
+        return ForwardOutput(seen["hidden"], logits)
+
+    def _layout_mask(self, layout: Layout) -> Tensor | dict[str, Tensor]:
+        """The packed layout's mask as transformers takes a prepared one: additive, 0 where a key is seen; with
+        a sliding window shorter than the packed row, the windowed mask for the sliding layers too."""
+        dtype = self.lm_head.weight.dtype
+        floor = torch.finfo(dtype).min
+
+        def additive(allowed: Tensor) -> Tensor:
+            return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, floor)
+
+        window = self.config.sliding_window
+        full = additive(layout.mask)
+        if window is None or layout.positions.shape[1] <= window:
+            return full
+        positions = layout.positions
+        near = (positions[:, None, :, None] - positions[:, None, None, :]) < window
+        sliding = additive(layout.mask & near)
+        types = set(self.config.layer_types or [])
+        if types == {FULL, SLIDING}:
+            return {FULL: full, SLIDING: sliding}
+        return sliding
+
+    def final_norm(self, h: Tensor) -> Tensor:
+        if self.final is None:
+            raise Refusal(f"Ster cannot find the final norm of this {self.config.model_type} model, so it cannot "
+                          "score tokens outside transformers' own forward")
+        return self.final(h)
+
+    def project(self, h: Tensor) -> Tensor:
+        """f32 logits [..., V] of residual states taken before the final norm."""
+        logits = self.lm_head(self.final_norm(h)).float()
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def check_projection(self) -> None:
+        """Refuse a model whose logits are not ``lm_head(final_norm(h))`` (a logit scale, say): the losses that
+        project chosen states alone would be wrong on it. One short forward, compared with transformers' logits."""
+        ids = torch.tensor([[0, 1, 2]], device=self.lm_head.weight.device)
+        with torch.inference_mode():
+            out = self(ids, vocab="all")
+            ours = self.project(out.hidden)
+        if out.logits is None or not torch.allclose(ours, out.logits, atol=1e-3, rtol=1e-3):
+            self.final = None
+
+
+def _decoder_layers(model: nn.Module, config: DecoderConfig) -> nn.ModuleList:
+    """The model's decoder layers: the ModuleList holding ``num_hidden_layers`` modules (the first, outermost)."""
+    for _, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) == config.num_hidden_layers:
+            return module
+    raise Refusal(f"Ster cannot find the {config.num_hidden_layers} decoder layers of this {config.model_type} model "
+                  "to read and steer")
+
+
+def _final_norm(model: nn.Module) -> nn.Module | None:
+    base = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "base_model", model)
+    for name in FINAL_NORMS:
+        module = getattr(base, name, None)
+        if isinstance(module, nn.Module):
+            return module
+    return None
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def load_generic(root: Path, config: DecoderConfig, dtype: torch.dtype, device: torch.device) -> GenericDecoder:
+    """transformers' own model of the checkpoint in ``root``, at ``dtype`` on ``device``, behind Ster's interface."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        with _quiet():
+            model, info = AutoModelForCausalLM.from_pretrained(str(root), dtype=dtype, output_loading_info=True)
+    except (OSError, ValueError, KeyError, RuntimeError, ImportError) as exc:
+        raise Refusal(f"transformers could not load {root}: {str(exc).splitlines()[0]}") from None
+    # transformers fills a weight the files lack with random numbers and only logs it; a model that is not what
+    # its config.json says is refused instead, naming the first tensor that disagrees.
+    for kind, what in (("missing_keys", "have no tensor {}, which config.json implies"),
+                       ("mismatched_keys", "hold tensor {} at a shape config.json does not imply"),
+                       ("unexpected_keys", "hold tensor {}, which a {} model does not have")):
+        names = sorted(str(entry[0] if isinstance(entry, tuple) else entry) for entry in info.get(kind) or ())
+        if names:
+            raise Refusal(f"the weights in {root} " + what.format(names[0], config.model_type))
+    model.to(device)
+    decoder = GenericDecoder(config, model).prepare()
+    decoder.check_projection()
+    return decoder
