@@ -319,12 +319,13 @@ def _module_settings(lora: Any, names: Names) -> dict[tuple[int, str], tuple[int
     ``alpha_pattern`` entries (matched by peft's own rule), else ``r`` and ``lora_alpha``."""
     from peft.utils.other import get_pattern_key
 
+    ranks, alphas = lora.rank_pattern or {}, lora.alpha_pattern or {}
     settings = {}
     for (layer, module, factor), (name, _) in names.items():
         if factor == "a":
             key = name.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
-            rank = lora.rank_pattern.get(get_pattern_key(lora.rank_pattern.keys(), key), lora.r)
-            alpha = lora.alpha_pattern.get(get_pattern_key(lora.alpha_pattern.keys(), key), lora.lora_alpha)
+            rank = ranks.get(get_pattern_key(ranks.keys(), key), lora.r)
+            alpha = alphas.get(get_pattern_key(alphas.keys(), key), lora.lora_alpha)
             settings[(layer, module)] = (rank, alpha)
     return settings
 
@@ -355,10 +356,11 @@ def _check_shapes(path: Path, names: Names, config: LlamaConfig, settings: dict[
     if beyond:
         raise Refusal(f"PEFT adapter {path} adapts layer {beyond[0]}, but the model has {config.num_hidden_layers} "
                       "layers")
+    alien = sorted({module for _, module, _ in names if module in FUSED and module not in config.family.fused})
+    if alien:
+        raise Refusal(f"PEFT adapter {path} adapts {alien[0]}, a fused projection that a {config.model_type} model "
+                      "does not have")
     for (layer, module, factor), (name, shape) in sorted(names.items()):
-        if module in FUSED and module not in config.family.fused:
-            raise Refusal(f"PEFT adapter {path} adapts {module}, a fused projection that a {config.model_type} "
-                          "model does not have")
         rank = settings[(layer, module)][0]
         out = sum(projection_shape(config, target)[0] for target in COVERS[module])
         inner = projection_shape(config, COVERS[module][0])[1]
