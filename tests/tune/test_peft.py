@@ -171,9 +171,9 @@ def refused(path: Path, config_dir: Path = TOY_DIR) -> str:
     ({"peft_type": "IA3"}, "is of type IA3; Ster applies LoRA adapters only"),
     ({"use_dora": True}, ("uses DoRA (use_dora), whose magnitude vector rescales each projection; Ster applies "
                           "plain LoRA only")),
-    ({"rank_pattern": {"q_proj": 4}}, ("gives some modules their own rank or alpha (rank_pattern, alpha_pattern); "
-                                       "a Ster adapter has one rank and one alpha")),
-    ({"alpha_pattern": {"v_proj": 2}}, "gives some modules their own rank or alpha"),
+    ({"rank_pattern": {"q_proj": 4}}, ("scales v_proj on layer 0 by 2 but q_proj on layer 0 by 1 (rank_pattern, "
+                                       "alpha_pattern); a Ster adapter has one scale")),
+    ({"alpha_pattern": {"v_proj": 2}}, "scales v_proj on layer 0 by 1 but q_proj on layer 0 by 2"),
     ({"modules_to_save": ["lm_head"]}, ("also trains whole modules (lm_head, modules_to_save), which a Ster adapter "
                                         "cannot carry")),
     ({"bias": "lora_only"}, "trains biases (bias 'lora_only', lora_bias False), which a Ster adapter cannot carry"),

@@ -7,12 +7,23 @@ A ``[r, in]``, ``lora_B.weight``: B ``[out, r]``). These are the same factors a 
 holds as ``layers.{l}.query.a|b``; only the names and the config differ, so both directions
 are a renaming, with peft's own config class doing the parsing and the writing of the JSON.
 
+A fused projection of the checkpoint (Phi-3's ``qkv_proj`` and ``gate_up_proj``, which Ster's
+loader splits into its separate projections) is where PEFT puts the factors of the projections
+it stacks. One LoRA on it, A ``[r, in]`` and B ``[q + k + v rows, r]``, is exactly separate LoRAs
+on q, k and v that share A, B split by rows; read, it becomes those. Written, separate factors
+``A_t``, ``B_t`` (rank r each) become one LoRA of rank ``k·r`` over the k targeted pieces: A
+stacks the ``A_t``, B is block-diagonal (``B_t`` in its piece's rows and its own r columns, zero
+rows for a piece not targeted), and ``alpha_pattern`` gives it ``k·alpha``, so PEFT's scale
+``alpha / rank`` is the adapter's. Exact both ways; PEFT's ``rank_pattern`` carries the larger rank.
+
 What a Ster adapter cannot express is refused in one sentence each: other PEFT methods, DoRA
-and the other LoRA variants that change the update, per-module ranks or alphas, extra
-trainable modules, biases, modules other than the seven projections, initialisations that
-rewrote the base weights, and a grid of factors that is not the same targets on every
-adapted layer. rsLoRA's scale ``alpha / sqrt(r)`` is folded into the alpha Ster records
-(``alpha · sqrt(r)``), so Ster's ``alpha / rank`` gives the same scale.
+and the other LoRA variants that change the update, modules scaled differently (a rank or
+alpha pattern that changes ``alpha / rank``), extra trainable modules, biases, modules other
+than the seven projections and the fused ones, initialisations that rewrote the base weights,
+and a grid of factors that is not the same modules on every adapted layer. A Ster adapter has
+one rank: modules of a smaller rank than the largest are padded with zero rows of A and zero
+columns of B, which adds exactly nothing. rsLoRA's scale ``alpha / sqrt(r)`` is folded into the
+alpha Ster records (``alpha · sqrt(r)``), so Ster's ``alpha / rank`` gives the same scale.
 
 A PEFT directory carries no checkpoint fingerprint, only the name of the base model it was
 trained on (usually a Hub id, where a Ster user often gives a local directory), so the model's
@@ -34,12 +45,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ster.engine.model.adapter import (
+    ATTENTION,
     TARGETS,
     AdapterSidecar,
     factor_names,
     projection_shape,
     safetensors_header,
 )
+from ster.engine.model.config import FAMILIES
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import (
     atomic_directory,
@@ -59,19 +72,34 @@ WEIGHTS_NAME = "adapter_model.safetensors"
 PICKLE_NAME = "adapter_model.bin"
 SHORT_NAMES = {hf: short for short, hf in TARGETS.items()}
 """Hugging Face projection name → Ster's short name."""
-MODULE_OF = {hf: ("self_attn" if hf in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp") for hf in SHORT_NAMES}
+FUSED: dict[str, tuple[str, ...]] = {name: tuple(SHORT_NAMES[part] for part in parts)
+                                     for family in FAMILIES.values() for name, parts in family.fused.items()}
+"""A fused checkpoint projection → the Ster targets it stacks, in row order (Phi-3's qkv_proj, gate_up_proj)."""
+COVERS: dict[str, tuple[str, ...]] = {**{hf: (short,) for hf, short in SHORT_NAMES.items()}, **FUSED}
+"""Every module a PEFT factor may adapt → the Ster targets it carries."""
+MODULE_OF = {hf: ("self_attn" if covered[0] in ATTENTION else "mlp") for hf, covered in COVERS.items()}
 PROJECTIONS = ", ".join(TARGETS.values())
+READS_HIDDEN = ("query", "key", "value", "gate", "up")
 _KEY = re.compile(r"base_model\.model\.(?:model\.)?layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight")
 BASE_REWRITING_INITS = ("pissa", "olora", "corda", "loftq", "lora_ga")
 """``init_lora_weights`` values whose initialisation subtracted the first update from the base weights."""
 TRAINING_ONLY_VARIANTS = {"velora_config"}
 """LoRA variants that change only the backward pass: the saved factors apply as plain LoRA."""
 
+Names = dict[tuple[int, str, str], tuple[str, list[int]]]
+"""(layer, PEFT module, a|b) → (the tensor's name, its shape)."""
+Layout = dict[str, list[tuple[str, int]]]
+"""A model's fused projections: PEFT module → (Ster target, output rows) of each piece, in row order."""
+
 
 def peft_key(layer: int, target: str, factor: Literal["a", "b"]) -> str:
     """The name PEFT gives a factor of Ster's ``layers.{layer}.{target}.{factor}`` in adapter_model.safetensors."""
-    hf = TARGETS[target]
-    return f"base_model.model.model.layers.{layer}.{MODULE_OF[hf]}.{hf}.lora_{factor.upper()}.weight"
+    return module_key(layer, TARGETS[target], factor)
+
+
+def module_key(layer: int, module: str, factor: Literal["a", "b"]) -> str:
+    """The name PEFT gives factor A or B of a module (``q_proj``, ``qkv_proj`` …) of a layer."""
+    return f"base_model.model.model.layers.{layer}.{MODULE_OF[module]}.{module}.lora_{factor.upper()}.weight"
 
 
 # Reading ----------------------------------------------------------------------------------------------------
@@ -81,28 +109,24 @@ def read_peft_dir(path: Path, config: LlamaConfig, device: torch.device) -> tupl
     """The LoRA adapter in a PEFT directory as a Ster sidecar and adapter, every factor checked against the model.
 
     The sidecar names the PEFT config's base model (empty when it names none), with no fingerprint
-    and no training report; pair it with :func:`peft_model_note`, not ``check_for_model``.
+    and no training report; pair it with :func:`peft_model_note`, not ``check_for_model``. A fused
+    module's factors become its pieces' (A shared, B split by rows); a module of a smaller rank than
+    the adapter's is padded with zeros. Everything is checked before a tensor is read.
     """
-    import torch
-
     lora, weights = _read_config(path)
     names = _factor_names(path, safetensors_header(weights))
-    layers, targets = _grid(path, names, lora)
-    _check_shapes(path, names, config, lora.r, layers)
+    layers, modules = _grid(path, names, lora)
+    settings = _module_settings(lora, names)
+    rank, alpha = _rank_and_alpha(path, settings, lora.use_rslora)
+    _check_shapes(path, names, config, settings, layers)
+    targets = _targets(modules)
     sidecar = AdapterSidecar(kind="adapter", model=lora.base_model_name_or_path or "", model_fingerprint=None,
-                             rank=lora.r, alpha=_effective_alpha(lora), targets=targets, layers=layers,
+                             rank=rank, alpha=alpha, targets=targets, layers=layers,
                              hidden_size=config.hidden_size, train=None)
-    loaded = _load_tensors(weights)
-    tensors = {}
-    for layer in layers:
-        for target in targets:
-            for factor, name in zip(("a", "b"), factor_names(layer, target), strict=True):
-                key = names[(layer, target, factor)][0]
-                tensors[name] = loaded[key].to(torch.float32)
-                if not torch.isfinite(tensors[name]).all():
-                    raise Refusal(f"PEFT adapter tensor {key} contains a non-finite value")
+    pieces = _split(_load_tensors(weights), names, config, rank, layers, modules)
     from ster.engine.model.lora import Adapter
 
+    tensors = {name: pieces[name] for layer in layers for target in targets for name in factor_names(layer, target)}
     return sidecar, Adapter(sidecar.rank, sidecar.alpha, targets, layers, tensors).to(device)
 
 
@@ -116,17 +140,18 @@ def peft_document(path: Path) -> tuple[AdapterSidecar, list[tuple[str, list[int]
     lora, weights = _read_config(path)
     header = safetensors_header(weights)
     names = _factor_names(path, header)
-    layers, targets = _grid(path, names, lora)
-    hidden = next((shape[1] for (_, target, factor), (_, shape) in sorted(names.items())
-                   if factor == "a" and target in ("query", "key", "value", "gate", "up") and len(shape) == 2),
-                  next((shape[0] for (_, target, factor), (_, shape) in sorted(names.items())
+    layers, modules = _grid(path, names, lora)
+    rank, alpha = _rank_and_alpha(path, _module_settings(lora, names), lora.use_rslora)
+    hidden = next((shape[1] for (_, module, factor), (_, shape) in sorted(names.items())
+                   if factor == "a" and COVERS[module][0] in READS_HIDDEN and len(shape) == 2),
+                  next((shape[0] for (_, _, factor), (_, shape) in sorted(names.items())
                         if factor == "b" and len(shape) == 2), 0))
     sidecar = AdapterSidecar(kind="adapter", model=lora.base_model_name_or_path or "", model_fingerprint=None,
-                             rank=lora.r, alpha=_effective_alpha(lora), targets=targets, layers=layers,
+                             rank=rank, alpha=alpha, targets=_targets(modules), layers=layers,
                              hidden_size=hidden, train=None)
-    tensors = [(names[(layer, target, factor)][0], names[(layer, target, factor)][1],
-                str(header[names[(layer, target, factor)][0]].get("dtype", "")))
-               for layer in layers for target in targets for factor in ("a", "b")]
+    tensors = [(names[(layer, module, factor)][0], names[(layer, module, factor)][1],
+                str(header[names[(layer, module, factor)][0]].get("dtype", "")))
+               for layer in layers for module in modules for factor in ("a", "b")]
     return sidecar, tensors
 
 
@@ -196,7 +221,7 @@ def _parse(raw: dict[str, Any], file: Path) -> Any:
 
 
 def _check_config(path: Path, lora: Any) -> None:
-    """Refuse, in one sentence each, a configuration whose update is not ``scale · B A`` on the seven projections."""
+    """Refuse, in one sentence each, a configuration whose update is not ``scale · B A`` on the projections."""
     from peft import LoraConfig
 
     where = f"PEFT adapter {path}"
@@ -208,9 +233,6 @@ def _check_config(path: Path, lora: Any) -> None:
                 and getattr(lora, field.name):
             raise Refusal(f"{where} uses the LoRA variant {field.name}, which changes the update; Ster applies "
                           "plain LoRA only")
-    if lora.rank_pattern or lora.alpha_pattern:
-        raise Refusal(f"{where} gives some modules their own rank or alpha (rank_pattern, alpha_pattern); a Ster "
-                      "adapter has one rank and one alpha")
     if lora.modules_to_save:
         raise Refusal(f"{where} also trains whole modules ({', '.join(sorted(lora.modules_to_save))}, "
                       "modules_to_save), which a Ster adapter cannot carry")
@@ -239,20 +261,20 @@ def _check_targets(where: str, modules: Any) -> None:
     if modules is None or isinstance(modules, str):
         return
     for module in sorted(modules):
-        if str(module).split(".")[-1] not in SHORT_NAMES:
+        if str(module).split(".")[-1] not in COVERS:
             raise Refusal(f'{where} targets "{module}", which is not one of the seven projections Ster adapts '
-                          f"({PROJECTIONS})")
+                          f"({PROJECTIONS}) nor a fused one ({', '.join(FUSED)})")
 
 
-def _factor_names(path: Path, header: dict[str, dict[str, Any]]) -> dict[tuple[int, str, str], tuple[str, list[int]]]:
-    """(layer, short target, a|b) → (PEFT's name, shape) for every tensor; any other tensor is refused."""
-    found: dict[tuple[int, str, str], tuple[str, list[int]]] = {}
+def _factor_names(path: Path, header: dict[str, dict[str, Any]]) -> Names:
+    """(layer, PEFT module, a|b) → (PEFT's name, shape) for every tensor; any other tensor is refused."""
+    found: Names = {}
     for name in sorted(header):
         match = _KEY.fullmatch(name)
-        if match is None or match[3] not in SHORT_NAMES or MODULE_OF[match[3]] != match[2]:
+        if match is None or match[3] not in COVERS or MODULE_OF[match[3]] != match[2]:
             raise Refusal(f"PEFT adapter {path} holds tensor {name}, which is not a LoRA factor of one of the seven "
-                          f"projections Ster adapts ({PROJECTIONS})")
-        key = (int(match[1]), SHORT_NAMES[match[3]], match[4].lower())
+                          f"projections Ster adapts ({PROJECTIONS}) nor of a fused one ({', '.join(FUSED)})")
+        key = (int(match[1]), match[3], match[4].lower())
         if key in found:
             raise Refusal(f"PEFT adapter {path} holds tensors {found[key][0]} and {name} for the same factor")
         found[key] = (name, list(header[name].get("shape", [])))
@@ -261,18 +283,22 @@ def _factor_names(path: Path, header: dict[str, dict[str, Any]]) -> dict[tuple[i
     return found
 
 
-def _grid(path: Path, names: dict[tuple[int, str, str], tuple[str, list[int]]],
-          lora: Any) -> tuple[list[int], list[str]]:
-    """The adapted layers and targets: every target on every layer with both factors, as a Ster adapter has them."""
+def _grid(path: Path, names: Names, lora: Any) -> tuple[list[int], list[str]]:
+    """The adapted layers and modules: every module on every layer with both factors, as a Ster adapter has them."""
     layers = sorted({layer for layer, _, _ in names})
-    targets = [t for t in TARGETS if any(target == t for _, target, _ in names)]
+    modules = sorted({module for _, module, _ in names}, key=lambda module: list(TARGETS).index(COVERS[module][0]))
+    for module in modules:
+        for piece in COVERS[module] if len(COVERS[module]) > 1 else ():
+            if TARGETS[piece] in modules:
+                raise Refusal(f"PEFT adapter {path} adapts both {module} and {TARGETS[piece]}, a projection it "
+                              "stacks, so their updates would add up on the same rows")
     for layer in layers:
-        for target in targets:
+        for module in modules:
             for factor, other in (("a", "b"), ("b", "a")):
-                if (layer, target, factor) not in names:
-                    held = names.get((layer, target, other)) or next(
-                        entry for (_, t, f), entry in names.items() if t == target and f == factor)
-                    raise Refusal(f"PEFT adapter {path} holds {held[0]} but no {peft_key(layer, target, factor)}; "
+                if (layer, module, factor) not in names:
+                    held = names.get((layer, module, other)) or next(
+                        entry for (_, m, f), entry in names.items() if m == module and f == factor)
+                    raise Refusal(f"PEFT adapter {path} holds {held[0]} but no {module_key(layer, module, factor)}; "
                                   "a Ster adapter carries both factors of every target on every adapted layer")
     listed = lora.layers_to_transform
     if listed is not None:
@@ -280,32 +306,68 @@ def _grid(path: Path, names: dict[tuple[int, str, str], tuple[str, list[int]]],
         if listed != layers:
             raise Refusal(f"PEFT adapter {path} lists layers {listed} in layers_to_transform but holds factors for "
                           f"layers {layers}")
-    return layers, targets
+    return layers, modules
 
 
-def _check_shapes(path: Path, names: dict[tuple[int, str, str], tuple[str, list[int]]], config: LlamaConfig,
-                  rank: int, layers: list[int]) -> None:
-    """Every factor shaped as the config's rank and the model's projection imply."""
+def _targets(modules: list[str]) -> list[str]:
+    """Ster's targets of the modules, in Ster's order."""
+    return [target for module in modules for target in COVERS[module]]
+
+
+def _module_settings(lora: Any, names: Names) -> dict[tuple[int, str], tuple[int, float]]:
+    """(layer, module) → (rank, alpha) as peft gives them to that module: its ``rank_pattern`` and
+    ``alpha_pattern`` entries (matched by peft's own rule), else ``r`` and ``lora_alpha``."""
+    from peft.utils.other import get_pattern_key
+
+    ranks, alphas = lora.rank_pattern or {}, lora.alpha_pattern or {}
+    settings = {}
+    for (layer, module, factor), (name, _) in names.items():
+        if factor == "a":
+            key = name.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+            rank = ranks.get(get_pattern_key(ranks.keys(), key), lora.r)
+            alpha = alphas.get(get_pattern_key(alphas.keys(), key), lora.lora_alpha)
+            settings[(layer, module)] = (rank, alpha)
+    return settings
+
+
+def _rank_and_alpha(path: Path, settings: dict[tuple[int, str], tuple[int, float]], rslora: bool) -> tuple[int, float]:
+    """The adapter's one rank (the largest module's) and the alpha whose ``alpha / rank`` is every module's scale:
+    its ``lora_alpha``, or ``lora_alpha · sqrt(r)`` under rsLoRA; modules scaled otherwise are refused."""
+    for rank, alpha in settings.values():
+        if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
+            raise Refusal(f"PEFT adapter lora_alpha {alpha} is not a positive finite number")
+        if not isinstance(rank, int) or rank < 1:
+            raise Refusal(f"PEFT adapter rank {rank} stores nothing")
+    (layer, module), (rank, alpha) = max(settings.items(), key=lambda item: (item[1][0], -item[0][0]))
+    alpha = float(alpha) * math.sqrt(rank) if rslora else float(alpha)
+    for (other_layer, other), (r, a) in sorted(settings.items()):
+        scale = a / math.sqrt(r) if rslora else a / r
+        if not math.isclose(scale, alpha / rank, rel_tol=1e-9):
+            raise Refusal(f"PEFT adapter {path} scales {other} on layer {other_layer} by {scale:g} but {module} on "
+                          f"layer {layer} by {alpha / rank:g} (rank_pattern, alpha_pattern); a Ster adapter has one "
+                          "scale")
+    return rank, alpha
+
+
+def _check_shapes(path: Path, names: Names, config: LlamaConfig, settings: dict[tuple[int, str], tuple[int, float]],
+                  layers: list[int]) -> None:
+    """Every factor shaped as its rank and the model's projection imply; a fused module only on its family."""
     beyond = [layer for layer in layers if layer >= config.num_hidden_layers]
     if beyond:
         raise Refusal(f"PEFT adapter {path} adapts layer {beyond[0]}, but the model has {config.num_hidden_layers} "
                       "layers")
-    for (_, target, factor), (name, shape) in sorted(names.items()):
-        out, inner = projection_shape(config, target)
+    alien = sorted({module for _, module, _ in names if module in FUSED and module not in config.family.fused})
+    if alien:
+        raise Refusal(f"PEFT adapter {path} adapts {alien[0]}, a fused projection that a {config.model_type} model "
+                      "does not have")
+    for (layer, module, factor), (name, shape) in sorted(names.items()):
+        rank = settings[(layer, module)][0]
+        out = sum(projection_shape(config, target)[0] for target in COVERS[module])
+        inner = projection_shape(config, COVERS[module][0])[1]
         expected = [rank, inner] if factor == "a" else [out, rank]
         if shape != expected:
-            raise Refusal(f"PEFT adapter tensor {name} has shape {shape}, but rank {rank} on this model's "
-                          f"{TARGETS[target]} implies {expected}; the adapter was made for another model or rank")
-
-
-def _effective_alpha(lora: Any) -> float:
-    """The alpha whose ``alpha / r`` is PEFT's scale: ``lora_alpha``, or ``lora_alpha · sqrt(r)`` under rsLoRA."""
-    alpha = float(lora.lora_alpha)
-    if not (math.isfinite(alpha) and alpha > 0):
-        raise Refusal(f"PEFT adapter lora_alpha {lora.lora_alpha} is not a positive finite number")
-    if lora.r < 1:
-        raise Refusal(f"PEFT adapter rank {lora.r} stores nothing")
-    return alpha * math.sqrt(lora.r) if lora.use_rslora else alpha
+            raise Refusal(f"PEFT adapter tensor {name} has shape {shape}, but rank {rank} on this model's {module} "
+                          f"implies {expected}; the adapter was made for another model or rank")
 
 
 def _load_tensors(weights: Path) -> dict[str, Tensor]:
@@ -318,27 +380,96 @@ def _load_tensors(weights: Path) -> dict[str, Tensor]:
         raise Refusal(f"failed to read PEFT adapter weights {weights}") from None
 
 
+def _split(loaded: dict[str, Tensor], names: Names, config: LlamaConfig, rank: int, layers: list[int],
+           modules: list[str]) -> dict[str, Tensor]:
+    """Ster's factors of every module: f32, padded to ``rank``, a fused module's A given to each piece and its
+    B cut by the pieces' rows; a non-finite value is refused."""
+    import torch
+
+    tensors = {}
+    for layer in layers:
+        for module in modules:
+            a, b = (loaded[names[(layer, module, factor)][0]].to(torch.float32) for factor in ("a", "b"))
+            for factor, tensor in (("a", a), ("b", b)):
+                if not torch.isfinite(tensor).all():
+                    raise Refusal(f"PEFT adapter tensor {names[(layer, module, factor)][0]} contains a non-finite "
+                                  "value")
+            a = torch.cat([a, a.new_zeros(rank - a.shape[0], a.shape[1])])  # [rank, in]
+            b = torch.cat([b, b.new_zeros(b.shape[0], rank - b.shape[1])], dim=1)  # [out, rank]
+            rows = [projection_shape(config, target)[0] for target in COVERS[module]]
+            for target, piece in zip(COVERS[module], b.split(rows), strict=True):
+                name_a, name_b = factor_names(layer, target)
+                tensors[name_a], tensors[name_b] = a.clone(), piece.contiguous()
+    return tensors
+
+
 # Writing ----------------------------------------------------------------------------------------------------
 
 
-def write_peft_dir(output_dir: Path, sidecar: AdapterSidecar, tensors: dict[str, Tensor], base_model: str) -> list[str]:
+def model_layout(model: str, revision: str | None = None) -> Layout:
+    """The fused projections of the model an adapter was trained on, from its config.json alone: the bundled
+    toy, a local directory, or a Hub repository's config.json (the weights are not fetched)."""
+    from ster.engine.model.config import load_config
+
+    try:
+        return fused_layout(load_config(_config_file(model, revision)))
+    except Refusal as exc:
+        raise Refusal(f"cannot read the config.json of {model}, the model the adapter was trained on, to name its "
+                      f"projections as PEFT does: {exc}") from None
+
+
+def _config_file(model: str, revision: str | None) -> Path:
+    from ster.engine.model.resolve import RESERVED, _hub_errors, resolve_model
+
+    if model in RESERVED or Path(model).expanduser().exists():
+        return resolve_model(model, revision).config
+    import huggingface_hub
+    from huggingface_hub.errors import HFValidationError
+
+    with _hub_errors(model, revision):
+        try:
+            return Path(huggingface_hub.hf_hub_download(model, "config.json", revision=revision))
+        except HFValidationError:
+            raise Refusal(f"model directory {model} does not exist") from None
+
+
+def fused_layout(config: LlamaConfig) -> Layout:
+    """The model's fused projections, each piece's Ster target with its rows (empty for most families)."""
+    return {module: [(SHORT_NAMES[part], projection_shape(config, SHORT_NAMES[part])[0]) for part in parts]
+            for module, parts in config.family.fused.items()}
+
+
+def peft_modules(targets: list[str], layout: Layout | None = None) -> list[tuple[str, list[str]]]:
+    """The modules PEFT names for Ster's targets, in Ster's order: a fused projection once, with the
+    targets it carries in its row order; every other target as its own projection."""
+    pieces = {target: module for module, parts in (layout or {}).items() for target, _ in parts}
+    modules: dict[str, list[str]] = {}
+    for target in sorted(targets, key=list(TARGETS).index):
+        modules.setdefault(pieces.get(target, TARGETS[target]), []).append(target)
+    return list(modules.items())
+
+
+def write_peft_dir(output_dir: Path, sidecar: AdapterSidecar, tensors: dict[str, Tensor], base_model: str,
+                   layout: Layout | None = None) -> list[str]:
     """Write the adapter as a PEFT directory, atomically, into a new or empty ``output_dir``; the files' names.
 
-    ``tensors`` are Ster's ``layers.{l}.{target}.a|b``. ``layers_to_transform`` is always written:
-    the adapter alone does not say whether its layers are all of the model's, and the explicit
-    list is right either way (PEFT then creates factors on those layers only).
+    ``tensors`` are Ster's ``layers.{l}.{target}.a|b``; ``layout`` (:func:`model_layout`) the base model's
+    fused projections, whose pieces' factors are joined into one LoRA as the module docstring says.
+    ``layers_to_transform`` is always written: the adapter alone does not say whether its layers are all
+    of the model's, and the explicit list is right either way (PEFT then creates factors on those layers only).
     """
     from safetensors.torch import save
 
     if sidecar.kind == "reward":
         raise Refusal("adapter artifact is a reward model, not a generation adapter")
     check_output_directory(output_dir, "--output")
-    config = json.dumps(peft_config(sidecar, base_model), indent=2, sort_keys=True)
+    modules = peft_modules(sidecar.targets, layout)
+    config = json.dumps(peft_config(sidecar, base_model, modules), indent=2, sort_keys=True)
     state = {}
     for layer in sidecar.layers:
-        for target in sidecar.targets:
-            for factor, name in zip(("a", "b"), factor_names(layer, target), strict=True):
-                state[peft_key(layer, target, factor)] = tensors[name].detach().to("cpu").float().contiguous()
+        for module, carried in modules:
+            a, b = _joined(layer, module, carried, tensors, (layout or {}).get(module))
+            state[module_key(layer, module, "a")], state[module_key(layer, module, "b")] = a, b
     data = save(state, metadata={"format": "pt"})
     with atomic_directory(output_dir) as tmp:
         (tmp / CONFIG_NAME).write_text(config, encoding="utf-8")
@@ -346,15 +477,48 @@ def write_peft_dir(output_dir: Path, sidecar: AdapterSidecar, tensors: dict[str,
     return [CONFIG_NAME, WEIGHTS_NAME]
 
 
-def peft_config(sidecar: AdapterSidecar, base_model: str) -> dict[str, Any]:
-    """adapter_config.json as ``LoraConfig.save_pretrained`` writes it, with target_modules in a fixed order."""
+def _joined(layer: int, module: str, carried: list[str], tensors: dict[str, Tensor],
+            parts: list[tuple[str, int]] | None) -> tuple[Tensor, Tensor]:
+    """A module's (A, B), f32 on the CPU: a target's own factors, or for a fused projection A stacking the
+    carried targets' A and B block-diagonal, each target's B in its piece's rows and its A's columns."""
+    import torch
+
+    own = {target: [tensors[name].detach().to("cpu").float() for name in factor_names(layer, target)]
+           for target in carried}
+    if parts is None:
+        return own[carried[0]][0].contiguous(), own[carried[0]][1].contiguous()
+    a = torch.cat([own[target][0] for target in carried])  # [k·r, in]
+    rank = a.shape[0] // len(carried)
+    b = torch.zeros(sum(rows for _, rows in parts), a.shape[0])  # [q + k + v rows, k·r]
+    offset = 0
+    for target, rows in parts:
+        if target in own:
+            if own[target][1].shape[0] != rows:
+                raise Refusal(f"adapter tensor {factor_names(layer, target)[1]} has {own[target][1].shape[0]} rows, "
+                              f"but the model's {TARGETS[target]} has {rows}")
+            column = carried.index(target) * rank
+            b[offset:offset + rows, column:column + rank] = own[target][1]
+        offset += rows
+    return a.contiguous(), b
+
+
+def peft_config(sidecar: AdapterSidecar, base_model: str,
+                modules: list[tuple[str, list[str]]] | None = None) -> dict[str, Any]:
+    """adapter_config.json as ``LoraConfig.save_pretrained`` writes it, with target_modules in a fixed order;
+    a fused module carrying k targets gets rank ``k·r`` and alpha ``k·alpha`` by pattern, so its scale is r's."""
     from peft import LoraConfig
 
-    alpha = int(sidecar.alpha) if float(sidecar.alpha).is_integer() else sidecar.alpha
+    def number(value: float) -> int | float:
+        return int(value) if float(value).is_integer() else value
+
+    modules = modules if modules is not None else peft_modules(sidecar.targets)
+    joined = {module: len(carried) for module, carried in modules if len(carried) > 1}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        config = LoraConfig(task_type="CAUSAL_LM", r=sidecar.rank, lora_alpha=alpha,
-                            target_modules=[TARGETS[t] for t in sidecar.targets],
+        config = LoraConfig(task_type="CAUSAL_LM", r=sidecar.rank, lora_alpha=number(sidecar.alpha),
+                            target_modules=[module for module, _ in modules],
+                            rank_pattern={module: k * sidecar.rank for module, k in joined.items()},
+                            alpha_pattern={module: number(k * sidecar.alpha) for module, k in joined.items()},
                             layers_to_transform=list(sidecar.layers), lora_dropout=0.0, bias="none",
                             base_model_name_or_path=base_model, inference_mode=True)
     document = config.to_dict()

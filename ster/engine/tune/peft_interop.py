@@ -2,9 +2,11 @@
 
 No model is opened: the factors' shapes come from the adapter file itself, and are checked
 against each other (every factor of a target the same shape on every layer, each B's rank
-its A's, the widths the sidecar and the projections imply) before torch is imported. The
-directory format is :mod:`ster.engine.model.peft_format`'s, which also reads such
-directories back for ``--adapter``.
+its A's, the widths the sidecar and the projections imply) before torch is imported. Only the
+trained model's config.json is read, for the projections transformers' model fuses (Phi-3's
+``qkv_proj``, ``gate_up_proj``), which PEFT must name instead of the pieces. The directory
+format is :mod:`ster.engine.model.peft_format`'s, which also reads such directories back for
+``--adapter``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from typing import Any
 from pydantic import BaseModel
 
 from ster.engine.model.adapter import (
-    TARGETS,
     AdapterSidecar,
     check_tensors,
     factor_names,
@@ -45,7 +46,8 @@ class ExportPeftResult(BaseModel):
     rank: int
     alpha: float
     target_modules: list[str]
-    """Hugging Face projection names, in Ster's target order."""
+    """The modules PEFT adapts, named as in transformers' model (a fused projection such as Phi-3's ``qkv_proj``
+    once), in Ster's target order."""
     layers: list[int]
     tensors: int
     files: list[str]
@@ -58,13 +60,14 @@ def export_job(request: ExportPeftRequest, ctx: JobContext) -> ExportPeftResult:
         raise Refusal("adapter artifact is a reward model, not a generation adapter")
     check_factor_shapes(sidecar, safetensors_header(request.adapter), request.adapter)
     base_model = request.base_model or sidecar.model
+    from ster.engine.model.peft_format import model_layout, peft_modules, write_peft_dir
+
+    layout = model_layout(sidecar.model, sidecar.model_revision)  # Phi-3's fused projections: config.json only
     ctx.progress("export", f"writing {request.adapter} as a PEFT adapter for {base_model}")
     tensors = _load(request.adapter)  # torch, once every input has been checked
-    from ster.engine.model.peft_format import write_peft_dir
-
-    files = write_peft_dir(request.output, sidecar, tensors, base_model)
+    files = write_peft_dir(request.output, sidecar, tensors, base_model, layout)
     return ExportPeftResult(output=str(request.output), base_model=base_model, rank=sidecar.rank,
-                            alpha=sidecar.alpha, target_modules=[TARGETS[t] for t in sidecar.targets],
+                            alpha=sidecar.alpha, target_modules=[m for m, _ in peft_modules(sidecar.targets, layout)],
                             layers=sidecar.layers, tensors=len(tensors), files=files)
 
 
