@@ -190,13 +190,16 @@ def test_an_export_round_trips_through_inspect(cli, phi3: Path, tmp_path: Path) 
         torch.testing.assert_close(updates(back)[name], update, atol=1e-6, rtol=1e-6)
 
 
-def test_an_export_whose_model_config_cannot_be_read_is_refused_and_writes_nothing(cli, phi3: Path,
-                                                                                  tmp_path: Path) -> None:
+def test_an_export_whose_model_config_cannot_be_read_names_the_projections_separately(cli, phi3: Path,
+                                                                                      tmp_path: Path) -> None:
+    """The model an adapter was trained on may be gone (or offline): the export still runs, under the separate
+    projections' names, and says why in a warning."""
     path = tmp_path / "a.safetensors"
     write_adapter(path, model=str(phi3), targets=("query",), layers=(0,))
     edit_sidecar(path, model=str(tmp_path / "gone"))
     run = cli("tune", "export-peft", path, "--output", tmp_path / "peft")
-    assert run.code != 0
+    assert run.code == 0, run.err
     assert f"cannot read the config.json of {tmp_path / 'gone'}, the model the adapter was trained on" in run.err
-    assert not (tmp_path / "peft").exists()
+    assert "names each projection on its own" in run.err
+    assert run.json["target_modules"] == ["q_proj"]
     assert json.loads(path.with_suffix(".json").read_text())["model"] == str(tmp_path / "gone")

@@ -62,7 +62,11 @@ def export_job(request: ExportPeftRequest, ctx: JobContext) -> ExportPeftResult:
     base_model = request.base_model or sidecar.model
     from ster.engine.model.peft_format import model_layout, peft_modules, write_peft_dir
 
-    layout = model_layout(sidecar.model, sidecar.model_revision)  # Phi-3's fused projections: config.json only
+    try:
+        layout = model_layout(sidecar.model, sidecar.model_revision)  # Phi-3's fused projections: config.json only
+    except Refusal as exc:  # the model is gone or offline: the adapter is still exported, under the separate names
+        ctx.warn(f"{exc}; the PEFT directory names each projection on its own, as every family but Phi-3 has them")
+        layout = {}
     ctx.progress("export", f"writing {request.adapter} as a PEFT adapter for {base_model}")
     tensors = _load(request.adapter)  # torch, once every input has been checked
     files = write_peft_dir(request.output, sidecar, tensors, base_model, layout)
