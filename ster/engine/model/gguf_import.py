@@ -1,17 +1,20 @@
 """The ``model import`` job: a GGUF checkpoint of a native family converted into a standard directory.
 
-The GGUF header is read first, so a file of another family is refused before a
-tensor is dequantized or a file written. Dequantizing and rebuilding the tokenizer
-is done by transformers' own GGUF reader (which needs the ``gguf`` package); the
-directory is written beside its destination, checked the way every command checks a
-checkpoint, and only then renamed into place.
+The GGUF header is read first, so a file of another family, or one whose rope scaling
+cannot be rebuilt, is refused before a tensor is dequantized or a file written.
+Dequantizing and rebuilding the tokenizer is done by transformers' own GGUF reader
+(which needs the ``gguf`` package), on a config completed from the header where that
+reader leaves a stated setting out (:func:`_complete_config`); a file whose tensors the
+reader does not all place is refused. The directory is written beside its
+destination, checked the way every command checks a checkpoint, and only then
+renamed into place.
 """
 
 from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from unittest import mock
 
 from pydantic import BaseModel
@@ -29,9 +32,29 @@ from ster.engine.protocol.files import (
 )
 from ster.engine.protocol.jobs import JobContext
 
-GGUF_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma3")
+GGUF_MODEL_TYPES = ("llama", "qwen2", "qwen3", "phi3", "gemma3")
 """The GGUF architectures ``model import`` converts: the families Ster runs natively (a Gemma 3 GGUF holds the
-text model, written as ``gemma3_text``). Any other architecture is refused from the header."""
+text model, written as ``gemma3_text``). Any other architecture is refused from the header. A Mistral model is a
+``llama`` GGUF (llama.cpp writes it so, and the ``gguf`` package names no ``mistral`` architecture) and imports as
+Llama."""
+
+END_OF_TURN = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>")
+"""The end-of-turn tokens of the native families' chat templates (Gemma, Qwen, Llama 3, Phi-3): a GGUF names one
+stop id, and where its vocabulary holds one of these as a special token, generation stops there too (as llama.cpp
+does)."""
+
+
+class GgufHeader(NamedTuple):
+    """What the import reads before any tensor: the architecture, the metadata fields, the tensor names."""
+
+    architecture: str
+    name: str | None
+    fields: Any
+    """The reader's fields, read on demand (a vocabulary can hold 200 000 strings)."""
+    tensors: frozenset[str]
+
+    def value(self, key: str) -> Any:
+        return self.fields[key].contents() if key in self.fields else None
 
 
 class ImportResult(BaseModel):
@@ -50,20 +73,35 @@ class ImportResult(BaseModel):
     """Whether the GGUF carried a chat template (written to tokenizer_config.json)."""
 
 
-def read_architecture(path: Path) -> tuple[str, str | None]:
-    """The GGUF's ``general.architecture`` and ``general.name``, from its header alone."""
+def read_header(path: Path) -> GgufHeader:
+    """The GGUF's architecture, name, fields and tensor names, from its header alone (tensors are mapped, not read)."""
     try:
         import gguf
     except ImportError:
         raise Refusal('importing GGUF needs the gguf and accelerate packages: pip install "ster[gguf]"') from None
     try:
-        fields = gguf.GGUFReader(str(path)).fields
+        reader = gguf.GGUFReader(str(path))
     except Exception as exc:  # the reader raises ValueError, struct.error and others for a non-GGUF file
-        raise Refusal(f"{path} is not a readable GGUF file: {exc}") from None
+        raise Refusal(f"{path} is not a readable GGUF file: {_first_line(exc)}") from None
+    fields = reader.fields
     if "general.architecture" not in fields:
         raise Refusal(f"{path} declares no general.architecture")
     name = fields["general.name"].contents() if "general.name" in fields else None
-    return str(fields["general.architecture"].contents()), name
+    tensors = frozenset(tensor.name for tensor in reader.tensors)
+    return GgufHeader(str(fields["general.architecture"].contents()), name, fields, tensors)
+
+
+def check_header(header: GgufHeader, where: str) -> None:
+    """Refuse, before anything is read, a family Ster does not convert and rope scaling the import cannot rebuild."""
+    check_architecture(header.architecture, where, GGUF_MODEL_TYPES)
+    factors = sorted(name for name in header.tensors if name.startswith(("rope_freqs", "rope_factors")))
+    if factors:
+        raise Refusal(f"{where} scales its rope by per-frequency factors ({factors[0]}, as Llama 3.1's and Phi-3's "
+                      "long-context rope do), which neither transformers' GGUF reader nor Ster rebuilds")
+    scaling = header.value(f"{header.architecture}.rope.scaling.type")
+    if scaling not in (None, "none", "linear"):
+        raise Refusal(f'{where} uses rope scaling "{scaling}"; Ster imports GGUF files with linear rope scaling '
+                      "or none")
 
 
 def import_job(request: ModelImportRequest, ctx: JobContext) -> ImportResult:
@@ -72,10 +110,10 @@ def import_job(request: ModelImportRequest, ctx: JobContext) -> ImportResult:
         raise Refusal(f"GGUF file {source} does not exist")
     check_output_directory(request.output)
     ctx.progress("read", f"reading the header of {source}")
-    architecture, name = read_architecture(source)
-    check_architecture(architecture, str(source), GGUF_MODEL_TYPES)
+    header = read_header(source)
+    check_header(header, str(source))
     ctx.progress("dequantize", "dequantizing tensors and rebuilding the tokenizer (transformers' GGUF reader)")
-    model, tokenizer = _load_with_transformers(source)
+    model, tokenizer = _load_with_transformers(source, header)
     ctx.check_cancelled()
     with atomic_directory(request.output) as staging:
         ctx.progress("write", f"writing the checkpoint to {request.output}")
@@ -86,17 +124,17 @@ def import_job(request: ModelImportRequest, ctx: JobContext) -> ImportResult:
         load_decoder(checkpoint, config, "f32", resolve_device("cpu"))
         ctx.check_cancelled()
     return ImportResult(
-        output=str(request.output), source=str(source), name=name,
+        output=str(request.output), source=str(source), name=header.name,
         files=sorted(p.name for p in request.output.iterdir()), tensors=tensors, parameters=parameters,
         num_hidden_layers=config.num_hidden_layers, hidden_size=config.hidden_size, vocab_size=config.vocab_size,
         chat_template=bool(tokenizer.chat_template),
     )
 
 
-def _load_with_transformers(path: Path) -> tuple[Any, Any]:
+def _load_with_transformers(path: Path, header: GgufHeader) -> tuple[Any, Any]:
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     transformers.utils.logging.set_verbosity_error()
@@ -107,12 +145,83 @@ def _load_with_transformers(path: Path) -> tuple[Any, Any]:
         warnings.simplefilter("ignore")
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+            config = _complete_config(AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name), header,
+                                      tokenizer)
+            model, info = AutoModelForCausalLM.from_pretrained(
+                str(path.parent), gguf_file=path.name, config=config, dtype=torch.float32, output_loading_info=True,
+                ignore_mismatched_sizes=True)  # reported below, in a sentence, instead of in a logged table
         except ImportError as exc:
-            raise Refusal(f'importing GGUF needs the gguf and accelerate packages: {exc}') from None
-        except (ValueError, KeyError, RuntimeError) as exc:
-            raise Refusal(f"transformers could not read {path}: {exc}") from None
+            raise Refusal(f"importing GGUF needs the gguf and accelerate packages: {_first_line(exc)}") from None
+        except (ValueError, KeyError, RuntimeError, TypeError, IndexError, AttributeError) as exc:
+            raise Refusal(f"transformers could not read {path}: {_first_line(exc)}") from None
+    _check_all_read(path, header, model, info)
     return model, tokenizer
+
+
+def _first_line(exc: Exception) -> str:
+    """An exception's message cut to its first sentence, without the period (a refusal is one sentence)."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    return lines[0].split(". ")[0].rstrip(".")
+
+
+def _complete_config(config: Any, header: GgufHeader, tokenizer: Any) -> Any:
+    """Settings the header states that transformers' reader leaves at the config class's defaults, read as
+    llama.cpp reads them: the head width, the rotating share of a Phi-3 head, Gemma 3's score scale, linear rope
+    scaling, Llama's and Qwen 3's biases, and the end-of-turn stop ids."""
+    arch = header.architecture
+    if arch == "llama" and config.model_type != "llama":  # transformers' reader makes a file named "mistral" one
+        from transformers import LlamaConfig
+
+        config = LlamaConfig(**{name: value for name, value in config.to_dict().items() if name != "model_type"})
+    key_length = header.value(f"{arch}.attention.key_length")
+    if key_length is not None and hasattr(config, "head_dim"):
+        config.head_dim = int(key_length)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    rope = config.rope_parameters.get("full_attention", config.rope_parameters) if arch == "gemma3" \
+        else config.rope_parameters
+    rotating = header.value(f"{arch}.rope.dimension_count")
+    if arch == "phi3" and rotating is not None and int(rotating) != head_dim:
+        rope["partial_rotary_factor"] = int(rotating) / head_dim
+    if header.value(f"{arch}.rope.scaling.type") == "linear":
+        rope.update(rope_type="linear", factor=float(header.value(f"{arch}.rope.scaling.factor")))
+    if arch == "gemma3":  # llama.cpp: 1/sqrt(head_dim), but 1/sqrt(hidden/heads) for the 62-layer 27B
+        config.query_pre_attn_scalar = (config.hidden_size // config.num_attention_heads
+                                        if config.num_hidden_layers == 62 else head_dim)
+    if arch in ("llama", "qwen3"):
+        config.attention_bias = "blk.0.attn_q.bias" in header.tensors
+    if arch == "llama":
+        config.mlp_bias = "blk.0.ffn_up.bias" in header.tensors
+    config.eos_token_id = _stop_ids(config.eos_token_id, header, tokenizer)
+    return config
+
+
+def _stop_ids(eos: Any, header: GgufHeader, tokenizer: Any) -> int | list[int] | None:
+    """The GGUF's eos id, its end-of-turn id when it names one, and any special token of :data:`END_OF_TURN`."""
+    ids = [eos] if isinstance(eos, int) else list(eos or [])
+    eot = header.value("tokenizer.ggml.eot_token_id")
+    ids += [int(eot)] if eot is not None else []
+    special = {added.content: index for index, added in tokenizer.backend_tokenizer.get_added_tokens_decoder().items()
+               if added.special}
+    ids += [special[token] for token in END_OF_TURN if token in special]
+    unique = sorted(set(ids), key=ids.index)
+    return unique[0] if len(unique) == 1 else (unique or None)
+
+
+def _check_all_read(path: Path, header: GgufHeader, model: Any, info: dict[str, Any]) -> None:
+    """Refuse a model with a parameter no tensor filled, or a file with a tensor no parameter took: transformers'
+    reader leaves the first at its random initialisation and drops the second, silently."""
+    if info["mismatched_keys"]:
+        name, stored, wanted = sorted(info["mismatched_keys"])[0]
+        raise Refusal(f"{path} stores {name} with shape {list(stored)}, where its header's shape settings make it "
+                      f"{list(wanted)}")
+    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    missing = sorted(set(info["missing_keys"]) - tied)
+    if missing:
+        raise Refusal(f"{path} has no tensor for {len(missing)} of the model's parameters ({missing[0]} first)")
+    used = len(set(model.state_dict()) - tied)
+    if len(header.tensors) > used:
+        raise Refusal(f"{path} holds {len(header.tensors)} tensors and its {model.config.model_type} model takes "
+                      f"{used}; transformers' GGUF reader would drop the rest")
 
 
 def _write_checkpoint(directory: Path, model: Any, tokenizer: Any) -> tuple[int, int]:
