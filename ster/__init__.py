@@ -1,4 +1,4 @@
-"""Ster: representation reading and activation steering for Llama-family models.
+"""Ster: representation reading, activation steering and LoRA training for causal language models.
 
 This module holds the version only. It imports neither torch nor textual, so that
 ``ster --help`` and the TUI's first paint stay fast.

@@ -438,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The whole command tree. Building it imports nothing beyond the standard library."""
     parser = argparse.ArgumentParser(
         prog="ster",
-        description="Read hidden states out of Llama-family models, fit steering directions from contrastive "
+        description="Read hidden states out of causal language models, fit steering directions from contrastive "
                     "pairs, and steer generation with them. Run ster alone on a terminal for the full-screen app.",
         epilog=f'Try: ster generate --model {EXAMPLE_MODEL} --prompt "question : what is the river like ? answer :"',
     )

@@ -69,8 +69,15 @@ FAMILIES = {
                {"head_dim": 16, "sliding_window": 5, "query_pre_attn_scalar": 20, "attn_logit_softcapping": 30.0,
                 "final_logit_softcapping": 5.0, "layer_types": ["sliding_attention", "full_attention",
                                                                 "sliding_attention"]}),
+    # Phi-3 with long-context rope ("longrope"), which Ster's decoder does not implement: the family's own
+    # transformers model instead, LoRA on the pieces of its fused qkv_proj and gate_up_proj.
+    "phi3_longrope": ("Phi3Config", "Phi3ForCausalLM",
+                      {"sliding_window": 5, "original_max_position_embeddings": 32, "tie_word_embeddings": False,
+                       "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                           "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                                           "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]}}),
 }
-GENERIC = ("gemma2",)
+GENERIC = ("gemma2", "phi3_longrope")
 """The families above that run through transformers rather than Ster's own decoder."""
 ROWS = [[1, 14, 20, 33, 41, 52, 60, 71, 80, 90, 17], [1, 22, 35, 47], [1, 5, 9, 13, 17, 21, 25, 29]]
 """Three sequences, two longer than every window."""
@@ -250,16 +257,25 @@ def test_a_merged_adapter_equals_the_attached_one(checkpoint, tmp_path: Path) ->
     close(logits, adapted)
 
 
-def test_settings_the_decoder_does_not_implement_are_refused_before_weights(cli, tmp_path: Path) -> None:
+def test_settings_the_decoder_does_not_implement_send_the_model_through_transformers(cli, tmp_path: Path) -> None:
+    """Read from config.json alone: the model runs through transformers' own model rather than wrongly, and the
+    progress stream says why."""
     config = {**COMMON, "model_type": "gemma3_text", "attn_logit_softcapping": 50.0}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(TOY_DIR / name, tmp_path / name)
-    (tmp_path / "model.safetensors").write_bytes(b"not read")
-    run = cli("generate", "--model", tmp_path, "--prompt", "the sea is", "--max-new-tokens", "1")
-    assert run.code == 1 and "caps attention logits (attn_logit_softcapping); Ster does not implement that" in run.err
-    config = {**COMMON, "model_type": "phi3", "rope_scaling": {"type": "longrope", "short_factor": [1.0],
-                                                               "long_factor": [1.0]}}
+    loaded = load_config(tmp_path / "config.json")
+    assert (loaded.native, loaded.unimplemented) == (False, "attention-logit soft-capping (attn_logit_softcapping)")
+    config = {**COMMON, "model_type": "phi3", "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 6,
+                                                               "long_factor": [1.0] * 6}}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    run = cli("generate", "--model", tmp_path, "--prompt", "the sea is", "--max-new-tokens", "1")
-    assert run.code == 1 and 'uses rope scaling "longrope"; Ster implements default, linear, llama3' in run.err
+    loaded = load_config(tmp_path / "config.json")
+    assert not loaded.native and loaded.unimplemented.startswith('rope scaling "longrope"')
+    assert load_config(TOY_DIR / "config.json").native
+
+
+def test_the_family_a_model_runs_through_is_said_once(cli, checkpoint) -> None:
+    family, path, _, decoder = checkpoint
+    run = cli("generate", "--model", path, "--prompt", "the sea is", "--max-new-tokens", "2")
+    assert run.code == 0, run.err
+    assert run.err.count("runs through transformers' model") == (1 if family in GENERIC else 0)
+    if family == "phi3_longrope":
+        assert 'it uses rope scaling "longrope"' in run.err

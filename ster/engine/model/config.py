@@ -184,6 +184,9 @@ class DecoderConfig(BaseModel):
     native: bool = True
     """False for a causal LM of a family Ster has no decoder for, which runs through transformers' own model
     (:mod:`ster.engine.model.generic`); its fields are read off transformers' config class."""
+    unimplemented: str | None = None
+    """What sends a model of a family Ster does have a decoder for through transformers instead (a setting that
+    decoder does not implement, such as Phi-3's ``longrope``); None otherwise."""
 
     @model_validator(mode="before")
     @classmethod
@@ -256,7 +259,7 @@ class DecoderConfig(BaseModel):
     def architecture(self) -> dict[str, Any]:
         """Every field that decides the residual stream (not the special token ids nor the context length), for
         the checkpoint fingerprint; a Llama config's is what it was before other families were read."""
-        exclude = {"bos_token_id", "eos_token_id", "max_position_embeddings"}
+        exclude = {"bos_token_id", "eos_token_id", "max_position_embeddings", "unimplemented"}
         if self.model_type == "llama":
             exclude |= set(FAMILY_FIELDS) | {"native"}
         return self.model_dump(mode="json", exclude=exclude)
@@ -327,7 +330,7 @@ def generic_config(raw: dict[str, Any], where: str) -> Any:
         raise Refusal(f"{where} is not a usable {model_type} config: {exc}") from None
 
 
-def _generic_decoder_config(raw: dict[str, Any], path: Path) -> DecoderConfig:
+def _generic_decoder_config(raw: dict[str, Any], path: Path, unimplemented: str | None = None) -> DecoderConfig:
     """The decoder fields of a model run through transformers, read off its own config class (which knows
     each family's spelling: GPT-2's ``n_embd`` is its ``hidden_size``)."""
     hf = generic_config(raw, str(path)).get_text_config()
@@ -343,7 +346,8 @@ def _generic_decoder_config(raw: dict[str, Any], path: Path) -> DecoderConfig:
     heads = int(value("num_attention_heads", 1))
     try:
         return DecoderConfig(
-            model_type=str(raw["model_type"]), native=False, vocab_size=value("vocab_size"), hidden_size=hidden,
+            model_type=str(raw["model_type"]), native=False, unimplemented=unimplemented,
+            vocab_size=value("vocab_size"), hidden_size=hidden,
             intermediate_size=value("intermediate_size", None) or value("n_inner", None) or 4 * hidden,
             num_hidden_layers=value("num_hidden_layers"), num_attention_heads=heads,
             num_key_value_heads=value("num_key_value_heads", heads), head_dim=value("head_dim", hidden // heads),
@@ -369,29 +373,32 @@ def load_config(path: Path) -> DecoderConfig:
     except ValidationError as exc:
         raise Refusal(f"model config {path} is not a usable {model_type} config: {first_error(exc)}") from None
     _check_supported(config, path)
+    unimplemented = _unimplemented(config)
+    if unimplemented is not None:
+        return _generic_decoder_config(read_json(path, "model config"), path, unimplemented)
     return config
 
 
-def _check_supported(config: DecoderConfig, path: Path) -> None:
-    """Refuse the settings this decoder does not implement, rather than run them wrongly."""
+def _unimplemented(config: DecoderConfig) -> str | None:
+    """A setting Ster's own decoder does not implement, as a phrase; the model then runs through transformers'
+    own model rather than wrongly (None: the native decoder runs it)."""
     if config.hidden_act not in ACTIVATIONS:
-        raise Refusal(f'model config {path} uses hidden_act "{config.hidden_act}"; Ster implements '
-                      f"{', '.join(ACTIVATIONS)}")
+        return f'hidden_act "{config.hidden_act}" (Ster\'s decoder implements {", ".join(ACTIVATIONS)})'
     scaling = config.rope_scaling
     if scaling is not None and scaling.rope_type not in _ROPE_TYPES:
-        raise Refusal(
-            f'model config {path} uses rope scaling "{scaling.rope_type}"; '
-            f"Ster implements {', '.join(_ROPE_TYPES)}"
-        )
+        return f'rope scaling "{scaling.rope_type}" (Ster\'s decoder implements {", ".join(_ROPE_TYPES)})'
+    if config.rope_local_type != "default":
+        return f'rope type "{config.rope_local_type}" on its sliding layers'
+    if config.attn_logit_softcapping is not None:
+        return "attention-logit soft-capping (attn_logit_softcapping)"
+    return None
+
+
+def _check_supported(config: DecoderConfig, path: Path) -> None:
+    """Refuse settings no decoder can run as they stand."""
     if config.num_attention_heads % config.kv_heads:
         raise Refusal(f"model config {path} has {config.kv_heads} key/value heads, which do not divide "
                       f"its {config.num_attention_heads} attention heads")
-    if config.rope_local_type != "default":
-        raise Refusal(f'model config {path} uses rope type "{config.rope_local_type}" on its sliding layers; Ster '
-                      "implements default rope there")
-    if config.attn_logit_softcapping is not None:
-        raise Refusal(f"model config {path} caps attention logits (attn_logit_softcapping); Ster does not implement "
-                      "that")
     if config.use_bidirectional_attention:
         raise Refusal(f"model config {path} uses bidirectional attention; Ster runs causal decoders only")
     if config.rotary_size % 2 or not 0 < config.partial_rotary_factor <= 1:

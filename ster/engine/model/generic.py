@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from ster.engine.model.config import FULL, SLIDING, DecoderConfig
+from ster.engine.model.loading import fused_rows
 from ster.engine.model.llama import ForwardOutput, Layout, LoraFactors, Vocab, _lora_update, _positions
 from ster.engine.protocol.errors import Refusal
 
@@ -89,14 +90,29 @@ class GenericDecoder(nn.Module):
                 for name in names:
                     child = getattr(module, name, None)
                     if isinstance(child, nn.Linear):
-                        child.register_forward_hook(self._lora_hook(module, name))
+                        child.register_forward_hook(self._lora_hook(module, [(name, 0, child.out_features)]))
+                for fused, parts in config.family.fused.items():  # Phi-3's qkv_proj: each piece's rows
+                    child = getattr(module, fused, None)
+                    if isinstance(child, nn.Linear):
+                        rows = [fused_rows(config, part) for part in parts]
+                        starts = [sum(rows[:i]) for i in range(len(parts))]
+                        child.register_forward_hook(self._lora_hook(module, [
+                            (part, start, start + count) for part, start, count in zip(parts, starts, rows)]))
 
-    def _lora_hook(self, module: nn.Module, name: str):  # noqa: ANN202 - a forward hook's signature is torch's
+    def _lora_hook(self, module: nn.Module, pieces: list[tuple[str, int, int]]):  # noqa: ANN202 - torch's hook
+        """A hook adding the attached factors of each piece (a projection and its output rows) to its rows."""
+
         def hook(linear: nn.Module, args: tuple, output: Tensor) -> Tensor | None:
-            lora: LoraFactors | None = module.lora.get(name)
-            if lora is None or not self.adapters_on:
+            attached = [(module.lora[name], start, end) for name, start, end in pieces if name in module.lora]
+            if not attached or not self.adapters_on:
                 return None
-            return output + _lora_update(args[0], lora)
+            if len(pieces) == 1:
+                return output + _lora_update(args[0], attached[0][0])
+            parts = list(output.split([end - start for _, start, end in pieces], dim=-1))
+            for i, (name, _, _) in enumerate(pieces):
+                if name in module.lora:
+                    parts[i] = parts[i] + _lora_update(args[0], module.lora[name])
+            return torch.cat(parts, dim=-1)
 
         return hook
 
@@ -120,7 +136,9 @@ class GenericDecoder(nn.Module):
         model's layers do not have."""
         attribute = next(name for name, names in LORA_MODULES.items() if projection in names)
         module = getattr(self.layers[layer], attribute, None)
-        if module is None or not isinstance(getattr(module, projection, None), nn.Linear):
+        fused = [name for name, parts in self.config.family.fused.items() if projection in parts]
+        if module is None or not any(isinstance(getattr(module, name, None), nn.Linear) for name in [projection,
+                                                                                                    *fused]):
             raise Refusal(f"this {self.config.model_type} model's layers have no {attribute}.{projection} linear "
                           "projection, so an adapter cannot target it here")
         return module

@@ -90,13 +90,18 @@ class ModelStore:
                 return self._decoders[key]
             ctx.progress("load", f"loading {checkpoint.source.model} weights at {request.precision} on {device}")
             if not checkpoint.config.native:
-                kind = checkpoint.config.model_type
-                ctx.progress("load", f'model_type "{kind}" has no decoder of Ster\'s own, so it runs through '
-                             "transformers' model, read and steered by hooks on its layers: correct, but slower than "
-                             "the native families")
+                ctx.progress("load", _generic_sentence(checkpoint.config))
             decoder = load_decoder(checkpoint.source, checkpoint.config, request.precision, device)
             self._decoders[key] = decoder
             return decoder
+
+
+def _generic_sentence(config: LlamaConfig) -> str:
+    """What the progress stream says, once, of a model that runs through transformers' own model."""
+    why = (f"it uses {config.unimplemented}" if config.unimplemented is not None
+           else f'model_type "{config.model_type}" has no decoder of Ster\'s own')
+    return (f"{why}, so it runs through transformers' model, read and steered by hooks on its layers: correct, but "
+            "slower than the native decoder")
 
 
 def model_store(ctx: JobContext) -> ModelStore:

@@ -153,6 +153,8 @@ def _fold(module: nn.Module, saved: list[tuple[nn.Module, dict[str, LoraFactors]
     linears = [(name, child) for name, child in module.named_children() if isinstance(child, nn.Linear)]
     if any(type(child.weight) not in (nn.Parameter, Tensor) for _, child in linears):
         return False
+    if set(module.lora) - {name for name, _ in linears}:  # a piece of a fused projection (transformers' Phi-3)
+        return False
     fused: Tensor | None = module.fused_weight
     in_fused: dict[str, int] = {}
     if fused is not None:
