@@ -150,3 +150,40 @@ def test_a_llama_file_named_mistral_imports_as_llama(tmp_path: Path) -> None:
     assert code == 0, err
     assert json.loads((tmp_path / "imported" / "config.json").read_text())["model_type"] == "llama"
     assert_close(ster_logits(tmp_path / "imported"), hf_logits(original))
+
+
+def test_llama_3_rope_scaling_comes_back_from_its_rope_divisors(tmp_path: Path) -> None:
+    """llama.cpp writes Llama 3.1's and 3.2's rope scaling as per-frequency divisors (``rope_freqs.weight``), which
+    transformers' reader drops; the import finds the setting that reproduces them and writes it back."""
+    import math
+
+    import numpy as np
+    import transformers
+
+    from tests.model.gguf_files import COMMON as TINY
+    from tests.model.gguf_files import write_gguf
+
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
+    config = transformers.LlamaConfig(**{**TINY, "head_dim": 16, "tie_word_embeddings": False,
+                                         "rope_parameters": rope})
+    torch.manual_seed(0)
+    original = transformers.LlamaForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for name, param in original.named_parameters():
+            param.copy_((1.0 if name.endswith("norm.weight") else 0.0) + torch.randn(param.shape) * 0.1)
+    divisors = []  # llama.cpp's rule: 1 above the high-frequency wavelength, the factor below the low one
+    for i in range(0, 16, 2):
+        wavelength = 2 * math.pi * 500000.0 ** (i / 16)
+        smooth = (8192 / wavelength - 1.0) / (4.0 - 1.0)
+        divisors.append(1.0 if wavelength < 8192 / 4.0 else 8.0 if wavelength > 8192 / 1.0
+                        else 1 / ((1 - smooth) / 8.0 + smooth))
+    assert len(set(divisors)) == 3  # every regime present: kept, divided, interpolated
+    source = write_gguf(tmp_path / "llama3.gguf", original, "llama",
+                        tensors={"rope_freqs.weight": np.array(divisors, dtype=np.float32)})
+    code, _, err = run_import(source, tmp_path / "imported")
+    assert code == 0, err
+    scaling = json.loads((tmp_path / "imported" / "config.json").read_text())["rope_scaling"]
+    assert {key: scaling[key] for key in ("rope_type", "factor", "original_max_position_embeddings")} == {
+        "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}
+    assert_close(ster_logits(tmp_path / "imported"), hf_logits(original))

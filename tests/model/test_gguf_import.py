@@ -67,7 +67,7 @@ def family_file(tmp_path: Path, family: str, **options) -> Path:
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"tensors": {"rope_freqs.weight": np.ones(8, dtype=np.float32)}},
+    ({"tensors": {"rope_freqs.weight": np.array([1, 2, 1, 2, 1, 2, 1, 2], dtype=np.float32)}},  # no Llama 3 rope
      "scales its rope by per-frequency factors (rope_freqs.weight"),
     ({"metadata": {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}},
      'uses rope scaling "yarn"; Ster imports GGUF files with linear rope scaling or none'),

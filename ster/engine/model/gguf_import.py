@@ -52,6 +52,8 @@ class GgufHeader(NamedTuple):
     fields: Any
     """The reader's fields, read on demand (a vocabulary can hold 200 000 strings)."""
     tensors: frozenset[str]
+    rope_freqs: tuple[float, ...] | None = None
+    """A Llama GGUF's per-frequency rope divisors (``rope_freqs.weight``: llama.cpp's form of Llama 3's scaling)."""
 
     def value(self, key: str) -> Any:
         return self.fields[key].contents() if key in self.fields else None
@@ -88,13 +90,17 @@ def read_header(path: Path) -> GgufHeader:
         raise Refusal(f"{path} declares no general.architecture")
     name = fields["general.name"].contents() if "general.name" in fields else None
     tensors = frozenset(tensor.name for tensor in reader.tensors)
-    return GgufHeader(str(fields["general.architecture"].contents()), name, fields, tensors)
+    freqs = next((tuple(float(x) for x in tensor.data.reshape(-1)) for tensor in reader.tensors
+                  if tensor.name == "rope_freqs.weight"), None)
+    return GgufHeader(str(fields["general.architecture"].contents()), name, fields, tensors, freqs)
 
 
 def check_header(header: GgufHeader, where: str) -> None:
     """Refuse, before anything is read, a family Ster does not convert and rope scaling the import cannot rebuild."""
     check_architecture(header.architecture, where, GGUF_MODEL_TYPES)
     factors = sorted(name for name in header.tensors if name.startswith(("rope_freqs", "rope_factors")))
+    if factors == ["rope_freqs.weight"] and header.architecture == "llama" and llama3_scaling(header) is not None:
+        factors = []  # Llama 3.1's and 3.2's scaling, written back as rope_scaling "llama3"
     if factors:
         raise Refusal(f"{where} scales its rope by per-frequency factors ({factors[0]}, as Llama 3.1's and Phi-3's "
                       "long-context rope do), which neither transformers' GGUF reader nor Ster rebuilds")
@@ -184,6 +190,9 @@ def _complete_config(config: Any, header: GgufHeader, tokenizer: Any) -> Any:
         rope["partial_rotary_factor"] = int(rotating) / head_dim
     if header.value(f"{arch}.rope.scaling.type") == "linear":
         rope.update(rope_type="linear", factor=float(header.value(f"{arch}.rope.scaling.factor")))
+    llama3 = llama3_scaling(header) if arch == "llama" else None
+    if llama3 is not None:
+        rope.update(llama3)
     if arch == "gemma3":  # llama.cpp: 1/sqrt(head_dim), but 1/sqrt(hidden/heads) for the 62-layer 27B
         config.query_pre_attn_scalar = (config.hidden_size // config.num_attention_heads
                                         if config.num_hidden_layers == 62 else head_dim)
@@ -193,6 +202,37 @@ def _complete_config(config: Any, header: GgufHeader, tokenizer: Any) -> Any:
         config.mlp_bias = "blk.0.ffn_up.bias" in header.tensors
     config.eos_token_id = _stop_ids(config.eos_token_id, header, tokenizer)
     return config
+
+
+LLAMA3_CONTEXTS = (8192, 4096, 16384, 32768, 2048, 65536, 131072)
+"""The pre-training contexts tried when reading Llama 3's scaling back from its rope divisors (8192: 3.1, 3.2)."""
+
+
+def llama3_scaling(header: GgufHeader) -> dict[str, Any] | None:
+    """Llama 3's rope scaling whose per-frequency divisors are the GGUF's ``rope_freqs`` (llama.cpp stores the
+    divisors, not the parameters), or None when no setting reproduces them. The factor is the largest divisor;
+    the low/high frequency factors are Llama 3's 1 and 4; the original context is searched. Checked through
+    Ster's own rotary code (``_scale_frequencies``), to 1e-5."""
+    if header.rope_freqs is None:
+        return None
+    import torch
+
+    from ster.engine.model.config import RopeScaling
+    from ster.engine.model.llama import _scale_frequencies
+
+    arch = header.architecture
+    dim = 2 * len(header.rope_freqs)
+    theta = float(header.value(f"{arch}.rope.freq_base") or 10000.0)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    divisors = torch.tensor(header.rope_freqs, dtype=torch.float64)
+    factor = float(divisors.max())
+    for context in LLAMA3_CONTEXTS:
+        scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": context}
+        scaled = _scale_frequencies(inv_freq, RopeScaling(**scaling))
+        if torch.allclose(inv_freq / scaled, divisors, rtol=1e-5, atol=1e-6):
+            return scaling
+    return None
 
 
 def _stop_ids(eos: Any, header: GgufHeader, tokenizer: Any) -> int | list[int] | None:
@@ -219,8 +259,9 @@ def _check_all_read(path: Path, header: GgufHeader, model: Any, info: dict[str, 
     if missing:
         raise Refusal(f"{path} has no tensor for {len(missing)} of the model's parameters ({missing[0]} first)")
     used = len(set(model.state_dict()) - tied)
-    if len(header.tensors) > used:
-        raise Refusal(f"{path} holds {len(header.tensors)} tensors and its {model.config.model_type} model takes "
+    stored = len(header.tensors - {"rope_freqs.weight"} if header.rope_freqs is not None else header.tensors)
+    if stored > used:
+        raise Refusal(f"{path} holds {stored} tensors and its {model.config.model_type} model takes "
                       f"{used}; transformers' GGUF reader would drop the rest")
 
 
