@@ -257,8 +257,8 @@ def _add_model(commands: Any) -> None:
     model = commands.add_parser("model", help="convert a GGUF file into a checkpoint directory",
                                 description="Checkpoints in a form every command loads.")
     model_commands = model.add_subparsers(dest="model_command", metavar="<subcommand>", required=True)
-    gguf = _command(model_commands, "import", "convert a Llama GGUF file into a checkpoint directory",
-                    "Dequantize a Llama GGUF checkpoint into config.json, tokenizer.json, tokenizer_config.json "
+    gguf = _command(model_commands, "import", "convert a GGUF file into a checkpoint directory",
+                    "Dequantize a GGUF checkpoint (llama, qwen2, qwen3, phi3 or gemma3) into config.json, tokenizer.json, tokenizer_config.json "
                     "(with its chat template) and model.safetensors.", "model import")
     gguf.add_argument("gguf", metavar="FILE.gguf", help="the GGUF file")
     gguf.add_argument("--output", required=True, metavar="DIR", help="the directory to create (new, or empty)")
