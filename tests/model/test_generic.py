@@ -82,6 +82,24 @@ def test_greedy_decoding_equals_transformers_generate(gemma2) -> None:
     assert [g.ids for g in group] == [ours.ids] * 3  # a shared prefill repeated into every row's cache
 
 
+def test_sampled_rows_that_stop_leave_the_cache_and_the_rest_equal_their_runs_alone(gemma2) -> None:
+    """The group decoder drops stopped rows from transformers' DynamicCache; the rows left go on as alone."""
+    decoder = loaded(gemma2[0])
+    prompt = ROWS[0][:6]
+    samplings = [Sampling(temperature=1.5, seed=100 + i) for i in range(6)]
+
+    def alone(sampling: Sampling, eos: frozenset[int]):
+        return decode(decoder, prompt, max_new_tokens=12, sampling=sampling, eos_ids=eos, on_token=lambda i, t: None,
+                      check_cancelled=lambda: None)
+
+    free = [alone(s, frozenset()) for s in samplings]
+    common = min({t for g in free for t in g.ids}, key=lambda t: abs(sum(t in g.ids for g in free) - 3))
+    eos = frozenset({common})
+    rows = decode_group(decoder, prompt, samplings, max_new_tokens=12, eos_ids=eos, check_cancelled=lambda: None)
+    assert rows == [alone(s, eos) for s in samplings]
+    assert {g.stop_reason for g in rows} == {"eos", "max_new_tokens"}
+
+
 def test_the_cli_says_once_that_the_model_runs_through_transformers(cli, gemma2, tmp_path: Path) -> None:
     path, _ = gemma2
     run = cli("generate", "--model", path, "--prompt", "the sea is", "--max-new-tokens", "3")
@@ -123,6 +141,22 @@ def test_a_direction_and_an_adapter_train_and_the_adapter_exports_to_peft(cli, g
     with torch.no_grad():
         theirs = PeftModel.from_pretrained(reference, str(out)).eval()(ids).logits
     torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=1e-4)
+
+
+def test_dpo_and_grpo_run_through_transformers(cli, gemma2, tmp_path: Path) -> None:
+    """DPO scores its reference with the factors switched off inside the same model; GRPO samples groups (folded
+    or attached factors) and steps: both from the first loss the objectives promise."""
+    path, _ = gemma2
+    run = cli("--json", "tune", "dpo", "--model", path, "--pairs", DATA / "calm-fit.json", "--output",
+              tmp_path / "dpo.safetensors", "--learning-rate", "5e-3", "--accumulation", "4")
+    assert run.code == 0, run.err
+    report = run.events[-1]["data"]["report"]
+    assert abs(report["first_loss"] - 0.6931) < 1e-3  # -log sigmoid(0): the adapter starts as the reference
+    run = cli("--json", "tune", "grpo", "--model", path, "--prompts", "ster:grpo-prompts", "--max-new-tokens", "6",
+              "--iterations", "1", "--accumulation", "2", "--output", tmp_path / "grpo.safetensors")
+    assert run.code == 0, run.err
+    report = run.events[-1]["data"]["report"]
+    assert report["first_loss"] == 0.0 and report["steps"] == 3
 
 
 def test_other_layer_names_are_read_and_steered_and_a_missing_target_is_refused(cli, gpt2, tmp_path: Path) -> None:
