@@ -43,6 +43,8 @@ from ster.engine.steering.apply import plan, steer
 
 CACHE = Path(__file__).resolve().parent.parent / ".bench"
 PRECISIONS = ("f32", "f16", "bf16", "int8")
+LOWER = {"f16": "ster, f16", "bf16": "ster, bf16", "int8": "ster, int8 (weights; activations f32)"}
+"""The row of each precision below f32."""
 
 
 def smollm2() -> Path:
@@ -128,6 +130,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--floor-passes", type=int, default=8, help="floor passes timed per round")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS),
+                        help="Ster's precisions to run (f32 always: the steered and sampled rows are f32)")
     parser.add_argument("--attention", default=None,
                         help="transformers' attn_implementation (default: the one transformers picks)")
     args = parser.parse_args()
@@ -139,7 +143,8 @@ def main() -> None:
     model_dir = bench_model(args)
     source = resolve_model(str(model_dir))
     config = load_config(source.config)
-    ours = {precision: load_decoder(source, config, precision, torch.device("cpu")) for precision in PRECISIONS}
+    precisions = ["f32", *(p for p in PRECISIONS if p != "f32" and p in args.precisions)]
+    ours = {precision: load_decoder(source, config, precision, torch.device("cpu")) for precision in precisions}
     theirs = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                                   attn_implementation=args.attention).eval()
     prompt = list(range(1000, 1020))
@@ -189,24 +194,22 @@ def main() -> None:
         "ster, f32, unsteered": ("f32", n),
         f"ster, f32, steered at 1 layer (layer {depth // 2})": ("f32", n),
         f"ster, f32, steered at all {depth} layers": ("f32", n),
-        "ster, f16": ("f16", n),
-        "ster, bf16": ("bf16", n),
-        "ster, int8 (weights; activations f32)": ("int8", n),
+        **{LOWER[p]: (p, n) for p in precisions[1:]},
         "ster, f32, 1 sampled row": ("f32", n),
         "ster, f32, a group of 8 sampled rows (tokens/s counts every row)": ("f32", 8 * n),
-        **{f"floor, {p} (every projection once)": (p, args.floor_passes) for p in PRECISIONS},
+        **{f"floor, {p} (every projection once)": (p, args.floor_passes) for p in precisions},
     }
     middle = {depth // 2: every_layer[depth // 2]}
     runs = dict(zip(rows, [
         transformers_generate, ster("f32"), ster("f32", middle), ster("f32", every_layer),
-        ster("f16"), ster("bf16"), ster("int8"), sampled(1), sampled(8), *(floor(p) for p in PRECISIONS)],
+        *(ster(p) for p in precisions[1:]), sampled(1), sampled(8), *(floor(p) for p in precisions)],
         strict=True))
     for run in runs.values():  # warm-up: first-call allocations and kernel selection stay out of the timings
         run()
     agreement = same_prefix(greedy(ours["f32"], prompt, n), transformers_generate())
     seconds = median_times(runs, args.rounds)
     rates = {name: rows[name][1] / seconds[name] for name in rows}
-    floors = {p: rates[f"floor, {p} (every projection once)"] for p in PRECISIONS}
+    floors = {p: rates[f"floor, {p} (every projection once)"] for p in precisions}
     base = rates[reference]
     print(f"\nmodel: {model_dir}; {n} new tokens after a {len(prompt)}-token prompt (prefill included), "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}, median of {args.rounds} alternating rounds; "
