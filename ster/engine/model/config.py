@@ -259,9 +259,10 @@ class DecoderConfig(BaseModel):
     def architecture(self) -> dict[str, Any]:
         """Every field that decides the residual stream (not the special token ids nor the context length), for
         the checkpoint fingerprint; a Llama config's is what it was before other families were read."""
-        exclude = {"bos_token_id", "eos_token_id", "max_position_embeddings", "unimplemented"}
+        exclude = {"bos_token_id", "eos_token_id", "max_position_embeddings", "native", "unimplemented"}
+        # (how a checkpoint runs — Ster's decoder or transformers' — is not what it is)
         if self.model_type == "llama":
-            exclude |= set(FAMILY_FIELDS) | {"native"}
+            exclude |= set(FAMILY_FIELDS)
         return self.model_dump(mode="json", exclude=exclude)
 
 
