@@ -24,7 +24,7 @@ in France…`` and names no city within 64 tokens; transformers continues it ide
 QUESTION = "Question: What is the capital of France?\nAnswer:"
 """The pair sets' own raw format, which the base model answers with `` Paris``."""
 STEERED = "Question: I smell smoke in the kitchen.\nAnswer:"
-PREFERENCE_PAIRS = 8
+PREFERENCE_PAIRS = 4
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def test_steering_moves_the_answers_both_ways_at_a_tenth_of_the_norm(gemma: Path
     gaps = {strength: _calm_preference(gemma, store, calm, strength) for strength in (-0.1, 0.0, 0.1)}
     assert gaps[-0.1] < gaps[0.0] < gaps[0.1], gaps
     texts = {strength: job(store, "generate", model=str(gemma), prompt=STEERED, vector=calm,
-                           strength=f"{strength}x", max_new_tokens=12)["text"] for strength in (-0.1, 0.0, 0.1)}
+                           strength=f"{strength}x", max_new_tokens=8)["text"] for strength in (-0.1, 0.0, 0.1)}
     assert texts[-0.1] != texts[0.0] != texts[0.1], texts
 
 
