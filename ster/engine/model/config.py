@@ -270,6 +270,12 @@ LlamaConfig = DecoderConfig
 """The name the config had when Llama was the only family."""
 
 
+def fused_rows(config: DecoderConfig, projection: str) -> int:
+    """Output rows of one of the projections a fused tensor stacks (q, k, v, gate, up)."""
+    heads = {"q_proj": config.num_attention_heads, "k_proj": config.kv_heads, "v_proj": config.kv_heads}
+    return heads[projection] * config.head_size if projection in heads else config.intermediate_size
+
+
 def decoder_name(config: DecoderConfig, name: str) -> str | None:
     """The decoder's name for checkpoint tensor ``name`` (its own for most families; Gemma 3's multimodal
     checkpoints hold the text model under ``language_model``), or None for a tensor the decoder does not read."""

@@ -33,9 +33,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ster.engine.model.config import FULL, SLIDING, DecoderConfig
+from ster.engine.model.config import FULL, SLIDING, DecoderConfig, fused_rows
 from ster.engine.model.llama import ForwardOutput, Layout, Vocab, _lora_update, _positions
-from ster.engine.model.loading import fused_rows
 from ster.engine.protocol.errors import Refusal
 
 LORA_MODULES = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}

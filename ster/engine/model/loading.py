@@ -27,7 +27,7 @@ from ster.engine.model.chat import (
     special_tokens,
 )
 from ster.engine.model.codec import TextCodec, eos_ids, load_tokenizer
-from ster.engine.model.config import LlamaConfig, decoder_name, load_config
+from ster.engine.model.config import LlamaConfig, decoder_name, fused_rows, load_config
 from ster.engine.model.fingerprint import checkpoint_fingerprint
 from ster.engine.model.requests import ChatMode, ModelRequest
 from ster.engine.model.resolve import ModelSource, resolve_model
@@ -207,12 +207,6 @@ def split_fused(tensors: Iterator[tuple[str, torch.Tensor]], config: LlamaConfig
             continue
         for part, piece in zip(parts, tensor.split(rows, dim=0)):
             yield f"{module}.{part}.{kind}", piece
-
-
-def fused_rows(config: LlamaConfig, projection: str) -> int:
-    """Output rows of one of the projections a fused tensor stacks (q, k, v, gate, up)."""
-    heads = {"q_proj": config.num_attention_heads, "k_proj": config.kv_heads, "v_proj": config.kv_heads}
-    return heads[projection] * config.head_size if projection in heads else config.intermediate_size
 
 
 _SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",

@@ -33,7 +33,7 @@ from ster.engine.model.adapter import (
     projection_shape,
 )
 from ster.engine.model.adapters_open import read_document, read_peft
-from ster.engine.model.config import LlamaConfig, decoder_name, load_config
+from ster.engine.model.config import LlamaConfig, decoder_name, fused_rows, load_config
 from ster.engine.model.fingerprint import checkpoint_fingerprint
 from ster.engine.model.resolve import ModelSource, resolve_model
 from ster.engine.protocol.errors import Refusal
@@ -85,8 +85,6 @@ def weight_name(layer: int, target: str) -> str:
 def weight_rows(config: LlamaConfig, layer: int, target: str) -> tuple[str, int, int, int]:
     """The checkpoint tensor a target's adapter updates, the rows of it that are the target's, and its row count:
     all of a tensor of its own, a slice of a family's fused projection (Phi-3's ``qkv_proj``, ``gate_up_proj``)."""
-    from ster.engine.model.loading import fused_rows
-
     projection = TARGETS[target]
     module = "self_attn" if target in ATTENTION else "mlp"
     for fused, parts in config.family.fused.items():
