@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from ster.engine.model.config import FULL, SLIDING, DecoderConfig, fused_rows
 from ster.engine.model.llama import ForwardOutput, Layout, Vocab, _lora_update, _positions
-from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.errors import Refusal, first_sentence
 
 LORA_MODULES = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
 """Where a LoRA target lives in a transformers decoder layer (PEFT's names for Llama-like layers)."""
@@ -279,7 +279,7 @@ def load_generic(root: Path, config: DecoderConfig, dtype: torch.dtype, device: 
         with _quiet():
             model, info = AutoModelForCausalLM.from_pretrained(str(root), dtype=dtype, output_loading_info=True)
     except (OSError, ValueError, KeyError, RuntimeError, ImportError) as exc:
-        raise Refusal(f"transformers could not load {root}: {str(exc).splitlines()[0]}") from None
+        raise Refusal(f"transformers could not load {root}: {first_sentence(exc)}") from None
     # transformers fills a weight the files lack with random numbers and only logs it; a model that is not what
     # its config.json says is refused instead, naming the first tensor that disagrees.
     for kind, what in (("missing_keys", "have no tensor {}, which config.json implies"),

@@ -23,7 +23,7 @@ from ster.engine.model.config import check_architecture, load_config
 from ster.engine.model.loading import load_decoder, resolve_device
 from ster.engine.model.requests import ModelImportRequest
 from ster.engine.model.resolve import resolve_model
-from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.errors import Refusal, first_sentence
 from ster.engine.protocol.files import (
     atomic_directory,
     check_output_directory,
@@ -84,7 +84,7 @@ def read_header(path: Path) -> GgufHeader:
     try:
         reader = gguf.GGUFReader(str(path))
     except Exception as exc:  # the reader raises ValueError, struct.error and others for a non-GGUF file
-        raise Refusal(f"{path} is not a readable GGUF file: {_first_line(exc)}") from None
+        raise Refusal(f"{path} is not a readable GGUF file: {first_sentence(exc)}") from None
     fields = reader.fields
     if "general.architecture" not in fields:
         raise Refusal(f"{path} declares no general.architecture")
@@ -157,17 +157,11 @@ def _load_with_transformers(path: Path, header: GgufHeader) -> tuple[Any, Any]:
                 str(path.parent), gguf_file=path.name, config=config, dtype=torch.float32, output_loading_info=True,
                 ignore_mismatched_sizes=True)  # reported below, in a sentence, instead of in a logged table
         except ImportError as exc:
-            raise Refusal(f"importing GGUF needs the gguf and accelerate packages: {_first_line(exc)}") from None
+            raise Refusal(f"importing GGUF needs the gguf and accelerate packages: {first_sentence(exc)}") from None
         except (ValueError, KeyError, RuntimeError, TypeError, IndexError, AttributeError) as exc:
-            raise Refusal(f"transformers could not read {path}: {_first_line(exc)}") from None
+            raise Refusal(f"transformers could not read {path}: {first_sentence(exc)}") from None
     _check_all_read(path, header, model, info)
     return model, tokenizer
-
-
-def _first_line(exc: Exception) -> str:
-    """An exception's message cut to its first sentence, without the period (a refusal is one sentence)."""
-    lines = str(exc).strip().splitlines() or [type(exc).__name__]
-    return lines[0].split(". ")[0].rstrip(".")
 
 
 def _complete_config(config: Any, header: GgufHeader, tokenizer: Any) -> Any:

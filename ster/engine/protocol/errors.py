@@ -53,6 +53,13 @@ class Cancelled(SterError):
         super().__init__(message)
 
 
+def first_sentence(exc: BaseException) -> str:
+    """A library exception's message cut to its first sentence, without the period, for use inside a refusal's
+    one sentence (the exception's type name when it has no message)."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    return lines[0].split(". ")[0].rstrip(".")
+
+
 def exit_code_for(kind: str) -> ExitCode:
     """Map an error event's ``kind`` back to the process exit status."""
     return {
