@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from ster.engine.model.config import FULL, SLIDING, DecoderConfig, fused_rows
-from ster.engine.model.llama import ForwardOutput, Layout, Vocab, _lora_update, _positions
+from ster.engine.model.llama import ForwardOutput, Layout, Vocab, _positions, add_piece_updates
 from ster.engine.protocol.errors import Refusal, first_sentence
 
 LORA_MODULES = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
@@ -89,29 +89,21 @@ class GenericDecoder(nn.Module):
                 for name in names:
                     child = getattr(module, name, None)
                     if isinstance(child, nn.Linear):
-                        child.register_forward_hook(self._lora_hook(module, [(name, 0, child.out_features)]))
+                        child.register_forward_hook(self._lora_hook(module, (name,), [child.out_features]))
                 for fused, parts in config.family.fused.items():  # Phi-3's qkv_proj: each piece's rows
                     child = getattr(module, fused, None)
                     if isinstance(child, nn.Linear):
-                        rows = [fused_rows(config, part) for part in parts]
-                        starts = [sum(rows[:i]) for i in range(len(parts))]
-                        child.register_forward_hook(self._lora_hook(module, [
-                            (part, start, start + count) for part, start, count in zip(parts, starts, rows)]))
+                        widths = [fused_rows(config, part) for part in parts]
+                        child.register_forward_hook(self._lora_hook(module, parts, widths))
 
-    def _lora_hook(self, module: nn.Module, pieces: list[tuple[str, int, int]]):  # noqa: ANN202 - torch's hook
-        """A hook adding the attached factors of each piece (a projection and its output rows) to its rows."""
+    def _lora_hook(self, module: nn.Module, names: tuple[str, ...], widths: list[int]):  # noqa: ANN202 - torch's
+        """A hook adding the attached factors of the projections ``names`` (one, or the pieces a fused
+        projection stacks, ``widths`` rows each) to their share of the output."""
 
         def hook(linear: nn.Module, args: tuple, output: Tensor) -> Tensor | None:
-            attached = [(module.lora[name], start, end) for name, start, end in pieces if name in module.lora]
-            if not attached or not self.adapters_on:
+            if not self.adapters_on or not any(name in module.lora for name in names):
                 return None
-            if len(pieces) == 1:
-                return output + _lora_update(args[0], attached[0][0])
-            parts = list(output.split([end - start for _, start, end in pieces], dim=-1))
-            for i, (name, _, _) in enumerate(pieces):
-                if name in module.lora:
-                    parts[i] = parts[i] + _lora_update(args[0], module.lora[name])
-            return torch.cat(parts, dim=-1)
+            return add_piece_updates(args[0], output, names, widths, module.lora)
 
         return hook
 

@@ -306,7 +306,16 @@ def _fused_linear(x: Tensor, module: nn.Module, names: tuple[str, ...], lora: di
     y = _matmul(x, fused, module.fused_bias)
     if not lora or not any(name in lora for name in names):
         return y
-    parts = list(y.split([getattr(module, name).out_features for name in names], dim=-1))
+    return add_piece_updates(x, y, names, [getattr(module, name).out_features for name in names], lora)
+
+
+def add_piece_updates(x: Tensor, y: Tensor, names: tuple[str, ...] | list[str], widths: list[int],
+                      lora: dict[str, LoraFactors]) -> Tensor:
+    """``y``, the output of projections ``names`` stacked along its last dimension (``widths`` each), with each
+    attached projection's LoRA update of ``x`` added to its own share."""
+    if len(names) == 1:
+        return y + _lora_update(x, lora[names[0]])
+    parts = list(y.split(widths, dim=-1))
     for i, name in enumerate(names):
         if name in lora:
             parts[i] = parts[i] + _lora_update(x, lora[name])
