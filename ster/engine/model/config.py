@@ -372,8 +372,8 @@ def _generic_decoder_config(raw: dict[str, Any], path: Path, unimplemented: str 
 
 def load_config(path: Path) -> DecoderConfig:
     """Read and check a config.json: the family first, then the settings the decoder needs."""
-    model_type = check_model_type(path)
-    if model_type not in FAMILIES:
+    model_type = read_model_type(path)
+    if model_type not in FAMILIES:  # checked and read in one step (generic_config refuses what cannot run)
         return _generic_decoder_config(read_json(path, "model config"), path)
     try:
         config = DecoderConfig.model_validate(read_json(path, "model config"))
