@@ -102,8 +102,8 @@ def check_header(header: GgufHeader, where: str) -> None:
     if factors == ["rope_freqs.weight"] and header.architecture == "llama" and llama3_scaling(header) is not None:
         factors = []  # Llama 3.1's and 3.2's scaling, written back as rope_scaling "llama3"
     if factors:
-        raise Refusal(f"{where} scales its rope by per-frequency factors ({factors[0]}, as Llama 3.1's and Phi-3's "
-                      "long-context rope do), which neither transformers' GGUF reader nor Ster rebuilds")
+        raise Refusal(f"{where} scales its rope by per-frequency factors ({factors[0]}) that Llama 3's rope scaling "
+                      "does not reproduce, which neither transformers' GGUF reader nor Ster rebuilds")
     scaling = header.value(f"{header.architecture}.rope.scaling.type")
     if scaling not in (None, "none", "linear"):
         raise Refusal(f'{where} uses rope scaling "{scaling}"; Ster imports GGUF files with linear rope scaling '
