@@ -121,9 +121,9 @@ def test_a_direction_and_an_adapter_train_and_the_adapter_exports_to_peft(cli, g
     assert run.code == 0, run.err
     plain = cli("generate", "--model", path, "--prompt", "the sea is", "--max-new-tokens", "6", "--temperature", "0")
     steered = cli("generate", "--model", path, "--prompt", "the sea is", "--max-new-tokens", "6", "--temperature",
-                  "0", "--vector", vector, "--strength", "8")
+                  "0", "--vector", vector, "--strength=-40x")  # (this random model's text hardly moves)
     assert plain.code == steered.code == 0, steered.err
-    assert steered.json["vector"] == str(vector) and plain.json["vector"] is None  # (what steering adds: test_families)
+    assert steered.json["text"] != plain.json["text"]
     adapter = tmp_path / "a.safetensors"
     run = cli("tune", "sft", "--model", path, "--examples", "ster:examples", "--output", adapter, "--rank", "2",
               "--targets", "query,key,value,output,gate,up,down", "--learning-rate", "0.05", "--epochs", "1")
