@@ -189,20 +189,6 @@ def test_a_link_swapped_in_while_a_job_runs_does_not_redirect_its_write(guarded_
 # --- sentences, and what the root holds -------------------------------------------------------------
 
 
-def test_a_refusal_never_tells_whether_a_path_outside_exists(guarded_outside) -> None:
-    server, root, outside = guarded_outside
-    (root / "to-secret").symlink_to(outside / "secret.json")
-    (root / "to-nothing").symlink_to(outside / "nothing.json")
-    for present, absent in (("/etc/passwd", "/etc/passwd-x"), (str(outside / "secret.json"), str(outside / "no.json")),
-                            ("to-secret", "to-nothing"), ("../outside/secret.json", "../outside/no.json")):
-        for field, body in (("pairs", {"model": TOY, "output": "o.json"}), ("output", {"model": TOY, "pairs": "ster:pairs"}),
-                            ("vector", {"model": TOY, "prompt": RIVER})):
-            operation = "generate" if field == "vector" else "train"
-            sentences = [refused_before(server, operation, {**body, field: value}).replace(value, "PATH")
-                         for value in (present, absent)]
-            assert sentences[0] == sentences[1] and OUTSIDE in sentences[0], sentences
-
-
 def test_an_output_cannot_replace_a_models_weights_inside_the_root(guarded_outside) -> None:
     server, root, _ = guarded_outside
     model = root / "mine"
@@ -233,14 +219,32 @@ def _path_fields() -> list[tuple[str, str]]:
     return cases
 
 
-@pytest.mark.parametrize(("operation", "field"), _path_fields())
-def test_every_path_field_of_every_endpoint_is_confined(rooted, operation: str, field: str) -> None:
-    server, _, outside = rooted
+def _body(operation: str, field: str, value: str) -> dict:
     job = wire.OPERATIONS[operation]
     body = {wire.camel(name): _FILLERS[name] for name in request_class(job).model_fields if name in _FILLERS}
     if operation == "pairs/save":
         body = {"output": "o.json", "entries": [{"positive": "a", "negative": "b"}]}
     key = "output" if (operation, field) == ("pairs/save", "pairs") else wire.camel(field)
-    body[key] = str(outside / "secret.json")
-    error = refused_before(server, operation, body)
+    return {**body, key: value}
+
+
+@pytest.mark.parametrize(("operation", "field"), _path_fields())
+def test_every_path_field_of_every_endpoint_is_confined(rooted, operation: str, field: str) -> None:
+    server, _, outside = rooted
+    error = refused_before(server, operation, _body(operation, field, str(outside / "secret.json")))
     assert OUTSIDE in error, (operation, field, error)
+
+
+@pytest.mark.parametrize(("operation", "field"), _path_fields())
+def test_no_refusal_tells_whether_a_path_outside_exists(rooted, operation: str, field: str) -> None:
+    """The same sentence, but for the path itself, for a file outside that exists and one that does not,
+    named directly, by a link in the root, and through ``..``."""
+    server, root, outside = rooted
+    if not (root / "to-secret").is_symlink():
+        (root / "to-secret").symlink_to(outside / "secret.json")
+        (root / "to-nothing").symlink_to(outside / "nothing.json")
+    for present, absent in ((str(outside / "secret.json"), str(outside / "nothing.json")), ("to-secret", "to-nothing"),
+                            ("../outside/secret.json", "../outside/nothing.json"), ("/etc/passwd", "/etc/passwd-x")):
+        sentences = [refused_before(server, operation, _body(operation, field, value)).replace(value, "PATH")
+                     for value in (present, absent)]
+        assert sentences[0] == sentences[1], (operation, field, sentences)
