@@ -119,9 +119,10 @@ class Jobs:
 class JobStream(Response):
     """A job's NDJSON stream; the job ends early when the client goes away."""
 
-    def __init__(self, jobs: Jobs, prepared: wire.Prepared, typed: bool, models: Any) -> None:
+    def __init__(self, jobs: Jobs, prepared: wire.Prepared, typed: bool, models: Any, root: Root | None = None) -> None:
         super().__init__(media_type="application/x-ndjson")
         self.jobs, self.prepared, self.typed, self.models = jobs, prepared, typed, models
+        self.root = root
         self.lines = wire.typed_lines if typed else wire.default_lines
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -173,7 +174,7 @@ class JobStream(Response):
 
         def work() -> None:
             try:
-                run_job(self.prepared.job, self.prepared.request, put, live.cancel, self.models)
+                run_job(self.prepared.job, self.prepared.request, put, live.cancel, self.models, root=self.root)
             finally:
                 loop.call_soon_threadsafe(self.jobs.release, live)
 
@@ -285,16 +286,14 @@ def _endpoint(operation: str, jobs: Jobs, root: Root | None, models: Any) -> Any
     async def endpoint(request: Request) -> Response:
         try:
             body = wire.parse_body(await read_body(request))
-            prepared = wire.prepare(operation, body)
-            if root is not None:
-                root.check(prepared.fields, prepared.request)
+            prepared = wire.prepare(operation, body, root)
         except wire.WireRefusal as exc:
             return refusal(str(exc).split(":")[0] if str(exc).startswith(wire.NOT_JSON) else str(exc))
         except UnicodeDecodeError:
             return refusal(wire.NOT_JSON)
         except ClientDisconnect:  # gone before its whole body came: no job starts, and the answer goes nowhere
             return refusal("the client went away before its request body was read")
-        return JobStream(jobs, prepared, wants_typed(request), models)
+        return JobStream(jobs, prepared, wants_typed(request), models, root)
 
     endpoint.__doc__ = f"Run ``ster {wire.OPERATIONS[operation]}``; the body's fields are its flags in camelCase."
     return endpoint

@@ -8,7 +8,9 @@
 * **The root** confines every path a request names: its path fields and its model directory. A
   relative path is taken from the root (the server runs there); an absolute path outside it, a
   ``..`` that leaves it, and a symlink whose target lies outside it are each refused in one
-  sentence before the job starts. Bundled names (``ster:toy``, ``ster:pairs``) stay readable.
+  sentence before the request is queued (:meth:`Root.check_fields`), and every path the job then
+  opens is walked inside the root again when it is opened (:mod:`ster.engine.protocol.confine`).
+  Bundled names (``ster:toy``, ``ster:pairs``) are a fixed list, matched exactly.
 
 Nothing here imports torch.
 """
@@ -18,13 +20,18 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
-from ster.engine.protocol.paths import DATA_DIR, PREFIX, flag, is_path_field
+from ster.engine.protocol import confine
+from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.jobs import request_class
+from ster.engine.protocol.paths import EXAMPLES, flag, is_path_field
 from ster.serve.wire import WireRefusal
+
+RESERVED_MODELS = frozenset({"ster:toy", "ster:toy-chat"})
+"""The bundled models' names (:data:`ster.engine.model.resolve.RESERVED`, which imports the model part)."""
 
 TOKEN_ENV = "STER_SERVE_TOKEN"
 """The environment variable a server reads its token from when no ``--token-file`` is given."""
@@ -68,35 +75,50 @@ def token_matches(header: str | None, token: str) -> bool:
     return hmac.compare_digest(given.encode(), token.encode())
 
 
-class Root:
-    """A directory every path of a request must stay inside."""
+class Root(confine.Root):
+    """The server's root: :class:`ster.engine.protocol.confine.Root` (which every job of the server runs
+    under), with the check of a request's paths that runs before the request is built or queued."""
 
     def __init__(self, directory: str | Path) -> None:
-        path = Path(directory).expanduser()
-        if not path.is_dir():
-            raise WireRefusal(f"--root {directory} is not a directory")
-        self.path = path.resolve()
+        try:
+            super().__init__(directory)
+        except Refusal as exc:
+            raise WireRefusal(str(exc)) from None
 
-    def inside(self, value: str | Path) -> bool:
-        real = Path(os.path.realpath(self.path / Path(value).expanduser()))
-        return real == self.path or real.is_relative_to(self.path)
+    def check_fields(self, job: str, fields: dict[str, Any]) -> None:
+        """Refuse the first path a request names (in field order) that leads outside the root.
 
-    def check(self, fields: dict[str, Any], request: BaseModel) -> None:
-        """Refuse the first path field (or model directory) that leads outside the root."""
-        for name, info in type(request).model_fields.items():
+        Runs on the body's values before anything else looks at them, so no check touches a path
+        outside the root, and a sentence never depends on what exists there. A bundled name is one
+        of a fixed list, matched exactly; any other value is a path.
+        """
+        kind = request_class(job)
+        for name, info in kind.model_fields.items():
             raw = fields.get(name)
-            if raw is None or (not is_path_field(info.annotation) and name != "model"):
-                continue
-            text = str(raw)
-            if text.startswith(PREFIX):
-                continue  # a bundled name, resolved inside Ster's own read-only data
-            value = getattr(request, name)
-            if isinstance(value, Path) and Path(os.path.realpath(value)).is_relative_to(DATA_DIR.resolve()):
-                if name not in getattr(type(request), "outputs", ()):
-                    continue
-            if not self.inside(text):
-                raise WireRefusal(f"{flag(name)} {text} leads outside the server's root {self.path}; "
-                                  f"name a path inside it")
-            if name == "model" and not (self.path / text).is_dir():
-                raise WireRefusal(f"--model {text} is not a checkpoint directory inside the server's root "
-                                  f"{self.path}; with --root a model is a directory inside it or a bundled ster: name")
+            if not isinstance(raw, str | os.PathLike) or not os.fspath(raw).strip():
+                continue  # absent, blank (none) or not text: the request model says what is wrong
+            text = os.fspath(raw)
+            if name == "model":
+                self._model(text)
+            elif name == "reward" and text != "length" or is_path_field(info.annotation):
+                if text in EXAMPLES and name not in getattr(kind, "outputs", ()):
+                    continue  # a bundled example, read from Ster's own read-only data
+                self._inside(text, flag(name))
+
+    def _inside(self, text: str, what: str) -> confine.Walked:
+        try:
+            walked = self.walk(text, f"{what} {text}")
+        except Refusal as exc:
+            raise WireRefusal(str(exc)) from None
+        for fd in (walked.directory, walked.fd):
+            if fd is not None:
+                os.close(fd)
+        return walked
+
+    def _model(self, text: str) -> None:
+        if text in RESERVED_MODELS:
+            return
+        walked = self._inside(text, "--model")
+        if walked.fd is None or not stat.S_ISDIR(walked.mode):
+            raise WireRefusal(f"--model {text} is not a checkpoint directory inside the server's root "
+                              f"{self.path}; with --root a model is a directory inside it or a bundled ster: name")

@@ -197,11 +197,17 @@ def _active_set() -> bool:
     return True
 
 
-def prepare(operation: str, body: dict[str, Any]) -> Prepared:
-    """Check a body for an operation and build its validated request; every refusal is a :class:`WireRefusal`."""
+def prepare(operation: str, body: dict[str, Any], root: Any = None) -> Prepared:
+    """Check a body for an operation and build its validated request; every refusal is a :class:`WireRefusal`.
+
+    With a server's ``root`` (:class:`ster.serve.guard.Root`), every path the body names is checked to lie
+    inside it first, before the request model (whose checks look at the files) sees them.
+    """
     job = job_for(operation)
     fields = fields_of(job, body)
     check_required(job, fields)
+    if root is not None:
+        root.check_fields(job, fields)
     try:
         request = build_job_request(job, **fields)
     except SterError as exc:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ster.engine.model.fingerprint import SCHEME, short
+from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import first_error
 from ster.engine.protocol.files import safetensors_header as read_header
@@ -127,13 +128,13 @@ def sidecar_path(path: Path) -> Path:
 def read_sidecar(path: Path) -> AdapterSidecar:
     """The sidecar of the adapter at ``path``, refused in one sentence when missing or malformed."""
     side = sidecar_path(path)
-    if not path.exists():
+    if not confine.readable(path).exists():
         raise Refusal(f"failed to read adapter {path}: it does not exist")
-    if not side.exists():
+    if not confine.readable(side).exists():
         raise Refusal(f"adapter {path} has no sidecar at {side}; the pair is written together and must travel "
                       "together")
     try:
-        raw = json.loads(side.read_text(encoding="utf-8-sig"))
+        raw = json.loads(confine.readable(side).read_text(encoding="utf-8-sig"))
     except OSError:
         raise Refusal(f"failed to read adapter sidecar {side}") from None
     except ValueError:

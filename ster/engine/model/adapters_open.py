@@ -35,6 +35,7 @@ from ster.engine.model.adapter import (
     safetensors_header,
     sidecar_path,
 )
+from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ def check_adapter(ctx: JobContext, path: Path | None, checkpoint: Checkpoint,
     """
     if path is None:
         return None
-    if path.is_dir():
+    if confine.readable(path).is_dir():
         return CheckedAdapter(path, None, want or "adapter")
     sidecar, header = read_document(path)
     kind: Want = want or sidecar.kind

@@ -23,6 +23,7 @@ from ster.engine.model.config import check_architecture, load_config
 from ster.engine.model.loading import load_decoder, resolve_device
 from ster.engine.model.requests import ModelImportRequest
 from ster.engine.model.resolve import resolve_model
+from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal, first_sentence
 from ster.engine.protocol.files import (
     atomic_directory,
@@ -111,7 +112,7 @@ def check_header(header: GgufHeader, where: str) -> None:
 
 
 def import_job(request: ModelImportRequest, ctx: JobContext) -> ImportResult:
-    source = request.gguf
+    source = confine.readable(request.gguf)  # under a server's root: walked inside it and pinned
     if not source.is_file():
         raise Refusal(f"GGUF file {source} does not exist")
     check_output_directory(request.output)

@@ -35,6 +35,7 @@ from ster.engine.model.adapter import (
 from ster.engine.model.config import LlamaConfig
 from ster.engine.model.llama import Decoder, LoraFactors
 from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol import confine
 from ster.engine.protocol.files import dumps_pretty, write_atomic_together
 
 
@@ -196,7 +197,7 @@ def load_adapter(path: Path, config: LlamaConfig, device: torch.device) -> tuple
     expected = sidecar.expected_shapes(config)
     check_tensors(sidecar, safetensors_header(path), expected, path)
     try:
-        loaded = load_file(str(path))
+        loaded = load_file(str(confine.readable(path)))
     except (OSError, SafetensorError):
         raise Refusal(f"failed to read adapter {path}") from None
     tensors = {}

@@ -53,6 +53,7 @@ from ster.engine.model.adapter import (
     safetensors_header,
 )
 from ster.engine.model.config import FAMILIES
+from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import (
     atomic_directory,
@@ -173,6 +174,7 @@ def peft_model_note(sidecar: AdapterSidecar, model: str, want: Literal["adapter"
 
 def _read_config(path: Path) -> tuple[Any, Path]:
     """peft's LoraConfig of the directory, and its weights file, after refusing what Ster cannot apply."""
+    path = confine.readable(path)  # under a server's root: every file of the directory walked inside it, pinned
     _check_files(path)
     raw = read_json(path / CONFIG_NAME, "PEFT adapter config")
     if not isinstance(raw, dict):
@@ -421,7 +423,7 @@ def model_layout(model: str, revision: str | None = None) -> Layout:
 def _config_file(model: str, revision: str | None) -> Path:
     from ster.engine.model.resolve import RESERVED, _hub_errors, resolve_model
 
-    if model in RESERVED or Path(model).expanduser().exists():
+    if model in RESERVED or confine.readable(Path(model).expanduser()).exists():
         return resolve_model(model, revision).config
     import huggingface_hub
     from huggingface_hub.errors import HFValidationError

@@ -16,9 +16,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ster.engine.model.config import check_model_type
+from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import read_json
-from ster.engine.protocol.paths import DATA_DIR, EXAMPLES_DIR
+from ster.engine.protocol.paths import DATA_DIR, EXAMPLES_DIR, PREFIX
 
 TOY_DIR = DATA_DIR / "toy"
 RESERVED = {
@@ -68,11 +69,19 @@ def resolve_model(model: str, revision: str | None = None) -> ModelSource:
         root, tokenizer_config = RESERVED[model]
         source = _from_directory(model, revision, root, tokenizer_config)
         return _unchecked_revision(source, "the bundled toy checkpoint")
+    if model.startswith(PREFIX):
+        names = ", ".join(RESERVED)
+        raise Refusal(f"model {model} is not a bundled model; the bundled models are {names} (a directory "
+                      f"that really is called so is reached as ./{model})")
     path = Path(model).expanduser()
-    if path.is_dir():
-        return _unchecked_revision(_from_directory(model, revision, path), "a local directory")
-    if path.exists():
+    real = confine.readable(path)  # under a server's root: walked inside it, each file pinned
+    if real.is_dir():
+        return _unchecked_revision(_from_directory(model, revision, real, shown=path), "a local directory")
+    if real.exists():
         raise Refusal(f"model {model} is a file; --model takes a checkpoint directory or a Hub id")
+    if confine.active():
+        raise Refusal(f"model directory {model} does not exist inside the server's root; with a root a model is "
+                      "a directory inside it or a bundled ster: name")
     if not _HUB_ID.match(model) or ".." in model:
         raise Refusal(f"model directory {model} does not exist")
     return _from_hub(model, revision)
@@ -87,10 +96,14 @@ def _unchecked_revision(source: ModelSource, what: str) -> ModelSource:
     return replace(source, warning=warning)
 
 
-def _from_directory(model: str, revision: str | None, root: Path, tokenizer_config: Path | None = None) -> ModelSource:
-    config = _required(root, "config.json")
-    check_model_type(config)
-    tokenizer = _required(root, "tokenizer.json")
+def _from_directory(model: str, revision: str | None, root: Path, tokenizer_config: Path | None = None,
+                    shown: Path | None = None) -> ModelSource:
+    """The checkpoint in ``root``; sentences name it as ``shown`` (the path as given, where ``root`` is
+    the pinned copy a server's root reads through)."""
+    shown = shown or root
+    config = _required(root, "config.json", shown)
+    check_model_type(config, f"{shown / 'config.json'}")
+    tokenizer = _required(root, "tokenizer.json", shown)
     if tokenizer_config is None and (root / "tokenizer_config.json").is_file():
         tokenizer_config = root / "tokenizer_config.json"
     return ModelSource(
@@ -102,14 +115,14 @@ def _from_directory(model: str, revision: str | None, root: Path, tokenizer_conf
         tokenizer_config=tokenizer_config,
         chat_template_file=_optional(root, "chat_template.jinja"),
         generation_config=_optional(root, "generation_config.json"),
-        weights=_weight_files(root),
+        weights=_weight_files(root, shown),
     )
 
 
-def _required(root: Path, name: str) -> Path:
+def _required(root: Path, name: str, shown: Path) -> Path:
     path = root / name
     if not path.is_file():
-        raise Refusal(f"model directory {root} has no {name}")
+        raise Refusal(f"model directory {shown} has no {name}")
     return path
 
 
@@ -118,24 +131,24 @@ def _optional(root: Path, name: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def _weight_files(root: Path) -> tuple[Path, ...]:
+def _weight_files(root: Path, shown: Path) -> tuple[Path, ...]:
     """The safetensors files holding the weights: the index's shards, one file, or all of them."""
     index = root / "model.safetensors.index.json"
     if index.is_file():
         weight_map = read_json(index, "weight index").get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
-            raise Refusal(f"weight index {index} has no weight_map")
+            raise Refusal(f"weight index {shown / index.name} has no weight_map")
         shards = sorted(set(weight_map.values()))
         for shard in shards:
-            if not (root / shard).is_file():
-                raise Refusal(f"model directory {root} has no {shard}, a shard named by {index.name}")
+            if not isinstance(shard, str) or "/" in shard or shard in ("", ".", "..") or not (root / shard).is_file():
+                raise Refusal(f"model directory {shown} has no {shard}, a shard named by {index.name}")
         return tuple(root / shard for shard in shards)
     single = root / "model.safetensors"
     if single.is_file():
         return (single,)
     files = sorted(root.glob("*.safetensors"))
     if not files:
-        raise Refusal(f"model directory {root} has no *.safetensors weights")
+        raise Refusal(f"model directory {shown} has no *.safetensors weights")
     return tuple(files)
 
 

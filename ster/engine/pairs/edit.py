@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from ster.engine.pairs.first_use import note_pair_set_written
 from ster.engine.pairs.model import Pair, PairSet, check_pairs, load_pairs, save_pairs
 from ster.engine.pairs.requests import PairsAddRequest, PairsRemoveRequest, PairsSaveRequest
+from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import PAIR_SET, check_output_file, written_path
 from ster.engine.protocol.jobs import JobContext
@@ -48,7 +49,7 @@ def add_job(request: PairsAddRequest, ctx: JobContext) -> PairsEditResult:
     check_pairs(PairSet(pairs=[pair]), path)  # refuse an empty side before anything is created
     check_output_file(path)
     with editing(path, create=True):
-        created = not path.exists()
+        created = not confine.readable(path).exists()
         pair_set = PairSet(pairs=[]) if created else load_pairs(path)
         trait_name = pair_set.trait_name if request.trait is None else request.trait
         updated = PairSet(trait_name=trait_name, pairs=[*pair_set.pairs, pair])
@@ -75,7 +76,7 @@ def save_job(request: PairsSaveRequest, ctx: JobContext) -> PairsEditResult:
     check_pairs(PairSet.model_validate(request.pair_set.model_dump()), request.pairs)
     check_output_file(request.pairs, PAIR_SET, ctx.log)
     with editing(request.pairs, create=True):
-        created = not request.pairs.exists()
+        created = not confine.readable(request.pairs).exists()
         save_pairs(request.pairs, request.pair_set)
     note_pair_set_written(request.pairs)
     return _result(request.pairs, "saved", len(request.pair_set.pairs) - 1, created, request.pair_set)

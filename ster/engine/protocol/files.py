@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from ster.engine.protocol import inflight
+from ster.engine.protocol import confine, inflight
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.kinds import (  # noqa: F401 (re-exported)
     ACTIVATIONS,
@@ -52,12 +52,13 @@ def read_json(path: Path, what: str) -> Any:
     A UTF-8 byte-order mark is skipped. A key given twice in one object is refused (naming it)
     rather than letting the last one win unseen, and nesting too deep to parse is refused too.
     """
-    if not path.exists():
+    real = confine.readable(path)
+    if not real.exists():
         raise Refusal(f"{what} {path} does not exist")
-    if path.is_dir():
+    if real.is_dir():
         raise Refusal(f"{what} {path} is a directory, not a JSON file")
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        text = real.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise Refusal(f"{what} {path} could not be read: {exc}") from None
     try:
@@ -96,7 +97,7 @@ def safetensors_header(path: Path) -> dict[str, Any]:
 
     Raises OSError, struct.error or ValueError for a file that is not one; callers say which file it was.
     """
-    with path.open("rb") as handle:
+    with confine.readable(path).open("rb") as handle:
         (length,) = struct.unpack("<Q", handle.read(8))
         if length > 100_000_000:
             raise ValueError("header too large")
@@ -137,10 +138,11 @@ def check_output_file(path: Path, kind: str | None = None, log: Callable[[str], 
     an existing file is replaced only when it is an older document of that kind (said
     through ``log``); anything else there would be destroyed, so it is refused.
     """
-    found = existing(path)
+    target = confine.writable(path, make=False)
+    found = existing(target)
     if found is not None and not found.file:
         raise Refusal(f"{what} {path} is {found.phrase}, not a regular file; give a file path")
-    _check_can_hold_a_file(path, what, written_path(path).parent)
+    _check_can_hold_a_file(path, what, confine.directory_of_write(path) or target.parent)
     if kind is None or found is None or found.empty:
         return
     if found.kind != kind:
@@ -151,8 +153,9 @@ def check_output_file(path: Path, kind: str | None = None, log: Callable[[str], 
 
 
 def written_path(path: Path) -> Path:
-    """The file a write to ``path`` replaces: the target of a symlink, else ``path`` itself."""
-    return Path(os.path.realpath(path)) if path.is_symlink() else path
+    """The file a write to ``path`` replaces: the target of a symlink, else ``path`` itself (under a
+    server's root, the place inside it the job pinned; see :mod:`ster.engine.protocol.confine`)."""
+    return confine.writable(path, make=False)
 
 
 def _check_can_hold_a_file(path: Path, what: str, directory: Path) -> None:
@@ -187,7 +190,7 @@ def write_atomic_together(files: list[tuple[Path, str | bytes]]) -> None:
     staged: list[tuple[str, Path]] = []
     try:
         for path, data in files:
-            staged.append((_stage(path, data), written_path(path)))
+            staged.append((_stage(path, data), confine.writable(path)))
         for tmp, target in staged:
             os.replace(tmp, target)
     except BaseException as exc:
@@ -204,10 +207,9 @@ def write_atomic_together(files: list[tuple[Path, str | bytes]]) -> None:
 def _stage(path: Path, data: str | bytes) -> str:
     """A complete temporary copy of ``data`` beside the file ``path`` writes, with the mode it will have."""
     payload = data.encode("utf-8") if isinstance(data, str) else data
-    target = written_path(path)
     try:
+        target = confine.writable(path)
         mode = _mode_for(target)
-        target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = inflight.temp_file(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
         raise _not_written(path, exc) from None
@@ -251,10 +253,10 @@ def write_json(path: Path, document: BaseModel) -> None:
 
 def check_output_directory(path: Path, what: str = "output directory") -> None:
     """Refuse a directory output that exists with content or cannot be created."""
-    found = existing(path)
+    found = existing(confine.writable(path, make=False))
     if found is not None and not (found.empty and not found.file):
         raise Refusal(f"{what} {path} already exists and is not empty (it is {found.phrase}); choose a new path")
-    _check_can_hold_a_file(path, what, path)
+    _check_can_hold_a_file(path, what, confine.directory_of_write(path) or path)
 
 
 @contextmanager
@@ -264,8 +266,9 @@ def atomic_directory(path: Path) -> Iterator[Path]:
     An I/O failure, in the block or in the rename, is a refusal naming the path; nothing is left behind.
     """
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(inflight.temp_directory(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        target = confine.writable(path) if confine.active() else path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(inflight.temp_directory(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     except OSError as exc:
         raise _not_written(path, exc) from None
     try:
@@ -273,9 +276,9 @@ def atomic_directory(path: Path) -> Iterator[Path]:
         os.chmod(tmp, 0o777 & ~_UMASK)
         for written in tmp.rglob("*"):  # some writers (safetensors) create private files
             os.chmod(written, (0o777 if written.is_dir() else 0o666) & ~_UMASK)
-        if path.is_dir():
-            path.rmdir()  # only an empty directory reaches here; check_output_directory saw to it
-        os.replace(tmp, path)
+        if target.is_dir():
+            target.rmdir()  # only an empty directory reaches here; check_output_directory saw to it
+        os.replace(tmp, target)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):

@@ -116,8 +116,22 @@ def run_job(
     emit: Sink,
     cancel: threading.Event | None = None,
     models: Any = None,
+    root: Any = None,
 ) -> Event:
-    """Run a job to its end and return its final event, which has also been emitted."""
+    """Run a job to its end and return its final event, which has also been emitted.
+
+    ``root`` (a :class:`~ster.engine.protocol.confine.Root`) confines every path the job opens to that
+    directory, as ``ster serve --root`` promises; its events name paths as the request gave them.
+    """
+    if root is None:
+        return _run(name, request, emit, cancel, models)
+    from ster.engine.protocol import confine
+
+    with confine.within(root):
+        return confine.shown(_run(name, request, lambda event: emit(confine.shown(event)), cancel, models))
+
+
+def _run(name: str, request: BaseModel, emit: Sink, cancel: threading.Event | None, models: Any) -> Event:
     ctx = JobContext(emit, cancel or threading.Event(), models)
     final: Event
     try:

@@ -84,12 +84,18 @@ class Existing:
 def existing(path: Path) -> Existing | None:
     """What lies at ``path``, or None for nothing. A symlink is judged by what it points to (a
     dangling link is nothing: writing through it creates the file). Reads one file at most."""
+    from ster.engine.protocol import confine
+
     try:
-        status = os.stat(path)
+        # under a server's root the path is pinned with its links resolved: a link found there now
+        # appeared since, and is judged as itself, never followed out of the root
+        status = os.stat(path, follow_symlinks=not confine.active())
     except FileNotFoundError:
         return None
     except OSError as exc:
         return Existing(f"something that cannot be read ({exc.strerror or exc})")
+    if stat.S_ISLNK(status.st_mode):
+        return Existing("a symbolic link that appeared after the job began")
     if stat.S_ISDIR(status.st_mode):
         return _directory(path)
     special = special_file(status.st_mode)

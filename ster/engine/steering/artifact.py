@@ -36,6 +36,7 @@ from pydantic import (
 
 from ster.engine.model.adapter import sidecar_path
 from ster.engine.model.fingerprint import SCHEME, short
+from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import first_error, read_json, write_json
 from ster.engine.protocol.kinds import ADAPTER_SIDECAR, file_kind
@@ -177,7 +178,8 @@ def load_artifact(path: Path) -> SteeringArtifact:
 def _not_an_adapter_file(path: Path) -> None:
     """Refuse an adapter's safetensors file by the cross-document sentence: its sidecar beside it says what it is."""
     side = sidecar_path(path)
-    if side != path and path.is_file() and side.is_file() and file_kind(side) == ADAPTER_SIDECAR:
+    real, real_side = confine.readable(path), confine.readable(side)
+    if side != path and real.is_file() and real_side.is_file() and file_kind(real_side) == ADAPTER_SIDECAR:
         raise Refusal(f"{path} is a LoRA adapter, not a steering artifact: its sidecar {side} carries rank and targets "
                       f"where a steering artifact carries trait_name and vectors")
 

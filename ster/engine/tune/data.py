@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import DuplicateKey, read_json, unique_keys
 
@@ -294,12 +295,13 @@ def _read(path: Path, what: str, key: str, columns: set[str]) -> tuple[Any, list
 
 
 def _text(path: Path, what: str) -> str:
-    if not path.exists():
+    real = confine.readable(path)
+    if not real.exists():
         raise Refusal(f"{what} {path} does not exist")
-    if path.is_dir():
+    if real.is_dir():
         raise Refusal(f"{what} {path} is a directory, not a JSON file")
     try:
-        return path.read_text(encoding="utf-8-sig")
+        return real.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise Refusal(f"{what} {path} could not be read: {exc}") from None
 

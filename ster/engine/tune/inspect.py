@@ -23,6 +23,7 @@ from ster.engine.model.adapter import (
     factor_names,
 )
 from ster.engine.model.adapters_open import read_document
+from ster.engine.protocol import confine
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.tune.requests import TuneInspectRequest
 
@@ -65,7 +66,7 @@ class InspectResult(BaseModel):
 
 
 def inspect_job(request: TuneInspectRequest, ctx: JobContext) -> InspectResult:
-    path = request.artifact
+    path = confine.readable(request.artifact)  # under a server's root: walked inside it and pinned
     if path.is_dir():
         return _peft(path)
     sidecar, header = read_document(path)

@@ -36,6 +36,7 @@ from ster.engine.model.adapters_open import read_document, read_peft
 from ster.engine.model.config import LlamaConfig, decoder_name, fused_rows, load_config
 from ster.engine.model.fingerprint import checkpoint_fingerprint
 from ster.engine.model.resolve import ModelSource, resolve_model
+from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import atomic_directory, check_output_directory
 from ster.engine.protocol.jobs import JobContext
@@ -106,7 +107,7 @@ def merge_job(request: MergeRequest, ctx: JobContext) -> MergeResult:
     fingerprint = checkpoint_fingerprint(config, source.weights)
     shards = _shard_headers(source.weights)
     sidecar = None
-    if not request.adapter.is_dir():  # a PEFT directory is checked once it is read, below
+    if not confine.readable(request.adapter).is_dir():  # a PEFT directory is checked once it is read, below
         sidecar, header = read_document(request.adapter)
         _check_adapter(ctx, sidecar, source, fingerprint, config)
         check_tensors(sidecar, header, sidecar.expected_shapes(config), request.adapter)

@@ -23,6 +23,7 @@ from ster.engine.model.adapter import (
     read_sidecar,
     safetensors_header,
 )
+from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import check_output_directory
 from ster.engine.protocol.jobs import JobContext
@@ -116,7 +117,7 @@ def _load(path: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     try:
-        tensors = load_file(str(path))
+        tensors = load_file(str(confine.readable(path)))
     except (OSError, SafetensorError):
         raise Refusal(f"failed to read adapter {path}") from None
     for name, tensor in tensors.items():

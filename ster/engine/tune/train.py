@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from ster.engine.model.adapter import sidecar_path
 from ster.engine.model.adapters_open import CheckedAdapter, check_adapter
 from ster.engine.model.loading import Checkpoint, model_store
+from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import check_output_file, load_document
 from ster.engine.protocol.jobs import JobContext
@@ -88,7 +89,7 @@ def _reward_source(request: GrpoRequest, ctx: JobContext, checkpoint: Checkpoint
     path = request.reward_path
     if path is None:
         return None
-    if not path.exists():
+    if not confine.readable(path).exists():
         raise Refusal(f'reward source "{request.reward}" is neither the keyword length nor a file that exists')
     return check_adapter(ctx, path, checkpoint, want="reward")
 
