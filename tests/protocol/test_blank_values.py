@@ -16,7 +16,6 @@ import pytest
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.jobs import JOBS, build_job_request, request_class
 from ster.engine.protocol.paths import is_path_field
-from ster.engine.protocol.requests import blank_means_none
 from ster.serve import wire
 from tests.conftest import REPO
 
@@ -33,6 +32,8 @@ def _blankable(kind) -> list[str]:
 
 @pytest.mark.parametrize("job", sorted(JOBS))
 def test_every_blank_path_or_optional_text_of_every_request_means_none(job: str) -> None:
+    from ster.engine.protocol.requests import blank_means_none
+
     kind = request_class(job)
     for name in _blankable(kind):
         for blank in BLANKS:

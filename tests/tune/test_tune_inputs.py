@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -23,10 +24,10 @@ PROBE = ("import sys; from ster.cli import main; code = main(sys.argv[1:]); "
 LONE = "\ud800"
 
 
-def probe(*args: object, stdin: str | None = None) -> tuple[int, list[str]]:
+def probe(*args: object, timeout: float = 120) -> tuple[int, list[str]]:
     """Exit code and stderr lines of ``ster ARGS`` in a fresh interpreter; the last line says whether torch loaded."""
     proc = subprocess.run([sys.executable, "-c", PROBE, *map(str, args)], capture_output=True, text=True, cwd=REPO,
-                          timeout=60, input=stdin)
+                          timeout=timeout)
     return proc.returncode, proc.stderr.splitlines()
 
 
@@ -117,7 +118,11 @@ def test_a_lone_surrogate_in_a_request_body_is_refused_before_running(tmp_path: 
 def test_a_fifo_input_is_refused_without_blocking(tmp_path: Path, args: list[str], flag: str) -> None:
     fifo = tmp_path / "in.fifo"
     os.mkfifo(fifo)
-    code, lines = probe(*[a.replace("{fifo}", str(fifo)).replace("{tmp}", str(tmp_path)) for a in args])
+    try:  # a refusal takes about a second; a read that blocks never ends
+        code, lines = probe(*[a.replace("{fifo}", str(fifo)).replace("{tmp}", str(tmp_path)) for a in args],
+                            timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"ster blocked on the FIFO given as {flag}")
     assert code == 1 and lines[-2] == f"error: {flag} {fifo} is a FIFO, not a regular file; give a file", lines
     assert lines[-1] == "False"  # refused before torch was imported
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.fifo"]
@@ -133,8 +138,23 @@ def test_the_readers_never_block_on_a_fifo_swapped_in_after_the_check(tmp_path: 
     os.mkfifo(fifo)
     for read in (lambda: read_json(fifo, "pair set"), lambda: load_examples(fifo), lambda: load_preferences(fifo),
                  lambda: load_prompts(fifo)):
-        with pytest.raises(Refusal, match=f"{fifo} is a FIFO, not a regular file"):
-            read()
+        outcome: list[BaseException | None] = []
+
+        def attempt(read=read, outcome=outcome) -> None:
+            try:
+                read()
+                outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001 (the test looks at what was raised)
+                outcome.append(exc)
+
+        reader = threading.Thread(target=attempt, daemon=True)
+        reader.start()
+        reader.join(timeout=20)
+        if reader.is_alive():  # blocked in open(): give it a writer so the test process can end, then fail
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            reader.join(timeout=20)
+            pytest.fail("a reader blocked on a FIFO")
+        assert isinstance(outcome[0], Refusal) and f"{fifo} is a FIFO, not a regular file" in str(outcome[0])
 
 
 # --- ranks ------------------------------------------------------------------------------------------------------

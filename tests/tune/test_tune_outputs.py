@@ -17,7 +17,6 @@ import pytest
 from ster.engine.model.resolve import EXAMPLES_DIR
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.jobs import build_job_request
-from ster.engine.protocol.requests import check_before_running
 from tests.tune.adapter_files import write_adapter
 
 SFT = ("tune", "sft", "--examples", "ster:examples", "--accumulation", "1")
@@ -68,10 +67,9 @@ def test_a_tune_output_never_replaces_what_is_not_an_adapter(cli, tmp_path: Path
 
 
 def test_a_suffixless_output_over_a_pair_set_is_refused(cli, tmp_path: Path) -> None:
-    """``--output pairs`` has the sidecar pairs.json: both paths hold the user's sets here."""
-    out, side = tmp_path / "pairs", tmp_path / "pairs.json"
+    """``--output calm`` (a pair set saved without a suffix) has the free sidecar path calm.json."""
+    out = tmp_path / "calm"
     shutil.copy(EXAMPLES_DIR / "pairs.json", out)
-    shutil.copy(EXAMPLES_DIR / "pairs.json", side)
     before = snapshot(tmp_path)
     refused(cli(*SFT, "--model", "ster:toy", "--output", out), "already holds a pair set")
     assert snapshot(tmp_path) == before
@@ -122,6 +120,8 @@ def test_no_command_writes_inside_the_model_it_reads(cli, tmp_path: Path, toy_co
 
 def test_a_hub_models_cache_folder_is_inside_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Checked from the request alone as the job starts: no network, no download."""
+    from ster.engine.protocol.requests import check_before_running
+
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     out = tmp_path / "models--org--name" / "snapshots" / "abc" / "model.safetensors"
     request = build_job_request("tune sft", model="org/name", examples="ster:examples", output=str(out))
