@@ -26,8 +26,8 @@ BLANKS = ["", "   ", "\t"]
 def _blankable(kind) -> list[str]:
     fields = kind.model_fields
     return [name for name, field in fields.items()
-            if is_path_field(field.annotation) or (str in getattr(field.annotation, "__args__", ())
-                                                   and type(None) in field.annotation.__args__)]
+            if is_path_field(field.annotation) or name == "model"
+            or (str in getattr(field.annotation, "__args__", ()) and type(None) in field.annotation.__args__)]
 
 
 @pytest.mark.parametrize("job", sorted(JOBS))
@@ -60,6 +60,9 @@ def test_blank_vector_and_adapter_generate_unsteered_on_the_bare_checkpoint(cli)
     (["train", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", ""], "--output is required"),
     (["tune", "inspect", ""], "ARTIFACT is required"),
     (["model", "import", "", "--output", "out"], "FILE.gguf is required"),
+    (["generate", "--model", "", "--prompt", PROMPT], "--model is required"),
+    (["tune", "sft", "--model", " ", "--examples", "ster:examples", "--output", "a.safetensors"],
+     "--model is required"),
 ])
 def test_a_blank_required_path_is_missing_not_the_current_directory(cli, args: list[str], sentence: str) -> None:
     run = cli(*args)

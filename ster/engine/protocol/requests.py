@@ -80,14 +80,15 @@ def _optional_text(annotation: Any) -> bool:
 
 
 def blank_means_none(kind: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
-    """A blank value (empty or only spaces) of a path field or an optional text means none, as the contract says:
-    None where the field is optional, and not given where it is required (so it is refused as missing)."""
+    """A blank value (empty or only spaces) of a path field, the model or an optional text means none, as the
+    contract says: None where the field is optional, and not given where it is required (so it is refused as
+    missing, never read as the current directory ``Path("")`` is)."""
     cleaned = dict(data)
     for name, field in kind.model_fields.items():
         value = data.get(name)
         if not (isinstance(value, str) and not value.strip()):
             continue
-        if is_path_field(field.annotation) or _optional_text(field.annotation):
+        if is_path_field(field.annotation) or name == "model" or _optional_text(field.annotation):
             if field.is_required():
                 del cleaned[name]
             else:
