@@ -156,7 +156,7 @@ def test_steering_train_extract_and_generate_work_at_int8(cli, tmp_path: Path) -
     for precision in ("f32", "int8"):
         out = tmp_path / f"calm-{precision}.ster.json"
         _json(cli("train", *TOY, "--pairs", "ster:pairs", "--output", out, "--precision", precision))
-        directions[precision] = {v["layer"]: torch.tensor(v["vector"]) for v in json.loads(out.read_text())["vectors"]}
+        directions[precision] = {v["layer"]: torch.tensor(v["values"]) for v in json.loads(out.read_text())["vectors"]}
     assert directions["f32"].keys() == directions["int8"].keys()
     for layer, vector in directions["f32"].items():
         assert F.cosine_similarity(vector, directions["int8"][layer], dim=0) > 0.98, layer

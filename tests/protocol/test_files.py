@@ -185,7 +185,7 @@ def test_the_probe_leaves_nothing_behind(tmp_path: Path) -> None:
 
 def test_a_model_directory_or_file_is_not_an_import_destination(tmp_path: Path) -> None:
     artifact = _json(tmp_path / "a.json", ARTIFACT_DOC)
-    with pytest.raises(Refusal, match="already exists and is not empty \\(it is a steering artifact\\)"):
+    with pytest.raises(Refusal, match="is a steering artifact, not a directory; give a new or empty directory"):
         check_output_directory(artifact)
     (tmp_path / "empty").mkdir()
     check_output_directory(tmp_path / "empty")

@@ -96,7 +96,7 @@ def test_each_method_equals_an_independent_computation(cli, tmp_path: Path, refe
     for entry in artifact["vectors"]:
         layer = entry["layer"]
         expected = reference_direction(method, pos[:, layer], neg[:, layer])
-        np.testing.assert_allclose(entry["vector"], expected, atol=1e-5)
+        np.testing.assert_allclose(entry["values"], expected, atol=1e-5)
         gaps = pos[:, layer] @ expected - neg[:, layer] @ expected
         assert entry["train_accuracy"] == pytest.approx((gaps > 0).mean())
         assert entry["train_margin"] == pytest.approx(gaps.mean(), rel=1e-5)
@@ -254,7 +254,7 @@ def test_steered_generation_equals_a_reference_hook(cli, tmp_path: Path, referen
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(TOY_DIR / "tokenizer.json"))
-    direction = torch.tensor(json.loads(vector.read_text())["vectors"][0]["vector"])
+    direction = torch.tensor(json.loads(vector.read_text())["vectors"][0]["values"])
     expected = reference_steered_greedy(reference_model, tokenizer.encode(PROMPT).ids, 2, 3.0 * direction, 128, 2)
     assert steered["text"] == tokenizer.decode(expected)
     negative = cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--vector", vector, "--strength=-3").json

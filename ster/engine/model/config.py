@@ -15,6 +15,7 @@ bases per layer type).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,19 @@ _ROPE_TYPES = ("default", "linear", "llama3")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")
 """The MLP activations the decoder implements (``hidden_act``, Gemma's ``hidden_activation``)."""
 SLIDING, FULL = "sliding_attention", "full_attention"
+MAX_LAYERS = 4096
+"""More layers than any model has (the largest published ones have about 130): a larger count, or a steering
+artifact's layer index at or past it, is a file written wrong, not a model."""
+MAX_SIZE = 1 << 24
+"""Above any width, vocabulary or head count a checkpoint has (the largest vocabularies are about 2^18)."""
+SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+"""The counts a decoder is built from: each a whole number from 1 to :data:`MAX_SIZE`."""
+OPTIONAL_SIZES = ("num_key_value_heads", "head_dim")
+MAX_POSITIONS = 1 << 31
+"""A context longer than any model's (the longest are about 2^23 positions)."""
+POSITIVE_REALS = ("rms_norm_eps", "rope_theta", "rope_local_theta", "query_pre_attn_scalar",
+                  "final_logit_softcapping", "attn_logit_softcapping")
+"""Settings that are divided by, raised to a power or taken a root of: each a finite number above 0 (or null)."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +157,13 @@ class RopeScaling(BaseModel):
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
 
+    @model_validator(mode="after")
+    def _possible(self) -> RopeScaling:
+        for name in ("factor", "low_freq_factor", "high_freq_factor"):
+            _positive_real(name, getattr(self, name))
+        _size("original_max_position_embeddings", self.original_max_position_embeddings, MAX_POSITIONS)
+        return self
+
 
 class DecoderConfig(BaseModel):
     """The fields of a config.json that the decoder reads, whatever the family."""
@@ -220,6 +241,27 @@ class DecoderConfig(BaseModel):
             data["rope_scaling"] = {**scaling, "rope_type": scaling["type"]}
         return data
 
+    @model_validator(mode="after")
+    def _possible(self) -> DecoderConfig:
+        """Refuse values no model has (a vocabulary of -1, a NaN rotary base), which would otherwise fail deep
+        inside the decoder; a check of what Ster's decoder does not implement is :func:`_check_supported`'s."""
+        for name in SIZES:
+            _size(name, getattr(self, name))
+        for name in OPTIONAL_SIZES:
+            if getattr(self, name) is not None:
+                _size(name, getattr(self, name))
+        _size("max_position_embeddings", self.max_position_embeddings, MAX_POSITIONS)
+        for name in POSITIVE_REALS:
+            if getattr(self, name) is not None:
+                _positive_real(name, getattr(self, name))
+        if self.num_hidden_layers > MAX_LAYERS:
+            raise ValueError(f"num_hidden_layers {self.num_hidden_layers} is more than any model has (Ster reads at "
+                             f"most {MAX_LAYERS})")
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} does not divide into its {self.num_attention_heads} "
+                             "attention heads, and no head_dim says how wide a head is")
+        return self
+
     @property
     def family(self) -> Family:
         """The family's record; a model run through transformers has the plain one (nothing fused or renamed)."""
@@ -264,6 +306,16 @@ class DecoderConfig(BaseModel):
         if self.model_type == "llama":
             exclude |= set(FAMILY_FIELDS)
         return self.model_dump(mode="json", exclude=exclude)
+
+
+def _size(name: str, value: int, bound: int = MAX_SIZE) -> None:
+    if not 1 <= value <= bound:
+        raise ValueError(f"{name} {value} is not a size a model has; it must be a whole number from 1 to {bound}")
+
+
+def _positive_real(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} {value} must be a finite number above 0")
 
 
 LlamaConfig = DecoderConfig
@@ -315,7 +367,10 @@ def generic_config(raw: dict[str, Any], where: str) -> Any:
     not one (an encoder, an encoder-decoder, a classifier, a type transformers does not know, remote code) is
     refused in one sentence, before any weight is read."""
     model_type = str(raw.get("model_type"))
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
+    from transformers.models.auto.configuration_auto import (
+        CONFIG_MAPPING,
+        CONFIG_MAPPING_NAMES,
+    )
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     if model_type not in CONFIG_MAPPING_NAMES:
@@ -349,15 +404,15 @@ def _generic_decoder_config(raw: dict[str, Any], path: Path, unimplemented: str 
             return default
         return default if found is None else found
 
-    hidden = int(value("hidden_size"))
-    heads = int(value("num_attention_heads", 1))
     try:
+        hidden, heads = int(value("hidden_size")), int(value("num_attention_heads", 1))
         return DecoderConfig(
             model_type=str(raw["model_type"]), native=False, unimplemented=unimplemented,
             vocab_size=value("vocab_size"), hidden_size=hidden,
             intermediate_size=value("intermediate_size", None) or value("n_inner", None) or 4 * hidden,
             num_hidden_layers=value("num_hidden_layers"), num_attention_heads=heads,
-            num_key_value_heads=value("num_key_value_heads", heads), head_dim=value("head_dim", hidden // heads),
+            num_key_value_heads=value("num_key_value_heads", heads),
+            head_dim=value("head_dim", hidden // heads if heads > 0 else None),
             hidden_act=str(value("hidden_act", "") or value("hidden_activation", "") or "unknown"),
             max_position_embeddings=value("max_position_embeddings", 2048),
             tie_word_embeddings=bool(value("tie_word_embeddings", False)),

@@ -113,6 +113,8 @@ def check_header(header: GgufHeader, where: str) -> None:
 
 def import_job(request: ModelImportRequest, ctx: JobContext) -> ImportResult:
     source = confine.readable(request.gguf)  # under a server's root: walked inside it and pinned
+    if source.is_dir():
+        raise Refusal(f"GGUF file {request.gguf} is a directory; give the .gguf file itself")
     if not source.is_file():
         raise Refusal(f"GGUF file {source} does not exist")
     check_output_directory(request.output)

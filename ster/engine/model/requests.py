@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, field_validator
 
@@ -57,5 +57,6 @@ class SampledRequest(ModelRequest):
 class ModelImportRequest(Request):
     """``ster model import``: a Llama GGUF file converted into a standard checkpoint directory."""
 
+    directory_outputs: ClassVar[tuple[str, ...]] = ("output",)
     gguf: Path
     output: Path

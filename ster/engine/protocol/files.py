@@ -24,8 +24,14 @@ from pydantic import BaseModel, ValidationError
 
 from ster.engine.protocol import confine, inflight
 from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.inputs import (
+    check_json_text,
+    may_hold_surrogate,
+    read_input_text,
+)
 from ster.engine.protocol.kinds import (  # noqa: F401 (re-exported)
     ACTIVATIONS,
+    ADAPTER,
     ARTIFACT,
     PAIR_SET,
     describe_existing,
@@ -51,18 +57,17 @@ def read_json(path: Path, what: str) -> Any:
 
     A UTF-8 byte-order mark is skipped. A key given twice in one object is refused (naming it)
     rather than letting the last one win unseen, and nesting too deep to parse is refused too.
+    Only a regular file is read, never blocking on a FIFO, and a string holding a lone surrogate
+    is refused (see :mod:`ster.engine.protocol.inputs`).
     """
     real = confine.readable(path)
     if not real.exists():
         raise Refusal(f"{what} {path} does not exist")
     if real.is_dir():
         raise Refusal(f"{what} {path} is a directory, not a JSON file")
+    text = read_input_text(real, what)
     try:
-        text = real.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise Refusal(f"{what} {path} could not be read: {exc}") from None
-    try:
-        return json.loads(text, object_pairs_hook=unique_keys)
+        document = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
         raise Refusal(
             f"{what} {path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
@@ -72,6 +77,9 @@ def read_json(path: Path, what: str) -> Any:
                       "is meant is ambiguous") from None
     except RecursionError:
         raise Refusal(f"{what} {path} nests its arrays or objects too deeply to be read") from None
+    if may_hold_surrogate(text):
+        check_json_text(document, what, path)
+    return document
 
 
 class DuplicateKey(ValueError):
@@ -252,9 +260,15 @@ def write_json(path: Path, document: BaseModel) -> None:
 
 
 def check_output_directory(path: Path, what: str = "output directory") -> None:
-    """Refuse a directory output that exists with content or cannot be created."""
+    """Refuse a directory output that exists with content, is not a directory, or cannot be created.
+
+    Only nothing or an empty directory may become the output: a directory output replaces no file
+    of any kind (the write renames a whole staged directory into place).
+    """
     found = existing(confine.writable(path, make=False))
-    if found is not None and not (found.empty and not found.file):
+    if found is not None and not found.directory:
+        raise Refusal(f"{what} {path} is {found.phrase}, not a directory; give a new or empty directory")
+    if found is not None and not found.empty:
         raise Refusal(f"{what} {path} already exists and is not empty (it is {found.phrase}); choose a new path")
     _check_can_hold_a_file(path, what, confine.directory_of_write(path) or path)
 

@@ -20,8 +20,16 @@ from typing import Any
 from pydantic import BaseModel
 
 from ster.engine.protocol.errors import Cancelled, SterError
-from ster.engine.protocol.events import Error, Event, Log, Progress, Result, Token, Warning
-from ster.engine.protocol.requests import build_request
+from ster.engine.protocol.events import (
+    Error,
+    Event,
+    Log,
+    Progress,
+    Result,
+    Token,
+    Warning,
+)
+from ster.engine.protocol.requests import build_request, check_before_running
 
 JOBS: dict[str, tuple[str, str]] = {
     "generate": ("ster.engine.steering.generate:generate_job", "ster.engine.steering.requests:GenerateRequest"),
@@ -137,6 +145,7 @@ def _run(name: str, request: BaseModel, emit: Sink, cancel: threading.Event | No
     try:
         job = job_function(name)  # may import torch: seconds, during which Ctrl-C may already have come
         ctx.check_cancelled()
+        check_before_running(request)  # what lies at its paths: a FIFO as an input, an output inside the model
         document = job(request, ctx)
         final = Result(command=name, data=document.model_dump(mode="json"))
     except SterError as exc:

@@ -23,6 +23,8 @@ ACTIVATIONS = "activation document"
 PAIR_SET = "pair set"
 PROMPT_SET = "prompt set"
 ADAPTER_SIDECAR = "LoRA adapter sidecar"
+ADAPTER = "LoRA adapter"
+"""A safetensors file with an adapter sidecar beside it (the same path with ``.json``): what ``tune`` writes."""
 
 SIGNATURES: tuple[tuple[str, frozenset[str]], ...] = (
     (ARTIFACT, frozenset({"trait_name", "vectors"})),
@@ -54,12 +56,29 @@ def document_kind(raw: Any) -> str | None:
 def file_kind(path: Path) -> str | None:
     """The kind of the JSON document in a file; None when it is not JSON or not one of Ster's."""
     try:
-        data = path.read_bytes()
-        if not data.removeprefix(b"\xef\xbb\xbf").lstrip().startswith(b"{"):
-            return None  # not a JSON object: no need to parse a large binary file
+        with path.open("rb") as handle:
+            head = handle.read(4096)
+            if not head.removeprefix(b"\xef\xbb\xbf").lstrip().startswith(b"{"):
+                return None  # not a JSON object: a large binary file (a model's weights) is not read
+            data = head + handle.read()
         return document_kind(json.loads(data.decode("utf-8-sig")))
     except (OSError, ValueError, RecursionError):
         return None
+
+
+def adapter_sidecar_of(path: Path) -> Path:
+    """Where the sidecar of an adapter file at ``path`` lies (the rule of :func:`ster.engine.model.adapter.sidecar_path`)."""
+    return path.with_suffix(".json")
+
+
+def _safetensors(path: Path, size: int) -> bool:
+    """Whether a file begins as a safetensors file does: an 8-byte header length that fits, then a JSON object."""
+    try:
+        with path.open("rb") as handle:
+            length = int.from_bytes(handle.read(8), "little")
+            return 0 < length <= size - 8 and handle.read(1) == b"{"
+    except OSError:
+        return False
 
 
 def special_file(mode: int) -> str | None:
@@ -79,6 +98,8 @@ class Existing:
     """The kind of Ster document the file holds, when it holds one."""
     empty: bool = False
     """An empty file or directory: nothing would be lost by writing there."""
+    directory: bool = False
+    """A directory (a model directory included), which only a directory output may become when it is empty."""
 
 
 def existing(path: Path) -> Existing | None:
@@ -104,6 +125,11 @@ def existing(path: Path) -> Existing | None:
     if status.st_size == 0:
         return Existing("an empty file", file=True, empty=True)
     kind = file_kind(path)
+    if kind is None and _safetensors(path, status.st_size):
+        side = adapter_sidecar_of(path)
+        if side == path or file_kind(side) != ADAPTER_SIDECAR:
+            return Existing("a safetensors file that is not a LoRA adapter (no adapter sidecar beside it)", file=True)
+        kind = ADAPTER
     return Existing(with_article(kind) if kind else "a file that is not a Ster document", file=True, kind=kind)
 
 
@@ -118,9 +144,9 @@ def describe_existing(path: Path) -> str | None:
 
 def _directory(path: Path) -> Existing:
     if (path / "config.json").is_file():
-        return Existing("a model directory")
+        return Existing("a model directory", directory=True)
     try:
         empty = not any(path.iterdir())
     except OSError:
         empty = False
-    return Existing("an empty directory" if empty else "a directory", empty=empty)
+    return Existing("an empty directory" if empty else "a directory", empty=empty, directory=True)

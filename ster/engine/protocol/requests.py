@@ -10,12 +10,22 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, TypeVar
+import os
+import re
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from ster.engine.protocol.errors import Refusal
-from ster.engine.protocol.paths import check_outputs, is_path_field, resolve_inputs
+from ster.engine.protocol.inputs import check_regular_inputs, lone_surrogate, surrogate_phrase
+from ster.engine.protocol.paths import (
+    PREFIX,
+    check_outputs,
+    flag,
+    is_path_field,
+    resolve_inputs,
+)
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -31,12 +41,17 @@ class Request(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     outputs: ClassVar[tuple[str, ...]] = ("output",)
     """The path fields this job writes."""
+    directory_outputs: ClassVar[tuple[str, ...]] = ()
+    """Those of ``outputs`` that are directories (a checkpoint, a PEFT adapter); the others are files."""
 
     @model_validator(mode="before")
     @classmethod
     def _named_inputs(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
+        data = blank_means_none(cls, data)
+        check_text_values(data)
+        check_file_outputs(data, [name for name in cls.outputs if name not in cls.directory_outputs])
         paths = [name for name, field in cls.model_fields.items() if is_path_field(field.annotation)]
         return resolve_inputs(data, paths, cls.outputs)
 
@@ -44,6 +59,108 @@ class Request(BaseModel):
     def _outputs_apart(self) -> Request:
         check_outputs({name: getattr(self, name) for name in type(self).model_fields}, self.outputs)
         return self
+
+
+def check_before_running(request: BaseModel) -> None:
+    """The checks that look at what lies at a request's paths, made as its job starts rather than when it is
+    built, so that a server has confined every path to its root first and a refusal says nothing of what exists
+    outside it: no input is a FIFO or a device, and no output lies inside the checkpoint the job reads."""
+    check_regular_inputs(request)
+    values = {name: getattr(request, name) for name in type(request).model_fields}
+    try:
+        check_outside_model(values, getattr(type(request), "outputs", ()))
+    except ValueError as exc:
+        raise Refusal(str(exc)) from None
+
+
+def _optional_text(annotation: Any) -> bool:
+    """Whether a field holds an optional text (``str | None``)."""
+    args = get_args(annotation)
+    return str in args and type(None) in args
+
+
+def blank_means_none(kind: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
+    """A blank value (empty or only spaces) of a path field, the model or an optional text means none, as the
+    contract says: None where the field is optional, and not given where it is required (so it is refused as
+    missing, never read as the current directory ``Path("")`` is)."""
+    cleaned = dict(data)
+    for name, field in kind.model_fields.items():
+        value = data.get(name)
+        if not (isinstance(value, str) and not value.strip()):
+            continue
+        if is_path_field(field.annotation) or name == "model" or _optional_text(field.annotation):
+            if field.is_required():
+                del cleaned[name]
+            else:
+                cleaned[name] = None
+    return cleaned
+
+
+def check_text_values(data: dict[str, Any]) -> None:
+    """Refuse a value holding a lone surrogate (JSON's ``"\\ud800"``, or an argument that is not UTF-8): no
+    tokenizer encodes it, and no document can be written with it."""
+    found = lone_surrogate(data)
+    if found is None:
+        return
+    where, surrogate = found
+    name, _, inner = where.partition(".")
+    at = f" at {inner}" if inner else ""
+    raise ValueError(f"{flag(name)} holds {surrogate_phrase(surrogate)}{at}, which is not a character; give valid "
+                     "UTF-8 text")
+
+
+def check_file_outputs(data: dict[str, Any], files: list[str]) -> None:
+    """Refuse a file output spelled as a directory (``out/``): the slash is lost once it is a path, and the
+    write would then make a file where a directory was meant."""
+    for name in files:
+        value = data.get(name)
+        if isinstance(value, str) and value.rstrip().endswith(("/", "/.", os.sep, f"{os.sep}.")):
+            raise ValueError(f"{flag(name)} {value} ends in {os.sep}, so it names a directory; {flag(name)} takes a "
+                             "file path")
+
+
+def check_outside_model(values: dict[str, Any], outputs: tuple[str, ...]) -> None:
+    """Refuse an output inside the checkpoint the job reads: writing there could replace its weights."""
+    model = values.get("model")
+    root = model_directory(model) if isinstance(model, str) else None
+    if root is None:
+        return
+    for name in outputs:
+        value = values.get(name)
+        if isinstance(value, Path) and _inside(value, root):
+            raise ValueError(f"{flag(name)} {value} is inside {root}, the checkpoint --model {model} reads, so "
+                             f"writing it could destroy the model; give {flag(name)} a path outside it")
+
+
+def model_directory(model: str) -> Path | None:
+    """The directory a ``--model`` value reads: a local directory, or a Hub id's folder in the Hugging Face cache
+    (found as huggingface_hub finds it, without importing it); None for a bundled name or anything else."""
+    if model.startswith(PREFIX) or not model.strip():
+        return None
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if _HUB_ID.match(model) and ".." not in model:
+        return _hub_cache() / ("models--" + model.replace("/", "--"))
+    return None
+
+
+def _inside(path: Path, root: Path) -> bool:
+    """Whether ``path`` is ``root`` or lies under it, once symlinks are followed (a link into it counts)."""
+    real = Path(os.path.realpath(path.expanduser()))
+    return real.is_relative_to(os.path.realpath(root))
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+"""What resolution takes for a Hub id (see :mod:`ster.engine.model.resolve`)."""
+
+
+def _hub_cache() -> Path:
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(name):
+            return Path(os.environ[name]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return Path(home).expanduser() / "hub"
 
 
 SEED_MAX = 2**64 - 1
@@ -100,9 +217,9 @@ def _sentence(err: Any) -> str:
     """One sentence for a pydantic error: the flag, what it must be, and what it got."""
     message = str(err["msg"]).removeprefix("Value error, ")
     loc = err["loc"]
-    flag = "--" + str(loc[0]).replace("_", "-") if loc else "a field"
+    field = flag(str(loc[0])) if loc else "a field"
     if err["type"] == "value_error":  # a check's own sentence; one that starts "must" is about the field
-        return f"{flag} {message}" if message.startswith("must ") else message
+        return f"{field} {message}" if message.startswith("must ") else message
     if err["type"] == "literal_error":
         wording = f"must be {err['ctx']['expected']}"
     elif len(loc) > 1 and err["type"] in ("float_parsing", "float_type"):
@@ -110,11 +227,11 @@ def _sentence(err: Any) -> str:
     else:
         wording = _WORDING.get(err["type"])
     if wording is None:
-        return f"{flag}: {message}"
+        return f"{field}: {message}"
     got = err.get("input")
     if isinstance(got, str) and err["type"] != "missing":
-        return f'{flag} {wording}; got "{got[:40]}"'
-    return f"{flag} {wording}"
+        return f'{field} {wording}; got "{got[:40]}"'
+    return f"{field} {wording}"
 
 
 def build_request(kind: type[R], /, **fields: Any) -> R:

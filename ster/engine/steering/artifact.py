@@ -35,12 +35,18 @@ from pydantic import (
 )
 
 from ster.engine.model.adapter import sidecar_path
+from ster.engine.model.config import MAX_LAYERS
 from ster.engine.model.fingerprint import SCHEME, short
 from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import first_error, read_json, write_json
 from ster.engine.protocol.kinds import ADAPTER_SIDECAR, file_kind
-from ster.engine.steering.requests import EvaluateRequest, GenerateRequest, InspectRequest, SweepRequest
+from ster.engine.steering.requests import (
+    EvaluateRequest,
+    GenerateRequest,
+    InspectRequest,
+    SweepRequest,
+)
 
 if TYPE_CHECKING:
     from ster.engine.model.loading import Checkpoint
@@ -54,7 +60,10 @@ GENERIC_CONSEQUENCE = "so it would read and steer text in a format it was not tr
 
 
 class LayerVector(BaseModel):
-    """One layer's direction and what it scored on the pairs it was fitted on."""
+    """One layer's direction and what it scored on the pairs it was fitted on.
+
+    The direction is written under the original's key ``values`` (so Ster 0.13 reads what this Ster writes) and
+    read under ``values`` or ``vector`` (what this Ster wrote before)."""
 
     model_config = ConfigDict(extra="forbid")
     layer: int
@@ -62,7 +71,8 @@ class LayerVector(BaseModel):
     train_accuracy: float
     train_margin: float
     activation_norm: float | None = None
-    """Mean norm of the residual states at this layer over the fitting pairs (both sides)."""
+    """Mean norm of the residual states at this layer over the fitting pairs (both sides); null where not
+    recorded, and then a relative strength (``0.4x``) is refused for the layer."""
 
     @model_validator(mode="before")
     @classmethod
@@ -73,6 +83,11 @@ class LayerVector(BaseModel):
         if "vector" in raw:
             raise ValueError("a layer carries both vector and values (two names for one list); keep one")
         return {("vector" if key == "values" else key): value for key, value in raw.items()}
+
+    @model_serializer(mode="wrap")
+    def _written_as_values(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        return {("values" if key == "vector" else key): value for key, value in data.items()}
 
 
 class SteeringArtifact(BaseModel):
@@ -86,9 +101,9 @@ class SteeringArtifact(BaseModel):
     model_fingerprint: str | None = None
     """What the checkpoint was (see :mod:`ster.engine.model.fingerprint`); null in older files."""
     trait_name: str
-    method: str
+    method: Literal["caa", "pca", "logistic"]
     hidden_size: int
-    precision: str | None = None
+    precision: Literal["f32", "f16", "bf16", "int8"] | None = None
     """The dtype the base weights were held at when the direction was fitted (null: not recorded)."""
     chat_template: Literal["applied", "absent", "off"] | None = None
     """How the pairs were encoded when the direction was fitted (null: not recorded)."""
@@ -104,6 +119,12 @@ class SteeringArtifact(BaseModel):
         if data.get("adapter") is None:
             data.pop("adapter", None)
         return data
+
+    @field_validator("model_revision", "model_fingerprint", "adapter", mode="before")
+    @classmethod
+    def _blank_is_none(cls, value: Any) -> Any:
+        """A blank record means none, as everywhere (an adapter of "" is the bare checkpoint)."""
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("vectors")
     @classmethod
@@ -168,7 +189,7 @@ def load_artifact(path: Path) -> SteeringArtifact:
     if isinstance(raw, dict) and isinstance(raw.get("schema_version"), int) and raw["schema_version"] != SCHEMA_VERSION:
         raise Refusal(f"{path} has schema version {raw['schema_version']}; this Ster reads version {SCHEMA_VERSION}")
     try:
-        artifact = SteeringArtifact.model_validate(raw)
+        artifact = SteeringArtifact.model_validate(raw, strict=True)  # a layer of "3" or true is not a layer
     except ValidationError as exc:
         raise Refusal(f"steering artifact {path} is not in the expected shape: {first_error(exc)}") from None
     _check_values(artifact, path)
@@ -185,18 +206,51 @@ def _not_an_adapter_file(path: Path) -> None:
 
 
 def _check_values(artifact: SteeringArtifact, path: Path | str) -> None:
+    """Refuse every value no fitted direction can have, in one sentence naming the field (before a model loads)."""
+    if not artifact.model.strip():
+        raise Refusal(f"{path} names no model, so nothing can say which model the direction was fitted on")
+    if artifact.hidden_size < 1:
+        raise Refusal(f"{path}: hidden_size {artifact.hidden_size} is not a width; it must be at least 1")
     for entry in artifact.vectors:
-        if len(entry.vector) != artifact.hidden_size:
-            raise Refusal(f"{path}: layer {entry.layer}'s vector has {len(entry.vector)} values, "
-                          f"but the artifact's hidden_size is {artifact.hidden_size}")
-        if not all(math.isfinite(x) for x in entry.vector):
-            raise Refusal(f"{path}: layer {entry.layer}'s vector holds a non-finite value")
-        norm = _norm(entry.vector)
-        if norm == 0:
-            raise Refusal(f"{path}: layer {entry.layer}'s vector is all zeros, so it has no direction to steer along")
-        if abs(norm - 1) > UNIT_TOLERANCE:
-            raise Refusal(f"{path}: layer {entry.layer}'s vector has norm {norm:.6g} where Ster writes unit "
-                          f"directions, so it was written or edited elsewhere")
+        _check_layer(entry, path)
+        _check_direction(entry, artifact.hidden_size, path)
+        _check_scores(entry, path)
+
+
+def _check_layer(entry: LayerVector, path: Path | str) -> None:
+    if entry.layer < 0:
+        raise Refusal(f"{path}: layer {entry.layer} is not a layer index; layers are numbered from 0")
+    if entry.layer >= MAX_LAYERS:
+        raise Refusal(f"{path}: layer {entry.layer} is beyond any model's layers (Ster reads models of at most "
+                      f"{MAX_LAYERS} layers)")
+
+
+def _check_scores(entry: LayerVector, path: Path | str) -> None:
+    """The scores the direction was fitted with: an accuracy in [0, 1], a finite margin, a positive norm."""
+    where = f"{path}: layer {entry.layer}'s"
+    if not (math.isfinite(entry.train_accuracy) and 0 <= entry.train_accuracy <= 1):
+        raise Refusal(f"{where} train_accuracy is {entry.train_accuracy}; an accuracy lies between 0 and 1")
+    if not math.isfinite(entry.train_margin):
+        raise Refusal(f"{where} train_margin is {entry.train_margin}; a margin is a finite number")
+    norm = entry.activation_norm
+    if norm is not None and not (math.isfinite(norm) and norm > 0):
+        raise Refusal(f"{where} activation_norm is {norm}; it is the mean norm of the states the direction was "
+                      "fitted on, a finite number above 0 (or null where it was not recorded)")
+
+
+def _check_direction(entry: LayerVector, hidden_size: int, path: Path | str) -> None:
+    """A direction of the artifact's width, finite, and of unit length (what Ster writes)."""
+    where = f"{path}: layer {entry.layer}'s vector"
+    if len(entry.vector) != hidden_size:
+        raise Refusal(f"{where} has {len(entry.vector)} values, but the artifact's hidden_size is {hidden_size}")
+    if not all(math.isfinite(x) for x in entry.vector):
+        raise Refusal(f"{where} holds a non-finite value")
+    norm = _norm(entry.vector)
+    if norm == 0:
+        raise Refusal(f"{where} is all zeros, so it has no direction to steer along")
+    if abs(norm - 1) > UNIT_TOLERANCE:
+        raise Refusal(f"{where} has norm {norm:.6g} where Ster writes unit directions, so it was written or edited "
+                      "elsewhere")
 
 
 def _norm(vector: list[float]) -> float:

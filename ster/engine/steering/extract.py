@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from ster.engine.model.adapters_open import adapted, check_adapter
+from ster.engine.model.config import MAX_LAYERS
 from ster.engine.model.context import encode_each
 from ster.engine.model.loading import model_store
+from ster.engine.model.requests import Precision
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import ACTIVATIONS, check_output_file, first_error, load_document, write_json
 from ster.engine.protocol.jobs import JobContext
@@ -43,29 +45,49 @@ class ExtractRecord(BaseModel):
     layers: dict[str, list[float]]
     """Layer index (as a string) → the last token's state after that block, f32 values."""
 
+    @field_validator("tokens")
+    @classmethod
+    def _tokens(cls, tokens: int) -> int:
+        if tokens < 1:
+            raise ValueError(f"a prompt encodes to at least one token, not {tokens}")
+        return tokens
+
+    @field_validator("layers")
+    @classmethod
+    def _layer_keys(cls, layers: dict[str, list[float]]) -> dict[str, list[float]]:
+        for key in layers:
+            if not (key.isascii() and key.isdigit() and int(key) < MAX_LAYERS):
+                raise ValueError(f'layer "{key}" is not a layer index (0 to {MAX_LAYERS - 1})')
+        return layers
+
 
 class ActivationDocument(BaseModel):
     """The file ``ster extract`` writes."""
 
-    schema_version: int = SCHEMA_VERSION
+    schema_version: Literal[1] = SCHEMA_VERSION
     product: Literal["ster"] = "ster"
     model: str
     model_revision: str | None
     hidden_size: int
-    precision: str
-    chat_template: str
+    precision: Precision
+    chat_template: Literal["applied", "absent", "off"]
     adapter: str | None = None
     """The LoRA adapter the states were read through (null: the bare checkpoint, and in older documents)."""
     records: list[ExtractRecord]
 
-    @field_validator("records")
-    @classmethod
-    def _finite(cls, records: list[ExtractRecord]) -> list[ExtractRecord]:
-        for record in records:
+    @model_validator(mode="after")
+    def _states(self) -> ActivationDocument:
+        """Every state finite and as wide as the model."""
+        if self.hidden_size < 1:
+            raise ValueError(f"hidden_size {self.hidden_size} is not a width; it must be at least 1")
+        for record in self.records:
             for layer, values in record.layers.items():
+                if len(values) != self.hidden_size:
+                    raise ValueError(f"the state at layer {layer} for prompt {record.prompt!r} has {len(values)} "
+                                     f"values, but hidden_size is {self.hidden_size}")
                 if not all(math.isfinite(v) for v in values):
                     raise ValueError(f"the state at layer {layer} for prompt {record.prompt!r} is not finite")
-        return records
+        return self
 
 
 class ExtractResult(BaseModel):

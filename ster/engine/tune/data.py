@@ -30,6 +30,12 @@ from typing import Any
 from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import DuplicateKey, read_json, unique_keys
+from ster.engine.protocol.inputs import (
+    lone_surrogate,
+    may_hold_surrogate,
+    read_input_text,
+    surrogate_phrase,
+)
 
 Message = dict[str, str]
 """One turn of a conversation: ``{"role": ..., "content": ...}``."""
@@ -290,20 +296,21 @@ def _read(path: Path, what: str, key: str, columns: set[str]) -> tuple[Any, list
         else:
             if not (isinstance(whole, dict) and key not in whole and columns & whole.keys()):
                 return read_json(path, what), None
-            return None, [_Line(_first_line(text), whole)]
+            line = _Line(_first_line(text), whole)
+            if may_hold_surrogate(text):
+                _check_text(line, path)
+            return None, [line]
     return None, _lines(text, path)
 
 
 def _text(path: Path, what: str) -> str:
+    """The file's text: a regular file only (a FIFO is refused, never waited on)."""
     real = confine.readable(path)
     if not real.exists():
         raise Refusal(f"{what} {path} does not exist")
     if real.is_dir():
         raise Refusal(f"{what} {path} is a directory, not a JSON file")
-    try:
-        return real.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise Refusal(f"{what} {path} could not be read: {exc}") from None
+    return read_input_text(real, what)
 
 
 def _lines(text: str, path: Path) -> list[_Line]:
@@ -328,7 +335,17 @@ def _lines(text: str, path: Path) -> list[_Line]:
         if not isinstance(record, dict):
             raise Refusal(f"{path} line {number} is not a JSON object")
         records.append(_Line(number, record))
+        if may_hold_surrogate(line):
+            _check_text(records[-1], path)
     return records
+
+
+def _check_text(line: _Line, path: Path) -> None:
+    """Refuse a record holding a lone surrogate: no tokenizer encodes it."""
+    found = lone_surrogate(line.record)
+    if found is not None:
+        raise Refusal(f'{path} line {line.number} holds {surrogate_phrase(found[1])} at "{found[0]}", which is not '
+                      "a character; write the character itself or a valid surrogate pair")
 
 
 def _parses(line: str) -> bool:

@@ -248,6 +248,7 @@ class TuneEvaluateRequest(ModelRequest):
 class MergeRequest(Request):
     """``ster tune merge``: the adapter folded into a copy of the checkpoint's weights."""
 
+    directory_outputs: ClassVar[tuple[str, ...]] = ("output",)
     model: str
     revision: str | None = None
     device: Device = "cpu"
@@ -265,6 +266,7 @@ class TuneInspectRequest(Request):
 class ExportPeftRequest(Request):
     """``ster tune export-peft``: an adapter as a directory PEFT's ``from_pretrained`` loads."""
 
+    directory_outputs: ClassVar[tuple[str, ...]] = ("output",)
     adapter: Path
     output: Path
     """A new (or empty) directory."""
