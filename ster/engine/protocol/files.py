@@ -218,7 +218,7 @@ def _stage(path: Path, data: str | bytes) -> str:
     try:
         target = confine.writable(path)
         mode = _mode_for(target)
-        fd, tmp = inflight.temp_file(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, tmp = inflight.temp_file(prefix=f".{target.name}.", suffix=inflight.SUFFIX, dir=target.parent)
     except OSError as exc:
         raise _not_written(path, exc) from None
     try:
@@ -282,7 +282,7 @@ def atomic_directory(path: Path) -> Iterator[Path]:
     try:
         target = confine.writable(path) if confine.active() else path
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(inflight.temp_directory(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+        tmp = Path(inflight.temp_directory(prefix=f".{target.name}.", suffix=inflight.SUFFIX, dir=target.parent))
     except OSError as exc:
         raise _not_written(path, exc) from None
     try:
