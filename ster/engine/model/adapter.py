@@ -76,7 +76,7 @@ def parse_targets(text: str | list[str]) -> list[str]:
 def check_spec(rank: int, alpha: float) -> None:
     """Refuse a rank or alpha that trains or scales nothing."""
     if rank < 1:
-        raise Refusal("adapter rank 0 trains nothing; choose a rank of at least 1")
+        raise Refusal(f"adapter rank {rank} trains nothing; choose a rank of at least 1")
     if not (math.isfinite(alpha) and alpha > 0):
         raise Refusal(f"adapter alpha {alpha} is not a positive finite number")
 

@@ -77,7 +77,7 @@ def read_adapter(path: Path) -> AdapterFile:
         check_float(file, name, "adapter tensor")
         if 0 in file.shape(name):
             raise Refusal(f"adapter tensor {name} has shape {list(file.shape(name))}, which holds no values")
-    _check_values(sidecar, file)
+    check_values(sidecar, file)
     return AdapterFile(path, sidecar, file)
 
 
@@ -134,7 +134,8 @@ def check_float(file: TensorFile, name: str, what: str) -> None:
         raise Refusal(f"{what} {name} is stored as {file.dtype(name)}, not as floating-point numbers")
 
 
-def _check_values(sidecar: AdapterSidecar, file: TensorFile) -> None:
+def check_values(sidecar: AdapterSidecar, file: TensorFile) -> None:
+    """Refuse a factor or head that is not finite or could overflow f32 once applied (the writer checks this too)."""
     for layer in sidecar.layers:
         for target in sidecar.targets:
             a, b = factor_names(layer, target)

@@ -32,11 +32,12 @@ from ster.engine.model.adapter import (
     projection_shape,
     sidecar_path,
 )
-from ster.engine.model.adapter_file import AdapterFile, digest, read_adapter
+from ster.engine.model.adapter_file import AdapterFile, check_values, digest, read_adapter
 from ster.engine.model.config import LlamaConfig
 from ster.engine.model.llama import Decoder, LoraFactors
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import dumps_pretty, write_atomic_together
+from ster.engine.protocol.tensorfile import parse
 
 
 @dataclass
@@ -224,6 +225,10 @@ def save_adapter(path: Path, sidecar: AdapterSidecar, adapter: Adapter, config: 
     data = adapter_bytes(adapter)
     header = {name: {"shape": list(t.shape)} for name, t in adapter.state().items()}
     check_tensors(sidecar, header, sidecar.expected_shapes(config), path)
+    try:
+        check_values(sidecar, parse(data))  # what a reader would refuse is not written
+    except Refusal as exc:
+        raise Refusal(f"{exc}, so the adapter is not written") from None
     document = sidecar.model_copy(update={"tensors_sha256": digest(data)}).model_dump(mode="json")
     check_fields(AdapterSidecar.model_validate(document), sidecar_path(path))
     write_atomic_together([(sidecar_path(path), dumps_pretty(document)), (path, data)])
