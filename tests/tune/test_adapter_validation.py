@@ -21,7 +21,13 @@ import torch
 
 from ster.engine.model.adapter import sidecar_path
 from ster.engine.protocol.errors import Refusal
-from tests.tune.adapter_files import PROMPT, edit_sidecar, record_hash, rewrite_tensors, write_adapter
+from tests.tune.adapter_files import (
+    PROMPT,
+    edit_sidecar,
+    record_hash,
+    rewrite_tensors,
+    write_adapter,
+)
 
 
 def readers(adapter: Path, tmp_path: Path) -> dict[str, list[Any]]:
@@ -158,8 +164,8 @@ def _filled(name: str, value: float):
 
 
 @pytest.mark.parametrize(("change", "phrase"), [
-    (_filled("layers.0.query.b", 3e38), "adapter tensors layers.0.query.a and layers.0.query.b can make an update "
-                                        "as large as"),
+    (_filled("layers.0.query.b", 3e38), ("adapter tensors layers.0.query.a and layers.0.query.b can make an update "
+                                        "as large as")),
     (_filled("layers.0.query.a", 3e38), "adapter tensor layers.0.query.a holds 3e+38, beyond 1e+24"),
     (_filled("layers.2.value.b", float("inf")), "adapter tensor layers.2.value.b contains a non-finite value"),
 ])

@@ -100,21 +100,21 @@ CASES: list[tuple[str, Change, str]] = [
     ("steps that disagree", _set("loop", "step", 5), "gives optimizer.0.step as 4.0, where the loop has taken 5 steps"),
     ("unknown loop field", _set("loop", "extra", 1), "holds the loop field 'extra', which no Ster checkpoint has"),
     ("missing loop field", lambda t, d: d["loop"].pop("tokens"), "lacks the loop field 'tokens'"),
-    ("unknown document", lambda t, d: d.__setitem__("notes", {}), "holds the document 'notes', which no Ster "
-                                                                 "checkpoint holds"),
+    ("unknown document", lambda t, d: d.__setitem__("notes", {}), ("holds the document 'notes', which no Ster "
+                                                                 "checkpoint holds")),
     ("inf in a moment", _poke("optimizer.0.exp_avg", np.inf),
      "holds a non-finite value in the tensor optimizer.0.exp_avg"),
     ("nan in a factor", _poke("layers.1.value.b", np.nan), "holds a non-finite value in the tensor layers.1.value.b"),
     ("negative second moment", _poke("optimizer.2.exp_avg_sq", -1.0),
      "holds a negative value in optimizer.2.exp_avg_sq, a running mean of squares"),
     ("a factor that overflows", _poke("layers.0.query.a", 3e38),
-     "holds factors no adapter may hold: tensor layers.0.query.a holds 3e+38, beyond 1e+24, the largest value "
-     "Ster applies without risking an f32 overflow in a forward"),
+     ("holds factors no adapter may hold: tensor layers.0.query.a holds 3e+38, beyond 1e+24, the largest value "
+     "Ster applies without risking an f32 overflow in a forward")),
     ("nan loss", _set("loop", "final_loss", float("nan")),
      "gives the loop's final_loss as nan, which is not a finite number"),
     ("losses without a step", _set("loop", "first_loss", None),
-     "records losses that do not go with step 4 (a run has a first and a final loss once it has taken a step, and "
-     "none before)"),
+     ("records losses that do not go with step 4 (a run has a first and a final loss once it has taken a step, and "
+     "none before)")),
     ("a number the objective reads", _stats(lambda entry: entry.pop("correct")),
      "lacks the number 'correct' in its per-unit numbers, which this objective reads"),
     ("too few per-unit numbers", lambda t, d: d["loop"]["epoch_stats"].pop(),

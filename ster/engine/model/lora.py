@@ -32,7 +32,12 @@ from ster.engine.model.adapter import (
     projection_shape,
     sidecar_path,
 )
-from ster.engine.model.adapter_file import AdapterFile, check_values, digest, read_adapter
+from ster.engine.model.adapter_file import (
+    AdapterFile,
+    check_values,
+    digest,
+    read_adapter,
+)
 from ster.engine.model.config import LlamaConfig
 from ster.engine.model.llama import Decoder, LoraFactors
 from ster.engine.protocol.errors import Refusal
