@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -32,7 +31,6 @@ from ster.engine.model.fingerprint import SCHEME, short
 from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import first_error
-from ster.engine.protocol.files import safetensors_header as read_header
 
 if TYPE_CHECKING:
     from ster.engine.model.config import LlamaConfig
@@ -198,18 +196,6 @@ def check_fields(sidecar: AdapterSidecar, side: Path) -> None:
     digest = sidecar.tensors_sha256
     if digest is not None and (len(digest) != 64 or digest.strip("0123456789abcdef")):
         raise Refusal(f"{where} gives tensors_sha256 {digest!r}, which is not a SHA-256 in hex")
-
-
-def safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
-    """Tensor name → {dtype, shape} from a safetensors file's header, without reading the values."""
-    try:
-        header = read_header(path)
-    except (OSError, struct.error, ValueError):
-        raise Refusal(f"failed to read adapter {path}") from None
-    if not isinstance(header, dict):
-        raise Refusal(f"failed to read adapter {path}")
-    header.pop("__metadata__", None)
-    return header
 
 
 def check_tensors(sidecar: AdapterSidecar, header: dict[str, dict[str, Any]],
