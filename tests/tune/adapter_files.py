@@ -3,6 +3,7 @@ or edited after writing to break one thing at a time."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from pathlib import Path
@@ -56,11 +57,18 @@ def edit_sidecar(path: Path, **changes: Any) -> None:
 
 
 def rewrite_tensors(path: Path, change: Any) -> None:
-    """Replace the adapter's safetensors file by ``change(tensors)``'s result, bypassing every check."""
+    """Replace the adapter's safetensors file by ``change(tensors)``'s result, bypassing every check; the sidecar
+    records the new file's hash, so the one defect made is the one a reader meets (not a pair of two writes)."""
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(str(path))
     save_file(change(dict(tensors)), str(path))
+    record_hash(path)
+
+
+def record_hash(path: Path) -> None:
+    """Make the sidecar record the hash of the adapter file as it is now (after a test rewrote it)."""
+    edit_sidecar(path, tensors_sha256=hashlib.sha256(path.read_bytes()).hexdigest())
 
 
 def header(path: Path) -> dict[str, Any]:

@@ -82,7 +82,9 @@ def _with_head(tensors: dict) -> dict:
     (lambda p: edit_sidecar(p, model="ster:other", model_fingerprint="ster-fp1:" + "0" * 64),
      'adapter was trained for model "ster:other", current model is "ster:toy"'),
     (lambda p: edit_sidecar(p, hidden_size=32), "adapter width 32 does not match model width 64"),
-    (lambda p: p.write_bytes(b"not a safetensors file"), "failed to read adapter {p}"),
+    (lambda p: p.write_bytes(b"not a safetensors file"),
+     ("failed to read adapter {p}: it is not a safetensors file (its first 8 bytes are not the length of a header "
+     "it holds)")),
 ])
 def test_a_broken_adapter_is_refused_in_one_sentence(cli, adapter: Path, breakage, sentence: str) -> None:
     breakage(adapter)

@@ -23,6 +23,7 @@ from ster.engine.model.lora import Adapter, attached, load_adapter, save_adapter
 from ster.engine.model.peft_format import peft_key, peft_model_note, read_peft_dir
 from ster.engine.model.resolve import TOY_DIR, resolve_model
 from ster.engine.protocol.errors import Refusal
+from tests.tune.adapter_files import record_hash
 
 CPU = torch.device("cpu")
 SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -280,10 +281,12 @@ def test_export_refuses_factors_that_disagree(cli, tmp_path: Path) -> None:
     tensors = load_file(str(path))
     tensors["layers.1.query.b"] = torch.zeros(32, 2)
     save_file(tensors, str(path))
+    record_hash(path)  # one defect at a time: not also a pair of two writes
     run = cli("tune", "export-peft", path, "--output", tmp_path / "out")
     assert run.code != 0 and "adapter tensor layers.1.query.b has 32 rows, expected 64" in run.err
     tensors["layers.1.query.b"] = torch.full((64, 2), float("nan"))
     save_file(tensors, str(path))
+    record_hash(path)
     run = cli("tune", "export-peft", path, "--output", tmp_path / "out")
     assert run.code != 0 and "adapter tensor layers.1.query.b contains a non-finite value" in run.err
     assert not (tmp_path / "out").exists()

@@ -164,8 +164,8 @@ def test_a_damaged_checkpoint_is_refused(cli, tmp_path: Path) -> None:
     checkpoint(out).write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{broken}")
     run = cli("tune", "sft", "--model", "ster:toy", "--examples", "ster:examples", "--output", out, "--resume")
     assert run.code == 1
-    assert run.err.splitlines()[-1] == (f"error: the checkpoint at {checkpoint(out)} could not be read; run without "
-                                        "--resume to start over")
+    assert run.err.splitlines()[-1] == (f"error: the checkpoint at {checkpoint(out)} is not a safetensors file (its "
+                                        "header is not JSON); run without --resume to start over")
 
 
 CHECK_IMPORTS = "import sys; from ster.cli import main; code = main(sys.argv[1:]); " \
@@ -180,9 +180,9 @@ def test_another_runs_checkpoint_is_refused_before_torch_is_imported(saved: Path
     assert proc.stderr.splitlines()[-1] == "False"
 
 
-def test_a_run_without_resume_starts_over_and_says_so(cli, tmp_path: Path) -> None:
+def test_a_run_without_resume_starts_over_and_says_so(cli, saved: Path, tmp_path: Path) -> None:
     out = tmp_path / "a.safetensors"
-    checkpoint(out).write_bytes(b"left from an earlier run")
+    shutil.copyfile(checkpoint(saved), checkpoint(out))  # an earlier run's (a file of the user's is refused)
     run = cli("tune", "sft", "--model", "ster:toy", "--examples", "ster:examples", "--output", out)
     assert run.code == 0, run.err
     assert f"starting over; the checkpoint of an earlier run at {checkpoint(out)} will be replaced" in run.err

@@ -5,28 +5,32 @@ The safetensors file holds ``layers.{layer}.{target}.a`` (A, ``[rank, in]``) and
 ``reward.head`` (``[1, hidden_size]``) for a reward model. The sidecar says what they
 are: schema_version, product, kind, the model (name, revision, fingerprint), rank,
 alpha, targets (short names), layers, hidden_size, and the run's report under
-``train``. The two travel together: a file without its sidecar is refused.
+``train``. The two travel together: a file without its sidecar is refused, and the sidecar
+records the SHA-256 of the file's bytes (``tensors_sha256``), so a pair put together from two
+writes (a kill between the two renames, files copied apart) is refused too.
 
-This module reads JSON and the safetensors *header* only (names, shapes, dtypes), so
-``ster tune inspect`` and every refusal about the document's shape come before torch
-is imported. Checking values (finite) and building factors is :mod:`ster.engine.model.lora`.
+This module reads the sidecar, refusing a field no adapter has (a rank below 1, an alpha that
+is not a positive finite number, a layer below 0 or beyond any model's, an unknown or repeated
+target, a width outside what Ster reads), and checks a safetensors header against it.
+Reading the file wholly (its bytes against its header, the hash, every value) is
+:mod:`ster.engine.model.adapter_file`; building factors is :mod:`ster.engine.model.lora`.
+None of it imports torch, so ``ster tune inspect`` and every refusal come before torch is imported.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from ster.engine.model.config import MAX_LAYERS, MAX_SIZE
 from ster.engine.model.fingerprint import SCHEME, short
 from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import first_error
-from ster.engine.protocol.files import safetensors_header as read_header
 
 if TYPE_CHECKING:
     from ster.engine.model.config import LlamaConfig
@@ -44,6 +48,10 @@ ALIASES: dict[str, str] = {
 }
 """Every accepted spelling of a target, lower case → its short name."""
 REWARD_HEAD = "reward.head"
+READS_HIDDEN = ("query", "key", "value", "gate", "up")
+"""Targets whose A reads the residual stream (``hidden_size`` columns)."""
+WRITES_HIDDEN = ("output", "down")
+"""Targets whose B writes the residual stream (``hidden_size`` rows)."""
 
 
 def parse_targets(text: str | list[str]) -> list[str]:
@@ -66,7 +74,7 @@ def parse_targets(text: str | list[str]) -> list[str]:
 def check_spec(rank: int, alpha: float) -> None:
     """Refuse a rank or alpha that trains or scales nothing."""
     if rank < 1:
-        raise Refusal("adapter rank 0 trains nothing; choose a rank of at least 1")
+        raise Refusal(f"adapter rank {rank} trains nothing; choose a rank of at least 1")
     if not (math.isfinite(alpha) and alpha > 0):
         raise Refusal(f"adapter alpha {alpha} is not a positive finite number")
 
@@ -100,6 +108,9 @@ class AdapterSidecar(BaseModel):
     targets: list[str]
     layers: list[int]
     hidden_size: int
+    tensors_sha256: str | None = None
+    """SHA-256 (hex) of the safetensors file's bytes, which binds the pair; null in adapters written
+    before Ster recorded it (read without the check) and in one read from a PEFT directory."""
     train: dict[str, Any] | None = None
     """The report of the run that wrote the adapter (null for an adapter imported from PEFT)."""
 
@@ -152,7 +163,7 @@ def parse_sidecar(raw: Any, side: Path) -> AdapterSidecar:
     if isinstance(raw, dict) and raw.get("product", "ster") != "ster":
         raise Refusal(f'adapter artifact belongs to product "{raw["product"]}", not Ster')
     try:
-        sidecar = AdapterSidecar.model_validate(raw)
+        sidecar = AdapterSidecar.model_validate(raw, strict=True)  # a rank of "8" or true is not a rank
     except ValidationError as exc:
         raise Refusal(f"invalid adapter sidecar JSON in {side}: {first_error(exc)}") from None
     if sidecar.rank == 0:
@@ -161,19 +172,30 @@ def parse_sidecar(raw: Any, side: Path) -> AdapterSidecar:
     parse_targets(sidecar.targets)
     if any(ALIASES[t.lower()] != t for t in sidecar.targets):
         raise Refusal(f"adapter sidecar {side} names targets by other spellings; Ster writes short names")
+    check_fields(sidecar, side)
     return sidecar
 
 
-def safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
-    """Tensor name → {dtype, shape} from a safetensors file's header, without reading the values."""
-    try:
-        header = read_header(path)
-    except (OSError, struct.error, ValueError):
-        raise Refusal(f"failed to read adapter {path}") from None
-    if not isinstance(header, dict):
-        raise Refusal(f"failed to read adapter {path}")
-    header.pop("__metadata__", None)
-    return header
+def check_fields(sidecar: AdapterSidecar, side: Path) -> None:
+    """Refuse a sidecar field no adapter of any model has, naming it."""
+    where = f"adapter sidecar {side}"
+    for name, value in (("rank", sidecar.rank), ("hidden_size", sidecar.hidden_size)):
+        if not 1 <= value <= MAX_SIZE:
+            raise Refusal(f"{where} gives {name} {value}, outside 1 to {MAX_SIZE}, the sizes Ster reads")
+    if len(set(sidecar.targets)) != len(sidecar.targets):
+        repeated = next(t for t in sidecar.targets if sidecar.targets.count(t) > 1)
+        raise Refusal(f"{where} names target {repeated} twice")
+    if not sidecar.layers:
+        raise Refusal(f"{where} lists no layers, so the adapter changes nothing")
+    for layer in sidecar.layers:
+        if not 0 <= layer < MAX_LAYERS:
+            raise Refusal(f"{where} lists layer {layer}, which no model has (layers are numbered from 0, and Ster "
+                          f"reads models of at most {MAX_LAYERS} layers)")
+        if sidecar.layers.count(layer) > 1:
+            raise Refusal(f"{where} lists layer {layer} twice")
+    digest = sidecar.tensors_sha256
+    if digest is not None and (len(digest) != 64 or digest.strip("0123456789abcdef")):
+        raise Refusal(f"{where} gives tensors_sha256 {digest!r}, which is not a SHA-256 in hex")
 
 
 def check_tensors(sidecar: AdapterSidecar, header: dict[str, dict[str, Any]],

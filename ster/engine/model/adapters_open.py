@@ -4,13 +4,14 @@ Every command that reads an adapter (``generate``, ``extract``, ``train``, ``opt
 ``evaluate``, ``sweep`` with ``--adapter``, and ``tune evaluate``) goes through here, in two
 steps so that a bad adapter is refused before torch is imported:
 
-* :func:`check_adapter` reads the sidecar and the safetensors *header* only: the sidecar's
-  own refusals (missing, another product or schema, rank 0, a steering artifact given
-  instead), the kind (a reward model is not a generation adapter, and the other way
-  round), the model and width it was trained for, and every tensor's presence and shape.
+* :func:`check_adapter` reads the adapter wholly (:func:`ster.engine.model.adapter_file.read_adapter`:
+  the sidecar's own refusals — missing, another product or schema, a field no adapter has, a
+  steering artifact given instead —, the file's bytes against its header, the pair's hash, every
+  tensor's presence, shape and values), then the kind (a reward model is not a generation
+  adapter, and the other way round) and the model and width it was trained for.
   It logs the fingerprint note and warns the provenance sentences (chat template, precision);
-* :func:`adapted` loads the factors (checked finite) onto the decoder's device and attaches
-  them for the length of a ``with`` block.
+* :func:`adapted` puts the factors it checked (the very bytes, not the file read again) onto the
+  decoder's device and attaches them for the length of a ``with`` block.
 
 A directory is a PEFT adapter (``adapter_config.json`` and ``adapter_model.safetensors``,
 trained elsewhere with PEFT or TRL): :mod:`ster.engine.model.peft_format` reads it into the
@@ -31,10 +32,9 @@ from ster.engine.model.adapter import (
     adapter_provenance,
     check_for_model,
     check_tensors,
-    read_sidecar,
-    safetensors_header,
     sidecar_path,
 )
+from ster.engine.model.adapter_file import AdapterFile, read_adapter
 from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 
@@ -58,19 +58,29 @@ class CheckedAdapter:
     sidecar: AdapterSidecar | None
     """None for a PEFT directory, whose checks run when it is read."""
     want: Want
+    document: AdapterFile | None = None
+    """The file as it was checked, whose values are the ones applied (None for a PEFT directory)."""
 
 
 def read_document(path: Path) -> tuple[AdapterSidecar, dict[str, dict]]:
-    """The sidecar and the safetensors header of the adapter at ``path``, without torch.
+    """The sidecar and the safetensors header of the adapter at ``path``, read and checked wholly, without torch."""
+    document = open_document(path)
+    return document.sidecar, document.header
+
+
+def open_document(path: Path) -> AdapterFile:
+    """The adapter at ``path`` read wholly (see :func:`read_adapter`), without torch.
 
     Refuses a steering artifact (by the cross-document sentence) and the sidecar given in place of
     the adapter file, naming the file to give instead.
     """
-    sidecar = read_sidecar(path)
     if sidecar_path(path) == path:
+        from ster.engine.model.adapter import read_sidecar
+
+        read_sidecar(path)  # a steering artifact is named as one first
         raise Refusal(f"{path} is an adapter's sidecar; give the adapter file beside it, "
                       f"{path.with_suffix('.safetensors')}")
-    return sidecar, safetensors_header(path)
+    return read_adapter(path)
 
 
 def accept(ctx: JobContext, sidecar: AdapterSidecar, checkpoint: Checkpoint, want: Want) -> None:
@@ -95,21 +105,22 @@ def check_adapter(ctx: JobContext, path: Path | None, checkpoint: Checkpoint,
         return None
     if confine.readable(path).is_dir():
         return CheckedAdapter(path, None, want or "adapter")
-    sidecar, header = read_document(path)
+    document = open_document(path)
+    sidecar = document.sidecar
     kind: Want = want or sidecar.kind
     accept(ctx, sidecar, checkpoint, kind)
-    check_tensors(sidecar, header, sidecar.expected_shapes(checkpoint.config), path)
-    return CheckedAdapter(path, sidecar, kind)
+    check_tensors(sidecar, document.header, sidecar.expected_shapes(checkpoint.config), path)
+    return CheckedAdapter(path, sidecar, kind, document)
 
 
 def load_checked(ctx: JobContext, checked: CheckedAdapter, checkpoint: Checkpoint,
                  device: torch.device) -> tuple[AdapterSidecar, Adapter]:
     """The sidecar and factors (f32, finite, on ``device``) of an adapter :func:`check_adapter` passed."""
-    if checked.sidecar is None:
+    if checked.document is None:
         return read_peft(ctx, checked.path, checkpoint.source.model, checkpoint.config, device, checked.want)
-    from ster.engine.model.lora import load_adapter
+    from ster.engine.model.lora import adapter_of
 
-    return load_adapter(checked.path, checkpoint.config, device)
+    return checked.document.sidecar, adapter_of(checked.document, checkpoint.config, device)
 
 
 def read_peft(ctx: JobContext, path: Path, model: str, config: LlamaConfig, device: torch.device,

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -25,18 +26,23 @@ from ster.engine.model.adapter import (
     REWARD_HEAD,
     TARGETS,
     AdapterSidecar,
+    check_fields,
     check_tensors,
     factor_names,
     projection_shape,
-    read_sidecar,
-    safetensors_header,
     sidecar_path,
+)
+from ster.engine.model.adapter_file import (
+    AdapterFile,
+    check_values,
+    digest,
+    read_adapter,
 )
 from ster.engine.model.config import LlamaConfig
 from ster.engine.model.llama import Decoder, LoraFactors
 from ster.engine.protocol.errors import Refusal
-from ster.engine.protocol import confine
 from ster.engine.protocol.files import dumps_pretty, write_atomic_together
+from ster.engine.protocol.tensorfile import parse
 
 
 @dataclass
@@ -188,25 +194,19 @@ def _folded_weight(weight: Tensor, lora: LoraFactors) -> Tensor:
 
 
 def load_adapter(path: Path, config: LlamaConfig, device: torch.device) -> tuple[AdapterSidecar, Adapter]:
-    """Read an adapter artifact and check it against the model's shapes: every tensor present, shaped
-    as the sidecar and the model imply, and finite."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    """Read an adapter artifact wholly (:func:`read_adapter`) and check it against the model's shapes."""
+    document = read_adapter(path)
+    return document.sidecar, adapter_of(document, config, device)
 
-    sidecar = read_sidecar(path)
+
+def adapter_of(document: AdapterFile, config: LlamaConfig, device: torch.device) -> Adapter:
+    """The factors of a checked adapter file as f32 tensors on ``device``, every tensor shaped as the
+    sidecar and the model imply (the values were checked when the file was read)."""
+    sidecar = document.sidecar
     expected = sidecar.expected_shapes(config)
-    check_tensors(sidecar, safetensors_header(path), expected, path)
-    try:
-        loaded = load_file(str(confine.readable(path)))
-    except (OSError, SafetensorError):
-        raise Refusal(f"failed to read adapter {path}") from None
-    tensors = {}
-    for name in expected:
-        tensor = loaded[name].to(torch.float32)
-        if not torch.isfinite(tensor).all():
-            raise Refusal(f"adapter tensor {name} contains a non-finite value")
-        tensors[name] = tensor
-    return sidecar, Adapter(sidecar.rank, sidecar.alpha, sidecar.targets, sidecar.layers, tensors).to(device)
+    check_tensors(sidecar, document.header, expected, document.path)
+    tensors = {name: torch.from_numpy(np.array(document.floats(name), dtype=np.float32)) for name in expected}
+    return Adapter(sidecar.rank, sidecar.alpha, sidecar.targets, sidecar.layers, tensors).to(device)
 
 
 def adapter_bytes(adapter: Adapter) -> bytes:
@@ -221,10 +221,19 @@ def adapter_bytes(adapter: Adapter) -> bytes:
 
 
 def save_adapter(path: Path, sidecar: AdapterSidecar, adapter: Adapter, config: LlamaConfig) -> None:
-    """Validate the pair as a reader would, then write both files atomically, together."""
+    """Validate the pair as a reader would, then write both files atomically, together, the sidecar
+    recording the hash of the tensors' bytes.
+
+    The sidecar is renamed into place first: a kill between the two renames then leaves the new sidecar
+    beside the old tensors (or beside none), which its hash refuses; the other order could leave the old
+    sidecar of an adapter written before the hash existed beside new tensors, which nothing could tell."""
     data = adapter_bytes(adapter)
     header = {name: {"shape": list(t.shape)} for name, t in adapter.state().items()}
     check_tensors(sidecar, header, sidecar.expected_shapes(config), path)
-    document = sidecar.model_dump(mode="json")
-    AdapterSidecar.model_validate(document)
-    write_atomic_together([(path, data), (sidecar_path(path), dumps_pretty(document))])
+    try:
+        check_values(sidecar, parse(data))  # what a reader would refuse is not written
+    except Refusal as exc:
+        raise Refusal(f"{exc}, so the adapter is not written") from None
+    document = sidecar.model_copy(update={"tensors_sha256": digest(data)}).model_dump(mode="json")
+    check_fields(AdapterSidecar.model_validate(document), sidecar_path(path))
+    write_atomic_together([(sidecar_path(path), dumps_pretty(document)), (path, data)])

@@ -50,8 +50,8 @@ from ster.engine.model.adapter import (
     AdapterSidecar,
     factor_names,
     projection_shape,
-    safetensors_header,
 )
+from ster.engine.model.adapter_file import check_factors, check_float, parse_file
 from ster.engine.model.config import FAMILIES
 from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
@@ -60,6 +60,8 @@ from ster.engine.protocol.files import (
     check_output_directory,
     read_json,
 )
+from ster.engine.protocol.inputs import read_input
+from ster.engine.protocol.tensorfile import TensorFile
 
 if TYPE_CHECKING:
     import torch
@@ -115,16 +117,18 @@ def read_peft_dir(path: Path, config: LlamaConfig, device: torch.device) -> tupl
     the adapter's is padded with zeros. Everything is checked before a tensor is read.
     """
     lora, weights = _read_config(path)
-    names = _factor_names(path, safetensors_header(weights))
+    file = _read_weights(weights)
+    names = _factor_names(path, file.tensors)
     layers, modules = _grid(path, names, lora)
     settings = _module_settings(lora, names)
     rank, alpha = _rank_and_alpha(path, settings, lora.use_rslora)
     _check_shapes(path, names, config, settings, layers)
+    _check_values(file, names, settings, lora.use_rslora)
     targets = _targets(modules)
     sidecar = AdapterSidecar(kind="adapter", model=lora.base_model_name_or_path or "", model_fingerprint=None,
                              rank=rank, alpha=alpha, targets=targets, layers=layers,
                              hidden_size=config.hidden_size, train=None)
-    pieces = _split(_load_tensors(weights), names, config, rank, layers, modules)
+    pieces = _split(_tensors(file), names, config, rank, layers, modules)
     from ster.engine.model.lora import Adapter
 
     tensors = {name: pieces[name] for layer in layers for target in targets for name in factor_names(layer, target)}
@@ -139,10 +143,14 @@ def peft_document(path: Path) -> tuple[AdapterSidecar, list[tuple[str, list[int]
     against the model is checked once there is one (evaluate, merge, generate).
     """
     lora, weights = _read_config(path)
-    header = safetensors_header(weights)
+    file = _read_weights(weights)
+    header = file.tensors
     names = _factor_names(path, header)
     layers, modules = _grid(path, names, lora)
-    rank, alpha = _rank_and_alpha(path, _module_settings(lora, names), lora.use_rslora)
+    settings = _module_settings(lora, names)
+    rank, alpha = _rank_and_alpha(path, settings, lora.use_rslora)
+    _check_ranks(path, names, settings)
+    _check_values(file, names, settings, lora.use_rslora)
     hidden = next((shape[1] for (_, module, factor), (_, shape) in sorted(names.items())
                    if factor == "a" and COVERS[module][0] in READS_HIDDEN and len(shape) == 2),
                   next((shape[0] for (_, _, factor), (_, shape) in sorted(names.items())
@@ -372,30 +380,57 @@ def _check_shapes(path: Path, names: Names, config: LlamaConfig, settings: dict[
                           f"implies {expected}; the adapter was made for another model or rank")
 
 
-def _load_tensors(weights: Path) -> dict[str, Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+def _check_ranks(path: Path, names: Names, settings: dict[tuple[int, str], tuple[int, float]]) -> None:
+    """Without a model, what the factors' shapes must be: two axes, A ``rank`` rows and B ``rank`` columns of
+    their module's rank, and a module's factors of one shape on every layer."""
+    first: dict[tuple[str, str], list[int]] = {}
+    for (layer, module, factor), (name, shape) in sorted(names.items()):
+        rank, axis = settings[(layer, module)][0], 0 if factor == "a" else 1
+        if len(shape) != 2 or shape[axis] != rank or 0 in shape:
+            side = "rows" if factor == "a" else "columns"
+            raise Refusal(f"PEFT adapter tensor {name} has shape {shape}, but rank {rank} gives its {module} factor "
+                          f"{rank} {side}")
+        seen = first.setdefault((module, factor), shape)
+        if shape != seen:
+            raise Refusal(f"PEFT adapter {path} shapes {name} {shape} where another layer's {module} factor is "
+                          f"{seen}; a projection has one shape on every layer")
 
-    try:
-        return load_file(str(weights))
-    except (OSError, SafetensorError):
-        raise Refusal(f"failed to read PEFT adapter weights {weights}") from None
+
+def _read_weights(weights: Path) -> TensorFile:
+    """adapter_model.safetensors read wholly: its bytes against its header, every tensor floating-point."""
+    file = parse_file(read_input(weights, "PEFT adapter weights"), f"failed to read PEFT adapter weights {weights}: it")
+    for name in file.tensors:
+        check_float(file, name, "PEFT adapter tensor")
+    return file
+
+
+def _check_values(file: TensorFile, names: Names, settings: dict[tuple[int, str], tuple[int, float]],
+                  rslora: bool) -> None:
+    """Every factor finite, and no update able to overflow f32 at its module's own scale."""
+    for (layer, module), (rank, alpha) in sorted(settings.items()):
+        pair = (names[(layer, module, "a")][0], names[(layer, module, "b")][0])
+        scale = alpha / math.sqrt(rank) if rslora else alpha / rank
+        check_factors(file.floats(pair[0]), file.floats(pair[1]), scale, pair, "PEFT adapter tensor")
+
+
+def _tensors(file: TensorFile) -> dict[str, Tensor]:
+    """The checked factors as f32 torch tensors (the bytes that were checked, not the file read again)."""
+    import numpy as np
+    import torch
+
+    return {name: torch.from_numpy(np.array(file.floats(name), dtype=np.float32)) for name in file.tensors}
 
 
 def _split(loaded: dict[str, Tensor], names: Names, config: LlamaConfig, rank: int, layers: list[int],
            modules: list[str]) -> dict[str, Tensor]:
     """Ster's factors of every module: f32, padded to ``rank``, a fused module's A given to each piece and its
-    B cut by the pieces' rows; a non-finite value is refused."""
+    B cut by the pieces' rows (their values were checked when the file was read)."""
     import torch
 
     tensors = {}
     for layer in layers:
         for module in modules:
             a, b = (loaded[names[(layer, module, factor)][0]].to(torch.float32) for factor in ("a", "b"))
-            for factor, tensor in (("a", a), ("b", b)):
-                if not torch.isfinite(tensor).all():
-                    raise Refusal(f"PEFT adapter tensor {names[(layer, module, factor)][0]} contains a non-finite "
-                                  "value")
             a = torch.cat([a, a.new_zeros(rank - a.shape[0], a.shape[1])])  # [rank, in]
             b = torch.cat([b, b.new_zeros(b.shape[0], rank - b.shape[1])], dim=1)  # [out, rank]
             rows = [projection_shape(config, target)[0] for target in COVERS[module]]

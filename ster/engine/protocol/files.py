@@ -5,7 +5,9 @@ to become a regular file, and it may replace only an older document of its own k
 Every write goes to a temporary file in the destination's own directory and is
 renamed over the destination only once it is complete, so a reader never sees half a
 file and a failed or cancelled job leaves nothing behind. A symlink keeps pointing where
-it did, and a replaced file keeps its permission bits.
+it did, and a replaced file keeps its permission bits. A temporary is locked while its write
+is in flight, so one that a killed process left is removed by the next write beside it, and
+a live writer's never is (see :mod:`ster.engine.protocol.inflight`).
 """
 
 from __future__ import annotations
@@ -218,7 +220,7 @@ def _stage(path: Path, data: str | bytes) -> str:
     try:
         target = confine.writable(path)
         mode = _mode_for(target)
-        fd, tmp = inflight.temp_file(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, tmp = inflight.temp_file(prefix=f".{target.name}.", suffix=inflight.SUFFIX, dir=target.parent)
     except OSError as exc:
         raise _not_written(path, exc) from None
     try:
@@ -282,7 +284,7 @@ def atomic_directory(path: Path) -> Iterator[Path]:
     try:
         target = confine.writable(path) if confine.active() else path
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(inflight.temp_directory(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+        tmp = Path(inflight.temp_directory(prefix=f".{target.name}.", suffix=inflight.SUFFIX, dir=target.parent))
     except OSError as exc:
         raise _not_written(path, exc) from None
     try:

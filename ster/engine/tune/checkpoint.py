@@ -11,8 +11,12 @@ else needs saving: each epoch's order is re-derived from ``--seed + epoch`` and 
 learning rate from the step, and the loop draws no other random numbers.
 
 Reading the identity needs no torch, so a checkpoint of another run is refused with
-the other refusals, before the weights load, naming the first difference. It is
-written atomically; once the final adapter is written the checkpoint is removed.
+the other refusals, before the weights load, naming the first difference; so is a
+checkpoint with any value no run of Ster's writes, and, once the run has built its adapter
+and its loop, one that does not fit them (:mod:`ster.engine.tune.checkpoint_values`). It
+is written atomically; once the final adapter is written the checkpoint is removed. The
+path is Ster's alone: a run refuses to start when anything but a checkpoint of Ster's lies
+there (:func:`check_slot`), so neither the writing nor the removal destroys a user's file.
 """
 
 from __future__ import annotations
@@ -23,8 +27,18 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
-from ster.engine.protocol.files import safetensors_header, write_atomic
+from ster.engine.protocol.files import write_atomic
+from ster.engine.protocol.kinds import existing
+from ster.engine.tune.checkpoint_values import (
+    METADATA,
+    Expected,
+    Saved,
+    check_contents,
+    check_fits,
+    read_saved,
+)
 
 NOT_IDENTITY = {"output", "resume", "checkpoint_every", "device", "model", "revision", "examples", "pairs"}
 """Fields that do not change what a run computes (where it writes, how often it saves, where it
@@ -46,17 +60,55 @@ def run_identity(request: Any, fingerprint: str, units: list[Any]) -> dict[str, 
     return identity
 
 
-def check_checkpoint(path: Path, identity: dict[str, Any]) -> None:
-    """Refuse, in one sentence, a missing or unreadable checkpoint, or one of another run; no torch."""
-    if not path.exists():
+def check_slot(path: Path) -> None:
+    """Refuse, before a run starts, a checkpoint path that holds anything but a checkpoint of Ster's (or an
+    empty file): the run would replace it with its first checkpoint, and remove it at the end."""
+    target = confine.writable(path, make=False)
+    found = existing(target)
+    if found is None or found.empty:
+        return
+    if not found.file or not is_checkpoint(target):
+        held = "a file that is not a checkpoint of Ster's" if found.file else found.phrase
+        raise Refusal(f"{path} is where this run keeps its checkpoint, and it holds {held}, which the run would "
+                      "destroy; move it or give another --output")
+
+
+def is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` begins as Ster's checkpoints do: a safetensors header carrying Ster's three documents."""
+    try:
+        with path.open("rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            if length > 100_000_000:
+                return False
+            header = json.loads(handle.read(length))
+    except (OSError, struct.error, ValueError, RecursionError):
+        return False
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    return isinstance(metadata, dict) and set(METADATA) <= set(metadata)
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Remove the run's checkpoint once its adapter is written; anything else found there is left."""
+    target = confine.writable(path, make=False)
+    if is_checkpoint(target):
+        target.unlink(missing_ok=True)
+
+
+def check_checkpoint(path: Path, identity: dict[str, Any]) -> Saved:
+    """Refuse, in one sentence, a missing or unreadable checkpoint, one of another run, or one holding a value no
+    run writes; no torch. What it read is returned."""
+    if not confine.readable(path).exists():
         raise Refusal(f"--resume was given, but there is no checkpoint at {path}; run without --resume to start")
-    theirs = _metadata(path)["identity"]
+    saved = read_saved(path)
+    theirs = saved.identity
     named = ["objective", "model_fingerprint", "data"]
     flags = sorted((set(identity) | set(theirs)) - set(named))
     for key in [named[0], *flags, *named[1:]]:
         if identity.get(key) != theirs.get(key):
             raise Refusal(f"the checkpoint at {path} belongs to another run: {_difference(key, theirs, identity)}; "
                           "run without --resume to start over")
+    check_contents(saved, float(identity["alpha"]) / int(identity["rank"]), path)
+    return saved
 
 
 def save_checkpoint(path: Path, identity: dict[str, Any], tensors: dict[str, Any], optimizer: dict[str, Any],
@@ -71,39 +123,24 @@ def save_checkpoint(path: Path, identity: dict[str, Any], tensors: dict[str, Any
     write_atomic(path, save(state, metadata={key: json.dumps(value) for key, value in metadata.items()}))
 
 
-def load_checkpoint(path: Path, optimizer: dict[str, Any]) -> dict[str, Any]:
+def load_checkpoint(path: Path, identity: dict[str, Any], expected: Expected,
+                    optimizer: dict[str, Any]) -> dict[str, Any]:
     """The checkpoint's ``tensors``, ``optimizer`` (``optimizer``, a fresh AdamW's ``state_dict()``, with the
-    saved state put in), ``loop`` and ``reference``. Call :func:`check_checkpoint` first."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load
+    saved state put in), ``loop`` and ``reference``, read once and checked wholly (again: the file is read
+    now, and these bytes are the ones used) against ``identity`` and what the run ``expected``."""
+    import numpy as np
+    import torch
 
-    metadata = _metadata(path)
-    try:
-        saved = load(path.read_bytes())
-    except (OSError, SafetensorError):
-        raise _unreadable(path) from None
-    state: dict[int, dict[str, Any]] = {}
-    for index in range(len(optimizer["param_groups"][0]["params"])):
-        if f"optimizer.{index}.step" in saved:
-            state[index] = {name: saved.pop(f"optimizer.{index}.{name}") for name in MOMENTS}
-    return {"tensors": saved, "optimizer": {**optimizer, "state": state}, "loop": metadata["loop"],
-            "reference": {int(k): tuple(v) for k, v in metadata["reference"].items()}}
+    saved = check_checkpoint(path, identity)
+    check_fits(saved, expected, path)
 
+    def tensor(name: str) -> torch.Tensor:
+        return torch.from_numpy(np.array(saved.file.floats(name), dtype=np.float32))
 
-def _metadata(path: Path) -> dict[str, Any]:
-    """The JSON documents in the checkpoint's safetensors header."""
-    try:
-        header = safetensors_header(path)
-        documents = {key: json.loads(value) for key, value in header["__metadata__"].items()}
-    except (OSError, struct.error, ValueError, KeyError, TypeError, AttributeError):
-        raise _unreadable(path) from None
-    if not all(isinstance(documents.get(key), dict) for key in ("identity", "loop", "reference")):
-        raise _unreadable(path)
-    return documents
-
-
-def _unreadable(path: Path) -> Refusal:
-    return Refusal(f"the checkpoint at {path} could not be read; run without --resume to start over")
+    moments = saved.moments()
+    state = {index: {name: tensor(moments[index][name]) for name in MOMENTS} for index in sorted(moments)}
+    return {"tensors": {name: tensor(name) for name in expected.tensors}, "optimizer": {**optimizer, "state": state},
+            "loop": saved.loop, "reference": {int(k): tuple(v) for k, v in saved.reference.items()}}
 
 
 def _difference(key: str, theirs: dict[str, Any], ours: dict[str, Any]) -> str:

@@ -20,10 +20,9 @@ from ster.engine.model.adapter import (
     AdapterSidecar,
     check_tensors,
     factor_names,
-    read_sidecar,
-    safetensors_header,
 )
-from ster.engine.protocol import confine
+from ster.engine.model.adapter_file import AdapterFile
+from ster.engine.model.adapters_open import open_document
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import check_output_directory
 from ster.engine.protocol.jobs import JobContext
@@ -56,10 +55,11 @@ class ExportPeftResult(BaseModel):
 
 def export_job(request: ExportPeftRequest, ctx: JobContext) -> ExportPeftResult:
     check_output_directory(request.output, "--output")
-    sidecar = read_sidecar(request.adapter)
+    document = open_document(request.adapter)  # read wholly: its bytes, the pair's hash, every value
+    sidecar = document.sidecar
     if sidecar.kind == "reward":
         raise Refusal("adapter artifact is a reward model, not a generation adapter")
-    check_factor_shapes(sidecar, safetensors_header(request.adapter), request.adapter)
+    check_factor_shapes(sidecar, document.header, request.adapter)
     base_model = request.base_model or sidecar.model
     from ster.engine.model.peft_format import model_layout, peft_modules, write_peft_dir
 
@@ -69,7 +69,7 @@ def export_job(request: ExportPeftRequest, ctx: JobContext) -> ExportPeftResult:
         ctx.warn(f"{exc}; the PEFT directory names each projection on its own, as every family but Phi-3 has them")
         layout = {}
     ctx.progress("export", f"writing {request.adapter} as a PEFT adapter for {base_model}")
-    tensors = _load(request.adapter)  # torch, once every input has been checked
+    tensors = _load(document)  # torch, once every input has been checked
     files = write_peft_dir(request.output, sidecar, tensors, base_model, layout)
     return ExportPeftResult(output=str(request.output), base_model=base_model, rank=sidecar.rank,
                             alpha=sidecar.alpha, target_modules=[m for m, _ in peft_modules(sidecar.targets, layout)],
@@ -111,17 +111,9 @@ def _axis(header: dict[str, dict[str, Any]], names: list[str], axis: int) -> int
     return 0
 
 
-def _load(path: Path) -> dict[str, Any]:
+def _load(document: AdapterFile) -> dict[str, Any]:
+    """The checked file's tensors as f32 torch tensors (the bytes that were checked, not the file read again)."""
+    import numpy as np
     import torch
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
 
-    try:
-        tensors = load_file(str(confine.readable(path)))
-    except (OSError, SafetensorError):
-        raise Refusal(f"failed to read adapter {path}") from None
-    for name, tensor in tensors.items():
-        if not torch.isfinite(tensor.float()).all():
-            raise Refusal(f"adapter tensor {name} contains a non-finite value")
-    return tensors
-
+    return {name: torch.from_numpy(np.array(document.floats(name), dtype=np.float32)) for name in document.header}

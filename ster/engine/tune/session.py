@@ -18,13 +18,16 @@ import torch
 from ster.engine.model.adapter import AdapterSidecar
 from ster.engine.model.loading import Checkpoint, model_store, resolve_device
 from ster.engine.model.lora import Adapter, attached, save_adapter
+from ster.engine.protocol import confine
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.tune.checkpoint import (
     checkpoint_path,
     load_checkpoint,
+    remove_checkpoint,
     run_identity,
     save_checkpoint,
 )
+from ster.engine.tune.checkpoint_values import Expected
 from ster.engine.tune.loop import Loop, Settings
 from ster.engine.tune.objectives import Unit
 from ster.engine.tune.parallel import Parallel
@@ -62,8 +65,9 @@ def _run(request: TuneRequest, ctx: JobContext, checkpoint: Checkpoint, units: l
     identity = run_identity(request, checkpoint.fingerprint, [units[i] for i in usable])
     where = checkpoint_path(request.output)
     if request.resume:
-        _restore(load_checkpoint(where, loop.optimizer.state_dict()), adapter, loop, objective, ctx)
-    elif where.exists() and parallel.writer:
+        saved = load_checkpoint(where, identity, _expected(adapter, loop, objective), loop.optimizer.state_dict())
+        _restore(saved, adapter, loop, objective, ctx)
+    elif confine.writable(where, make=False).exists() and parallel.writer:
         ctx.log(f"starting over; the checkpoint of an earlier run at {where} will be replaced")
 
     def save(current: Loop) -> str:
@@ -79,10 +83,25 @@ def _run(request: TuneRequest, ctx: JobContext, checkpoint: Checkpoint, units: l
     if parallel.writer:
         save_adapter(request.output, sidecar_for(request, checkpoint, layers, report, reward), adapter,
                      checkpoint.config)
-        where.unlink(missing_ok=True)
+        remove_checkpoint(where)
     ctx.log(f"trained {state.step} steps, {state.tokens} tokens in {state.seconds:.1f} s "
             f"({state.tokens / max(state.seconds, 1e-9):.1f} tokens/s)")
     return report, adapter
+
+
+def _expected(adapter: Adapter, loop: Loop, objective: Any) -> Expected:
+    """What a checkpoint must hold to resume this run: its adapter's tensors, its loop's steps and units, the
+    per-unit numbers its objective reads, and (dpo, ipo) a reference score for every unit it trains on."""
+
+    def read_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
+        objective.progress_extra(stats)
+        objective.progress_data(stats)
+        objective.step_tokens([], stats)
+        return objective.epoch_report(0, 1, stats)[0]  # type: ignore[no-any-return]
+
+    reference = {unit.index for unit in loop.units} if hasattr(objective, "reference") else None
+    return Expected({name: tuple(t.shape) for name, t in adapter.tensors.items()}, loop.total, loop.steps_per_epoch,
+                    loop.per_step, len(loop.units), reference, read_stats)
 
 
 def _restore(saved: dict[str, Any], adapter: Adapter, loop: Loop, objective: Any, ctx: JobContext) -> None:

@@ -27,7 +27,12 @@ from ster.engine.protocol.jobs import JobContext
 from ster.engine.protocol.kinds import ADAPTER, ADAPTER_SIDECAR
 from ster.engine.steering.extract import PromptSet
 from ster.engine.steering.layers import LayerSpec
-from ster.engine.tune.checkpoint import check_checkpoint, checkpoint_path, run_identity
+from ster.engine.tune.checkpoint import (
+    check_checkpoint,
+    check_slot,
+    checkpoint_path,
+    run_identity,
+)
 from ster.engine.tune.data import PreferenceSet, load_examples, load_preferences
 from ster.engine.tune.encoding import encode_example, side_sequence
 from ster.engine.tune.requests import (
@@ -172,6 +177,8 @@ def _train(request: TuneRequest, ctx: JobContext, checkpoint: Checkpoint, units:
     if request.resume:
         check_checkpoint(checkpoint_path(request.output),
                          run_identity(request, checkpoint.fingerprint, [units[i] for i in usable]))
+    else:
+        check_slot(checkpoint_path(request.output))  # the run may write a checkpoint there, and removes it at the end
     from ster.engine.tune.session import (
         run_training,  # torch, once every input has been checked
     )
