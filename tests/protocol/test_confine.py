@@ -108,7 +108,7 @@ def test_a_confined_read_is_pinned_against_a_swapped_link(tree) -> None:
         (path / "doc.json").symlink_to(outside / "secret.json")  # swapped after the pin
         assert read_json(path / "doc.json", "pair set") == {"pairs": []}
         assert pinned.read_text() == '{"pairs": []}'
-    assert not any(Path("/tmp").glob(f"ster-root-*/*/{pinned.name}"))  # the private pins are gone
+    assert not pinned.exists() and not pinned.parent.parent.exists()  # the private pins are gone
 
 
 def test_a_link_out_is_refused_when_opened_even_without_the_servers_check(tree) -> None:
@@ -185,3 +185,39 @@ def test_without_a_root_nothing_changes(tree) -> None:
     _, path, outside = tree
     assert confine.readable(path / "esc" / "secret.json") == path / "esc" / "secret.json"
     assert confine.writable(path / "secret-link", make=False) == outside / "secret.json"
+
+
+def test_a_private_directory_a_killed_server_left_is_reclaimed_by_the_next_confined_job(
+        tree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    root, path, _ = tree
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    stale = scratch / ".ster-root.abcd1234.ster.tmp"
+    (stale / "1").mkdir(parents=True)  # what a server killed mid-job leaves: nobody holds its lock
+    (stale / "1" / "f.json").symlink_to("/proc/self/fd/9")
+    with confine.within(root):
+        pinned = confine.readable(path / "sub" / "f.json")
+        assert not stale.exists()
+        live = pinned.parent.parent
+        assert live.parent == scratch and live.name.startswith(".ster-root.")
+        with confine.within(root):  # another job at the same time leaves the live one alone
+            confine.readable(path / "sub" / "f.json")
+            assert live.exists()
+    assert list(scratch.iterdir()) == []
+
+
+def test_a_staging_directory_swapped_for_a_link_does_not_send_its_files_out(tree) -> None:
+    from ster.engine.protocol.files import atomic_directory
+
+    root, path, outside = tree
+    with confine.within(root), atomic_directory(path / "merged") as staging:
+        made = next(p for p in path.iterdir() if p.name.startswith(".merged."))
+        made.rename(path / "moved-staging")
+        made.symlink_to(outside)  # the staging directory swapped for a link out while it is written
+        write_atomic(staging / "config.json", "{}\n")
+        (staging / "model.safetensors").write_bytes(b"weights")
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.json"]
+    assert (path / "moved-staging" / "config.json").is_file()

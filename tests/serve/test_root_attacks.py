@@ -248,3 +248,30 @@ def test_no_refusal_tells_whether_a_path_outside_exists(rooted, operation: str, 
         sentences = [refused_before(server, operation, _body(operation, field, value)).replace(value, "PATH")
                      for value in (present, absent)]
         assert sentences[0] == sentences[1], (operation, field, sentences)
+
+
+# --- what a confined job writes still works -------------------------------------------------------------------
+
+
+def test_confined_jobs_write_and_read_back_inside_the_root(guarded_outside) -> None:
+    """Training, merging, exporting and importing under a root, each output read back by the next job."""
+    from tests.protocol.toy_gguf import write_toy_gguf
+
+    server, root, _ = guarded_outside
+    steps = [("tune/sft", {"model": TOY, "examples": "ster:examples", "output": "w/facts.safetensors"}),
+             ("tune/inspect", {"adapter": "w/facts.safetensors"}),
+             ("tune/merge", {"model": TOY, "adapter": "w/facts.safetensors", "output": "w/merged"}),
+             ("tune/export-peft", {"adapter": "w/facts.safetensors", "output": "w/peft"}),
+             ("generate", {"model": "w/merged", "prompt": RIVER, "maxNewTokens": 3}),
+             ("generate", {"model": TOY, "adapter": "w/peft", "prompt": RIVER, "maxNewTokens": 3})]
+    texts = []
+    for operation, body in steps:
+        last = result(server, operation, body)
+        assert last["status"] == 0, (operation, last)
+        texts.append(last["json"].get("text"))
+    assert texts[-1] == texts[-2]  # the merged checkpoint and the exported adapter steer alike
+    write_toy_gguf(root / "toy.gguf")
+    last = result(server, "model/import", {"gguf": "toy.gguf", "output": "w/imported"})
+    assert last["status"] == 0, last
+    assert result(server, "generate", {"model": "w/imported", "prompt": RIVER, "maxNewTokens": 3})["status"] == 0
+    assert not [p for p in (root / "w").iterdir() if p.name.startswith(".")]  # no temporary left

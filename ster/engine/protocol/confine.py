@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ster.engine.protocol import inflight
 from ster.engine.protocol.errors import Refusal
 
 _PATH = getattr(os, "O_PATH", 0)
@@ -172,10 +173,9 @@ class Root:
                     return _ended(stack, names, (name, *queue), None, 0)
                 stack.append(fd)
                 names.append(name)
-            if len(stack) == 1:  # the root itself (or the directory a walk started in)
-                if start is not None:
-                    raise Refusal(f"{shown} names a directory, not a file inside it")
-                return Walked(stack[0], (), "", os.dup(stack[0]), stat.S_IFDIR, ())
+            if len(stack) == 1:  # the root itself, or the held directory the walk started in
+                relative = tuple(names)
+                return Walked(stack[0], (), relative[-1] if relative else "", os.dup(stack[0]), stat.S_IFDIR, relative)
             fd, name = stack.pop(), names.pop()  # a directory climbed back to with ..
             return _ended(stack, names, (), fd, stat.S_IFDIR, name)
         except BaseException:
@@ -259,7 +259,10 @@ class _Job:
     def private(self, name: str) -> Path:
         """A new empty directory of this job's own, to place pinned files in under their own names."""
         if self.shadow is None:
-            self.shadow = Path(tempfile.mkdtemp(prefix="ster-root-"))
+            # held like any temporary of Ster's (locked while the job lives), so a server killed outright
+            # leaves it to be reclaimed by the next confined job rather than forever
+            self.shadow = Path(inflight.temp_directory(prefix=".ster-root.", suffix=inflight.SUFFIX,
+                                                       dir=tempfile.gettempdir()))
         self.count += 1
         place = self.shadow / str(self.count)
         place.mkdir()
@@ -272,6 +275,7 @@ class _Job:
         self.held.clear()
         if self.shadow is not None:
             shutil.rmtree(self.shadow, ignore_errors=True)
+            inflight.unregister(self.shadow)
 
 
 @dataclass
@@ -430,6 +434,8 @@ def _output(job: _Job, path: Path) -> _Output:
     key = os.path.abspath(os.fspath(path))
     if key not in job.writes:
         _, start, rest = _route(job, path)
+        if start is not None and not rest.strip("/"):
+            raise Refusal(f"{_shown(job, path)} is a directory the job holds, not a file inside it")
         sibling = job.write_dirs.get(os.path.dirname(key))
         if start is None and sibling is not None and os.path.basename(key) not in ("", ".", ".."):
             # beside an output pinned already (a sidecar, a checkpoint): in the same pinned directory
@@ -498,9 +504,24 @@ def shown(event: Any) -> Any:
 
 def _rewrite(job: _Job, value: Any) -> Any:
     if isinstance(value, str):
-        return _unpinned(job, value) if ("/proc/self/fd/" in value or "ster-root-" in value) else value
+        return _unpinned(job, value) if ("/proc/self/fd/" in value or ".ster-root." in value) else value
     if isinstance(value, list):
         return [_rewrite(job, item) for item in value]
     if isinstance(value, dict):
         return {key: _rewrite(job, item) for key, item in value.items()}
     return value
+
+
+def held_directory(path: Path) -> Path:
+    """A directory the job just made (a staging directory), as a path through a descriptor of it, so that
+    what is written inside it cannot be sent elsewhere by a link swapped in for it; itself without a root."""
+    job = _current.get()
+    if job is None or not _PINNABLE:
+        return path
+    how, start, rest = _route(job, path)
+    if how == "own" or start is None or "/" in rest:
+        return path
+    fd = job.hold(os.open(rest, _DIRECTORY | os.O_NOFOLLOW, dir_fd=start[0]))
+    job.directories[fd] = (*start[1], rest)
+    job.names[_fd_path(fd)] = "/".join(job.directories[fd])
+    return Path(_fd_path(fd))

@@ -288,9 +288,10 @@ def atomic_directory(path: Path) -> Iterator[Path]:
     except OSError as exc:
         raise _not_written(path, exc) from None
     try:
-        yield tmp
-        os.chmod(tmp, 0o777 & ~_UMASK)
-        for written in tmp.rglob("*"):  # some writers (safetensors) create private files
+        staging = confine.held_directory(tmp)  # under a server's root: written through its descriptor
+        yield staging
+        os.chmod(staging, 0o777 & ~_UMASK)
+        for written in staging.rglob("*"):  # some writers (safetensors) create private files
             os.chmod(written, (0o777 if written.is_dir() else 0o666) & ~_UMASK)
         if target.is_dir():
             target.rmdir()  # only an empty directory reaches here; check_output_directory saw to it

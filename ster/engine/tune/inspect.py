@@ -66,8 +66,8 @@ class InspectResult(BaseModel):
 
 
 def inspect_job(request: TuneInspectRequest, ctx: JobContext) -> InspectResult:
-    path = confine.readable(request.artifact)  # under a server's root: walked inside it and pinned
-    if path.is_dir():
+    path = request.artifact  # (its sidecar is found beside it, so each is pinned on its own as it is read)
+    if confine.readable(path).is_dir():
         return _peft(path)
     sidecar, header = read_document(path)
     expected = _expected(sidecar)
