@@ -74,8 +74,12 @@ def test_a_one_step_reward_run_ties_every_pair_at_ln2(cli, tmp_path: Path) -> No
 def test_the_sidecar_records_the_run_and_travels_with_the_factors(cli, tmp_path: Path) -> None:
     result = _train(cli, tmp_path, "reward", "--epochs", "2", "--learning-rate", "1e-2")
     sidecar = json.loads((tmp_path / "a.json").read_text())
-    assert list(sidecar)[:12] == ["schema_version", "product", "kind", "model", "model_revision",
-                                  "model_fingerprint", "rank", "alpha", "targets", "layers", "hidden_size", "train"]
+    assert list(sidecar)[:13] == ["schema_version", "product", "kind", "model", "model_revision",
+                                  "model_fingerprint", "rank", "alpha", "targets", "layers", "hidden_size",
+                                  "tensors_sha256", "train"]
+    import hashlib
+
+    assert sidecar["tensors_sha256"] == hashlib.sha256((tmp_path / "a.safetensors").read_bytes()).hexdigest()
     assert (sidecar["kind"], sidecar["rank"], sidecar["alpha"], sidecar["targets"], sidecar["layers"]) == \
         ("reward", 8, 16.0, ["query", "value"], [0, 1, 2, 3])
     assert sidecar["train"] == result["report"]
