@@ -127,7 +127,9 @@ def test_a_missing_source_and_bad_ids_are_refused(cli, tmp_path: Path) -> None:
     from_file = cli("workspace", "import-pairs", source)
     assert from_file.code == 1 and "the file name My Pairs.json does not make a valid set id" in from_file.err
     assert "give one with --name" in from_file.err
-    for bad in ("../escape", ".hidden", "UPPER", "a/b", "", "x" * 65):
+    blank = cli("workspace", "import-pairs", source, "--name", "")  # a blank value means none: the file name is used
+    assert blank.code == 1 and "the file name My Pairs.json does not make a valid set id" in blank.err
+    for bad in ("../escape", ".hidden", "UPPER", "a/b", "x" * 65):
         run = cli("workspace", "import-pairs", source, "--name", bad)
         assert run.code == 1 and f'--name "{bad}" is not a valid set id' in run.err, bad
     assert files_under(workspace_root()) == []
