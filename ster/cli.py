@@ -18,14 +18,16 @@ value); 3 internal error; 130 cancelled.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from ster.commands import build_parser
 from ster.engine.protocol.errors import ExitCode, SterError, exit_code_for
-from ster.foreground import Foreground
+from ster.foreground import RESTORE, Foreground
 
 __all__ = ["build_parser", "main"]
 
@@ -85,7 +87,7 @@ def _remote(args: argparse.Namespace) -> Any:
 
 def _job(args: argparse.Namespace, foreground: Foreground) -> int:
     """Check the request, run the job in the foreground, and map its final event to the exit status."""
-    from ster.console import renderer_for
+    from ster.console import renderer_for, torchrun_rank
     from ster.engine.protocol.events import Error
 
     render = renderer_for(json_mode=args.json)
@@ -101,7 +103,7 @@ def _job(args: argparse.Namespace, foreground: Foreground) -> int:
     except SterError as exc:
         render(Error(kind=exc.kind, message=str(exc)))  # type: ignore[arg-type]
         return int(exc.exit_code)
-    final = foreground.run(args.job, request, render)
+    final = foreground.run(args.job, request, render, writes_here=not torchrun_rank())
     render.close()
     return _status(final)
 
@@ -110,9 +112,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ster`` console script; returns the exit status.
 
     Ctrl-C is :class:`~ster.foreground.Foreground`'s from parsing to the job's end; the
-    TUI, which reads Ctrl-C as a key, runs outside it.
+    TUI, which reads Ctrl-C as a key, runs outside it. Without ``argv`` this is the
+    process's own command line, and the process ends when it returns (``python -m ster``,
+    the ``ster`` script): SIGINT is then left ignored, so that nothing between the job's
+    end and the exit (the result's rendering, the flushing, the interpreter's and torch's
+    teardown) turns a late Ctrl-C into a traceback, death by the signal, or another status.
+    ``ster serve`` is stopped by SIGINT instead (:func:`_stopped_serving`).
     """
     with Foreground() as foreground:
+        if argv is None:
+            foreground.leave(signal.SIG_IGN)
         parser = build_parser()
         args = parser.parse_args(argv)
         tui = _opens_tui(args, argv)
@@ -128,11 +137,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             if _a_torchrun_rank():
                 _end_rank(code)
             return code
+        foreground.leave(_stopped_serving if args.command == "serve" and argv is None else RESTORE)
     if args.command == "serve":  # outside the Foreground: the server stops itself on SIGINT and SIGTERM
         from ster.serve.server import serve as run_server
 
         return run_server(args.host, args.port, args.token_file, args.root)
     return _run_tui(args)
+
+
+def _stopped_serving(signum: int, frame: Any) -> None:
+    """SIGINT for ``ster serve`` outside uvicorn's own handler: exit 130 at once, quietly, writing nothing.
+
+    It runs for a Ctrl-C while the server starts (before uvicorn handles SIGINT) and when
+    uvicorn, having stopped the server gracefully, raises the SIGINT it caught again. The
+    jobs were cancelled by then, and a cancelled job never renames its output into place;
+    holding the lock of writes in flight keeps a job still inside its last step from doing
+    so, and their temporaries are removed.
+    """
+    from ster.engine.protocol import inflight
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    inflight.remove_all(hold=True)
+    os._exit(int(ExitCode.CANCELLED))
 
 
 def _a_torchrun_rank() -> bool:

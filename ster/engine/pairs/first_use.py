@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from ster.engine.protocol import inflight
 from ster.engine.protocol.errors import Refusal, SterError
 from ster.engine.protocol.files import dumps_pretty, known_schema, load_document, write_atomic
 
@@ -88,7 +89,8 @@ def mark_complete(how: str) -> None:
 def reset() -> None:
     path = state_path()
     try:
-        path.unlink(missing_ok=True)
+        with inflight.committing([path]):  # a deletion is a commit too: Ctrl-C after it no longer cancels
+            path.unlink(missing_ok=True)
     except OSError as exc:
         raise Refusal(f"onboarding progress {path} could not be deleted: {exc.strerror or exc}") from None
 

@@ -184,25 +184,28 @@ def _check_can_hold_a_file(path: Path, what: str, directory: Path) -> None:
                       f"({exc.strerror or exc})") from None
 
 
-def write_atomic(path: Path, data: str | bytes) -> None:
+def write_atomic(path: Path, data: str | bytes, keep: bool = False) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename.
 
     A symlink at ``path`` stays a symlink: the file it points to is replaced, through a
     temporary file in that file's own directory. An existing file keeps its permission bits.
-    An I/O failure is a refusal naming the path; nothing is left behind.
+    An I/O failure is a refusal naming the path; nothing is left behind. Inside a job whose
+    cancel flag is set the rename is refused, unless ``keep`` (see :func:`inflight.committing`).
     """
-    write_atomic_together([(path, data)])
+    write_atomic_together([(path, data)], keep)
 
 
-def write_atomic_together(files: list[tuple[Path, str | bytes]]) -> None:
+def write_atomic_together(files: list[tuple[Path, str | bytes]], keep: bool = False) -> None:
     """Write several files that belong together (an adapter and its sidecar): every one is written
-    in full to its temporary file first, and only then are they renamed into place, one after the other."""
+    in full to its temporary file first, and only then are they renamed into place, one after the
+    other, as one commit."""
     staged: list[tuple[str, Path]] = []
     try:
         for path, data in files:
             staged.append((_stage(path, data), confine.writable(path)))
-        for tmp, target in staged:
-            os.replace(tmp, target)
+        with inflight.committing([target for _, target in staged], keep):
+            for tmp, target in staged:
+                os.replace(tmp, target)
     except BaseException as exc:
         for tmp, _ in staged:
             Path(tmp).unlink(missing_ok=True)
@@ -293,9 +296,10 @@ def atomic_directory(path: Path) -> Iterator[Path]:
         os.chmod(staging, 0o777 & ~_UMASK)
         for written in staging.rglob("*"):  # some writers (safetensors) create private files
             os.chmod(written, (0o777 if written.is_dir() else 0o666) & ~_UMASK)
-        if target.is_dir():
-            target.rmdir()  # only an empty directory reaches here; check_output_directory saw to it
-        os.replace(tmp, target)
+        with inflight.committing([target]):
+            if target.is_dir():
+                target.rmdir()  # only an empty directory reaches here; check_output_directory saw to it
+            os.replace(tmp, target)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):

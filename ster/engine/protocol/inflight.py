@@ -19,6 +19,13 @@ means the writer is dead, and the temporary is removed; a lock it cannot get bel
 a live writer, in this process or another, and that temporary is left alone. A lock
 names an open file, not a process id, so a reused process id cannot make a stale
 temporary look alive or a live one look stale.
+
+The final renames that commit a job's output happen under that lock too
+(:func:`committing`), which makes a commit one step against Ctrl-C: a job whose cancel
+flag is set before its output's rename never makes it (the rename raises
+:class:`~ster.engine.protocol.errors.Cancelled`), a sweep that comes while a rename is
+under way waits for it, and :func:`committed` tells a front end that the job has written,
+so that it no longer reports the job as cancelled.
 """
 
 from __future__ import annotations
@@ -29,8 +36,13 @@ import shutil
 import stat
 import tempfile
 import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from ster.engine.protocol.errors import Cancelled
 
 try:
     import fcntl
@@ -46,6 +58,10 @@ probe a check of an output's directory makes (``.ster-probe.<random>.tmp``)."""
 _lock = threading.Lock()
 _paths: dict[Path, int | None] = {}
 """Every registered temporary → the descriptor that holds its lock (None where none could be taken)."""
+_job = threading.local()
+"""``cancel``: the cancel flag of the job running on this thread, while :func:`job_writes` holds."""
+_committed: weakref.WeakSet[threading.Event] = weakref.WeakSet()
+"""The cancel flags of jobs that have committed an output."""
 
 
 def temp_file(**mkstemp: Any) -> tuple[int, str]:
@@ -205,4 +221,59 @@ def remove_all(hold: bool = False, timeout: float = 2.0) -> None:
                 os.close(held)
     finally:
         if acquired and not hold:
+            _lock.release()
+
+
+@contextmanager
+def job_writes(cancel: threading.Event) -> Iterator[None]:
+    """Within this block, this thread's commits belong to the job whose cancel flag is ``cancel``."""
+    outer = getattr(_job, "cancel", None)  # a job may run another inside itself
+    _job.cancel = cancel
+    try:
+        yield
+    finally:
+        _job.cancel = outer
+
+
+@contextmanager
+def committing(targets: Sequence[Path], keep: bool = False) -> Iterator[None]:
+    """Hold the lock around the renames that put ``targets`` in place: the commit of a write.
+
+    Inside a job (:func:`job_writes`) a commit is refused with ``Cancelled`` once the job's
+    cancel flag is set, and marks the job as having written. Two kinds of write are no
+    commit: ``keep`` (a training run's checkpoint, written on cancel on purpose) and one
+    into a staging directory still in flight, which only that directory's rename commits.
+    The mark is set even when a rename fails, since the first of several may have landed.
+    """
+    with _lock:
+        cancel: threading.Event | None = getattr(_job, "cancel", None)
+        counts = cancel is not None and not keep and not _staged(targets)
+        if counts and cancel.is_set():  # type: ignore[union-attr]
+            raise Cancelled()
+        try:
+            yield
+        finally:
+            if counts:
+                _committed.add(cancel)  # type: ignore[arg-type]
+
+
+def _staged(targets: Sequence[Path]) -> bool:
+    """Whether every target lies inside a registered temporary directory (call with the lock held)."""
+    staging = {Path(os.path.realpath(p)) for p in _paths}  # real paths: a server's root writes through descriptors
+    return all(not staging.isdisjoint(Path(os.path.realpath(t)).parents) for t in targets)
+
+
+def committed(cancel: threading.Event) -> bool:
+    """Whether the job with this cancel flag has committed an output (lock-free: the writer marked it first)."""
+    return cancel in _committed
+
+
+@contextmanager
+def holding(timeout: float = 1.0) -> Iterator[None]:
+    """The lock for a decision no commit may interleave with; ``timeout`` bounds the wait for a stuck writer."""
+    acquired = _lock.acquire(timeout=timeout)
+    try:
+        yield
+    finally:
+        if acquired:
             _lock.release()

@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ster.engine.protocol import inflight
 from ster.engine.protocol.errors import Cancelled, SterError
 from ster.engine.protocol.events import (
     Error,
@@ -146,7 +147,8 @@ def _run(name: str, request: BaseModel, emit: Sink, cancel: threading.Event | No
         job = job_function(name)  # may import torch: seconds, during which Ctrl-C may already have come
         ctx.check_cancelled()
         check_before_running(request)  # what lies at its paths: a FIFO as an input, an output inside the model
-        document = job(request, ctx)
+        with inflight.job_writes(ctx.cancel):  # once cancelled, the job's output is never renamed into place
+            document = job(request, ctx)
         final = Result(command=name, data=document.model_dump(mode="json"))
     except SterError as exc:
         final = Error(kind=exc.kind, message=str(exc), details=getattr(exc, "details", None))  # type: ignore[arg-type]

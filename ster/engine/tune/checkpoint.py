@@ -120,7 +120,8 @@ def save_checkpoint(path: Path, identity: dict[str, Any], tensors: dict[str, Any
     for index, moments in optimizer["state"].items():
         state.update({f"optimizer.{index}.{name}": moments[name].detach().cpu().contiguous() for name in MOMENTS})
     metadata = {"identity": identity, "loop": loop, "reference": {str(k): list(v) for k, v in reference.items()}}
-    write_atomic(path, save(state, metadata={key: json.dumps(value) for key, value in metadata.items()}))
+    # keep: the checkpoint is what a cancelled run writes, so a set cancel flag must not refuse it
+    write_atomic(path, save(state, metadata={key: json.dumps(value) for key, value in metadata.items()}), keep=True)
 
 
 def load_checkpoint(path: Path, identity: dict[str, Any], expected: Expected,
