@@ -79,10 +79,10 @@ def _remote(args: argparse.Namespace) -> Any:
 
     try:
         token = read_token(getattr(args, "token_file", None), CLIENT_TOKEN_ENV)
+        return Remote(args.server, token)
     except WireRefusal as exc:
         sys.stderr.write(f"error: {exc}\n")
         return int(ExitCode.REFUSED)
-    return Remote(args.server, token)
 
 
 def _job(args: argparse.Namespace, foreground: Foreground) -> int:

@@ -15,6 +15,7 @@ Every response that is not a stream is a JSON object; a refusal is ``{"error": "
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
 import uuid
@@ -29,7 +30,7 @@ from starlette.requests import ClientDisconnect
 
 from ster.engine.protocol.events import Error, Event
 from ster.engine.protocol.jobs import request_class, run_job
-from ster.serve import wire
+from ster.serve import limits, wire
 from ster.serve.guard import UNAUTHORIZED, Root, token_matches
 
 TYPED_MEDIA = "application/vnd.ster.events+x-ndjson"
@@ -135,7 +136,7 @@ class JobStream(Response):
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             final = await self._run(live, send)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except OSError:  # the client is gone; the watcher has cancelled the job
+        except (OSError, ClientDisconnect):  # the client is gone; the watcher has cancelled the job
             self.jobs.abandon(live)
         finally:
             watcher.cancel()
@@ -196,13 +197,24 @@ def refusal(sentence: str, status: int = 400) -> JSONResponse:
     return JSONResponse({"error": sentence}, status_code=status)
 
 
+class SlowBody(Exception):
+    """The body paused longer than :data:`ster.serve.limits.BODY_TIMEOUT` between two chunks."""
+
+
 async def read_body(request: Request) -> bytes:
-    """The body, refused as too large before more than the limit is read."""
+    """The body, refused as too large before more than the limit is read, and given up on when it stalls."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > wire.BODY_LIMIT:
         raise wire.WireRefusal(wire.TOO_LARGE)
     chunks, size = [], 0
-    async for chunk in request.stream():
+    stream = request.stream().__aiter__()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(stream.__anext__(), limits.BODY_TIMEOUT)
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            raise SlowBody() from None
         size += len(chunk)
         if size > wire.BODY_LIMIT:
             raise wire.WireRefusal(wire.TOO_LARGE)
@@ -214,11 +226,48 @@ def wants_typed(request: Request) -> bool:
     return request.query_params.get("stream") == "events" or TYPED_MEDIA in request.headers.get("accept", "")
 
 
+class LastResort:
+    """ASGI middleware: an exception nothing else handled is said in one line on stderr, never as a
+    traceback, and answered ``500 {"error": …}`` when no answer has started (a started stream just ends)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            limits.say(f"error: internal error serving {scope.get('method')} {scope.get('path')}: "
+                       f"{limits.sentence(exc)}")
+            if limits.debug():
+                import traceback
+
+                limits.say(traceback.format_exc())
+            if not started:
+                with contextlib.suppress(Exception):  # the client may be gone too
+                    await refusal(internal_sentence(exc), 500)(scope, receive, send)
+
+
+def internal_sentence(exc: BaseException) -> str:
+    return f"internal error in the server: {limits.sentence(exc)}"
+
+
 class TokenGate:
     """ASGI middleware: every request but ``GET /v1/health`` carries the bearer token, or gets 401."""
 
     def __init__(self, app: Any, token: str | None) -> None:
         self.app, self.token = app, token
+        self.state: Any = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and self.token is not None and scope["path"] != "/v1/health":
@@ -279,7 +328,14 @@ def create_app(token: str | None = None, root: Root | None = None, models: Any =
                           name=operation, summary=f"ster {job}", response_class=Response,
                           openapi_extra=_body_schema(job), responses={200: {"content": {"application/x-ndjson": {}}}})
     app.openapi = _openapi(app)  # type: ignore[method-assign]
-    return TokenGate(app, token)
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception) -> JSONResponse:
+        return refusal(internal_sentence(exc), 500)  # the middleware outside says it in one line
+
+    gate = TokenGate(LastResort(app), token)
+    gate.state = app.state
+    return gate
 
 
 def _endpoint(operation: str, jobs: Jobs, root: Root | None, models: Any) -> Any:
@@ -293,6 +349,8 @@ def _endpoint(operation: str, jobs: Jobs, root: Root | None, models: Any) -> Any
             return refusal(wire.NOT_JSON)
         except ClientDisconnect:  # gone before its whole body came: no job starts, and the answer goes nowhere
             return refusal("the client went away before its request body was read")
+        except SlowBody:
+            return JSONResponse({"error": limits.SLOW_BODY}, status_code=408, headers={"connection": "close"})
         return JobStream(jobs, prepared, wants_typed(request), models, root)
 
     endpoint.__doc__ = f"Run ``ster {wire.OPERATIONS[operation]}``; the body's fields are its flags in camelCase."

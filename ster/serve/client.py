@@ -17,6 +17,7 @@ from typing import Any
 
 from ster.engine.protocol.events import Error, Event, parse_event
 from ster.engine.protocol.paths import EXAMPLES, EXAMPLES_DIR
+from ster.serve.wire import WireRefusal
 
 _BUNDLED = {str((EXAMPLES_DIR / file).resolve()): name for name, file in EXAMPLES.items()}
 
@@ -39,6 +40,7 @@ class Remote:
     """A Ster server, by its base URL, and the token it wants (if any)."""
 
     def __init__(self, url: str, token: str | None = None, connect_timeout: float = 10.0) -> None:
+        check_url(url)
         self.url = url.rstrip("/")
         self.headers = {"authorization": f"Bearer {token}"} if token else {}
         self.connect_timeout = connect_timeout
@@ -60,7 +62,10 @@ class Remote:
         try:
             with self._client() as client:
                 final = self._stream(client, name, body, emit, cancel, started, finished)
-        except httpx.TransportError as exc:
+        except NotSter as exc:
+            final = Error(kind="refused" if not started.is_set() or exc.first else "internal", message=str(exc))
+            emit(final)
+        except (httpx.HTTPError, httpx.InvalidURL, UnicodeError) as exc:
             final = Error(kind="refused", message=f"cannot reach the Ster server at {self.url}: {_reason(exc)}")
             if started.is_set():  # the stream had started: the connection broke in the middle of the job
                 final = Error(kind="internal", message=f"the connection to the Ster server at {self.url} broke "
@@ -78,15 +83,23 @@ class Remote:
                 final = self._refused(name, response)
                 emit(final)
                 return final
-            started.set()
             job_id = response.headers.get("x-ster-job")
-            if job_id:
-                threading.Thread(target=self._cancel_when, args=(cancel, job_id, finished), daemon=True,
-                                 name=f"ster cancel {job_id}").start()
+            if not job_id:  # every stream of a Ster server names its job
+                raise NotSter(f"{self.url} is not a Ster server: it answered {name} with "
+                              f"{response.headers.get('content-type') or 'no content type'} and no job id", first=True)
+            started.set()
+            threading.Thread(target=self._cancel_when, args=(cancel, job_id, finished), daemon=True,
+                             name=f"ster cancel {job_id}").start()
+            first = True
             for line in response.iter_lines():
                 if not line.strip():
                     continue
-                event = parse_event(line)
+                try:
+                    event = parse_event(line)
+                except ValueError:  # pydantic's ValidationError is one: a line that is not an event
+                    raise NotSter(f"{self.url} is not a Ster server: a line of its answer is not an event "
+                                  f"({line[:60]!r})", first=first) from None
+                first = False
                 emit(event)
                 if event.type in ("result", "error"):
                     return event
@@ -98,8 +111,9 @@ class Remote:
         response.read()
         try:
             sentence = str(json.loads(response.text)["error"])
-        except (ValueError, KeyError, TypeError):
-            sentence = f"HTTP {response.status_code}"
+        except (ValueError, KeyError, TypeError):  # not the JSON refusal a Ster server gives
+            return Error(kind="refused", message=f"{self.url} is not a Ster server: it answered {name} with "
+                                                 f"HTTP {response.status_code}")
         if response.status_code == 404:
             sentence = f"the Ster server at {self.url} does not run {name} ({sentence})"
         elif response.status_code == 401:
@@ -116,6 +130,28 @@ class Remote:
                 client.post(f"/v1/jobs/{job_id}/cancel")
         except Exception:  # the job may have ended meanwhile, or the server gone: the stream says which
             pass
+
+
+class NotSter(Exception):
+    """What answered is not a Ster server (``first``: nothing it sent was an event)."""
+
+    def __init__(self, message: str, first: bool) -> None:
+        super().__init__(message)
+        self.first = first
+
+
+def check_url(url: str) -> None:
+    """Refuse a server URL that is not ``http://HOST[:PORT]`` or ``https://…``, in one sentence."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+    except ValueError as exc:
+        raise WireRefusal(f"--server {url} is not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise WireRefusal(f"--server {url} is not an http:// or https:// URL of a Ster server, such as "
+                          "http://127.0.0.1:8765")
 
 
 def _reason(exc: Exception) -> str:

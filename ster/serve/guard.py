@@ -69,6 +69,22 @@ def read_token(path: str | None, env: str = TOKEN_ENV) -> str | None:
     return token or None
 
 
+MIN_TOKEN_LENGTH = 32
+"""The fewest characters a server's token may have: 32 hexadecimal digits are 128 bits."""
+MIN_TOKEN_KINDS = 8
+"""The fewest different characters it may have, so a long run of one character is no token either."""
+
+
+def check_strength(token: str) -> None:
+    """Refuse a token a client could guess, in one sentence that never shows it: a token that is given is
+    enforced, on loopback too, so it must be strong wherever it is."""
+    length, kinds = len(token), len(set(token))
+    if length < MIN_TOKEN_LENGTH or kinds < MIN_TOKEN_KINDS:
+        raise WireRefusal(f"the bearer token is too weak to guard a server ({length} characters, {kinds} different); "
+                          f"give one of at least {MIN_TOKEN_LENGTH} characters with at least {MIN_TOKEN_KINDS} "
+                          "different ones, such as the output of openssl rand -hex 32")
+
+
 def token_matches(header: str | None, token: str) -> bool:
     """Whether an ``Authorization`` header carries ``token``, compared in constant time."""
     given = (header or "").removeprefix("Bearer ").strip() if (header or "").startswith("Bearer ") else ""

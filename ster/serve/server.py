@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from ster.engine.protocol.errors import ExitCode
-from ster.serve.guard import TOKEN_ENV, Root, is_loopback, read_token
+from ster.serve.guard import TOKEN_ENV, Root, check_strength, is_loopback, read_token
 from ster.serve.wire import WireRefusal
 
 SHUTDOWN_GRACE = 15
@@ -51,6 +51,8 @@ def serve(host: str, port_text: str | int, token_file: str | None, root_dir: str
         return _refuse(f'--port must be a whole number from 0 to 65535; got "{str(port_text)[:40]}"')
     try:
         token = read_token(token_file)
+        if token is not None:
+            check_strength(token)
         root = Root(root_dir) if root_dir is not None else None
     except WireRefusal as exc:
         return _refuse(str(exc))
@@ -75,10 +77,15 @@ def _run(sock: socket.socket, token: str | None, root: Root | None) -> int:
 
     from ster.serve.app import create_app
 
+    from ster.serve import limits
+
     app = create_app(token=token, root=root)
-    jobs = app.app.state.jobs
+    jobs = app.state.jobs
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=SHUTDOWN_GRACE, server_header=False)
+                            timeout_graceful_shutdown=SHUTDOWN_GRACE, server_header=False, http=limits.protocol(),
+                            timeout_keep_alive=int(limits.IDLE_TIMEOUT))
+    config.load()  # uvicorn's own logging set up now, so the one-line filters sit on its loggers
+    limits.quiet_logging()
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:

@@ -107,8 +107,10 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         return {}
     try:
         body = json.loads(text)
-    except ValueError as exc:
+    except ValueError as exc:  # malformed, or a number of more digits than Python converts
         raise WireRefusal(f"{NOT_JSON}: {exc}") from None
+    except RecursionError:
+        raise WireRefusal(f"{NOT_JSON}: its arrays or objects nest too deeply to be read") from None
     if not isinstance(body, dict):
         raise WireRefusal(f"{NOT_JSON}: expected an object, got {type(body).__name__}")
     return body

@@ -67,15 +67,15 @@ def test_refusals_keep_their_exit_codes(server: Server, tmp_path: Path) -> None:
 
 def test_a_token_from_a_file_or_the_environment(tmp_path: Path) -> None:
     token = tmp_path / "token"
-    token.write_text("a-long-random-token\n")
+    token.write_text("a-long-random-token-0123456789abcdef\n")
     guarded = start_server(tmp_path, "--token-file", str(token))
     try:
         args = ("generate", "--model", TOY, "--prompt", RIVER, "--max-new-tokens", "2")
         without = ster("--server", guarded.url, *args, cwd=tmp_path, env={"STER_TOKEN": ""})
         assert without.returncode == 1 and "requires a bearer token" in without.stderr
-        assert "a-long-random-token" not in without.stderr
+        assert "a-long-random-token-0123456789abcdef" not in without.stderr
         assert ster("--server", guarded.url, "--token-file", str(token), *args, cwd=tmp_path).returncode == 0
-        assert ster("--server", guarded.url, *args, cwd=tmp_path, env={"STER_TOKEN": "a-long-random-token"}
+        assert ster("--server", guarded.url, *args, cwd=tmp_path, env={"STER_TOKEN": "a-long-random-token-0123456789abcdef"}
                     ).returncode == 0
         unreadable = ster("--server", guarded.url, "--token-file", str(tmp_path / "none"), *args, cwd=tmp_path)
         assert unreadable.returncode == 1 and unreadable.stderr.startswith("error: cannot read the token file")

@@ -382,7 +382,11 @@ def test_off_loopback_needs_a_token_and_a_root(tmp_path: Path) -> None:
         stop_server(taken)
 
 
-def _token(directory: Path, token: str = "s3cret-token-value") -> Path:
+TOKEN = "s3cret-0123456789abcdef0123456789abcdef"
+"""A token strong enough for a server: 38 characters, more than 8 of them different."""
+
+
+def _token(directory: Path, token: str = TOKEN) -> Path:
     path = directory / "token"
     path.write_text(token + "\n")
     return path
@@ -396,7 +400,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory):
     home = tmp_path_factory.mktemp("guarded-xdg")
     env = {"XDG_DATA_HOME": str(home / "data"), "XDG_STATE_HOME": str(home / "state")}
     server = start_server(base, "--host", "0.0.0.0", "--token-file", str(_token(base)), "--root", str(root), env=env)
-    server.token = "s3cret-token-value"
+    server.token = TOKEN
     server.url = server.url.replace("0.0.0.0", "127.0.0.1")
     yield server, root, base
     stop_server(server)
@@ -406,7 +410,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory):
 def test_the_token_is_required_and_never_echoed(guarded) -> None:
     server, root, _ = guarded
     body = {"model": TOY, "prompt": RIVER, "maxNewTokens": 2}
-    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "s3cret-token-value"}):
+    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": TOKEN}):
         response = httpx.post(f"{server.url}/v1/generate", json=body, headers=headers)
         assert response.status_code == 401 and "s3cret" not in response.text
         assert response.json()["error"].startswith("this server requires a bearer token")
