@@ -177,6 +177,9 @@ class Case:
     stdin: dict | None = None
     watch: str = "out"
     """The stream the mark is read on: ``out`` (``--json`` events) or ``err`` (plain progress lines)."""
+    kept: list[str] = field(default_factory=list)
+    """What a cancelled run leaves on purpose (a training run's resumable checkpoint); ``--resume`` must finish
+    from it to the complete output."""
     seen: dict[int, int] = field(default_factory=dict)
 
 
@@ -188,7 +191,7 @@ def assert_one_of_two_endings(run: Ended, workdir: Path, case: Case, before: lis
     left = sorted(set(os.listdir(workdir)) - set(before))
     said = [line for line in run.err.splitlines() if line in (CANCELLING, STOPPED, TOO_LATE, CANCELLED)]
     if run.code == 130:
-        assert left == [], run.why()  # neither the output nor a temporary
+        assert set(left) <= set(case.kept), run.why()  # neither the output nor a temporary
         assert said and said[0] == CANCELLING, run.why()
     else:
         assert left == sorted(case.outputs), run.why()
@@ -211,6 +214,10 @@ def aimed(zygote: Zygote, tmp_path: Path, case: Case, count: int, check: Callabl
         workdir.mkdir()
         run, _ = zygote.run(case.args, workdir, case.mark, delay, second, stdin=stdin, watch=case.watch)
         assert_one_of_two_endings(run, workdir, case, [])
+        if run.code == 130 and os.listdir(workdir):  # the checkpoint a cancelled run keeps: it must resume
+            run, _ = zygote.run([*case.args, "--resume"], workdir, lambda line: True, None, stdin=stdin, watch=case.watch)
+            assert run.code == 0, run.why()
+            assert sorted(os.listdir(workdir)) == sorted(case.outputs), run.why()
         if run.code == 0:
             check(run, workdir)
     print(f"{case.args[:2]}: {took:.2f} s from the mark to the exit; exits seen {case.seen}")
@@ -252,7 +259,8 @@ def test_ctrl_c_at_the_end_of_train(zygote: Zygote, tmp_path: Path) -> None:
 
 
 def test_ctrl_c_at_the_end_of_tune_sft(zygote: Zygote, tmp_path: Path) -> None:
-    """From the last step on; the run checkpoints every step, so the checkpoint's removal is in the window too."""
+    """From the last step on; the run checkpoints every step, so the checkpoint's removal is in the window too.
+    A cancelled run keeps its checkpoint, as every cancelled training run does, and ``--resume`` finishes it."""
 
     def adapter_complete(run: Ended, workdir: Path) -> None:
         import hashlib
@@ -265,7 +273,7 @@ def test_ctrl_c_at_the_end_of_tune_sft(zygote: Zygote, tmp_path: Path) -> None:
 
     case = Case(["--json", "tune", "sft", "--model", "ster:toy", "--examples", "ster:examples", "--epochs", "2",
                  "--checkpoint-every", "1", "--output", "a.safetensors"],
-                progress("train", "step 2/2"), ["a.json", "a.safetensors"])
+                progress("train", "step 2/2"), ["a.json", "a.safetensors"], kept=["a.safetensors.checkpoint"])
     aimed(zygote, tmp_path, case, 8, adapter_complete)
 
 
