@@ -249,13 +249,13 @@ def test_ctrl_c_at_the_end_of_optimize(zygote: Zygote, tmp_path: Path) -> None:
     """From the final refit on: the refit, the rename of the artifact, the result, the teardown."""
     case = Case(["--json", "optimize", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "calm.json"],
                 progress("fit", "refitting"), ["calm.json"])
-    aimed(zygote, tmp_path, case, 14, the_artifact_is_the_result)
+    aimed(zygote, tmp_path, case, 6, the_artifact_is_the_result)
 
 
 def test_ctrl_c_at_the_end_of_train(zygote: Zygote, tmp_path: Path) -> None:
     case = Case(["--json", "train", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "calm.json"],
                 progress("fit", "layer 3"), ["calm.json"])
-    aimed(zygote, tmp_path, case, 8, the_artifact_is_the_result)
+    aimed(zygote, tmp_path, case, 6, the_artifact_is_the_result)
 
 
 def test_ctrl_c_at_the_end_of_tune_sft(zygote: Zygote, tmp_path: Path) -> None:
@@ -274,7 +274,7 @@ def test_ctrl_c_at_the_end_of_tune_sft(zygote: Zygote, tmp_path: Path) -> None:
     case = Case(["--json", "tune", "sft", "--model", "ster:toy", "--examples", "ster:examples", "--epochs", "2",
                  "--checkpoint-every", "1", "--output", "a.safetensors"],
                 progress("train", "step 2/2"), ["a.json", "a.safetensors"], kept=["a.safetensors.checkpoint"])
-    aimed(zygote, tmp_path, case, 8, adapter_complete)
+    aimed(zygote, tmp_path, case, 6, adapter_complete)
 
 
 def test_ctrl_c_at_the_end_of_generate(zygote: Zygote, tmp_path: Path) -> None:
@@ -287,7 +287,7 @@ def test_ctrl_c_at_the_end_of_generate(zygote: Zygote, tmp_path: Path) -> None:
 
     case = Case(["generate", "--model", "ster:toy", "--prompt", "the sea is", "--max-new-tokens", "6"],
                 lambda line: line.startswith("generating up to"), [], watch="err")
-    aimed(zygote, tmp_path, case, 8, the_whole_document)
+    aimed(zygote, tmp_path, case, 6, the_whole_document)
 
 
 def test_ctrl_c_at_the_end_of_ster_request(zygote: Zygote, tmp_path: Path) -> None:
@@ -302,7 +302,7 @@ def test_ctrl_c_at_the_end_of_ster_request(zygote: Zygote, tmp_path: Path) -> No
 
     body = {"model": "ster:toy", "pairs": "ster:pairs", "output": "calm.json"}
     case = Case(["request", "train"], lambda line: "fitting caa at layer 3" in line, ["calm.json"], stdin=body)
-    aimed(zygote, tmp_path, case, 8, the_last_line_is_the_result)
+    aimed(zygote, tmp_path, case, 6, the_last_line_is_the_result)
 
 
 def test_fresh_interpreters(tmp_path: Path) -> None:
