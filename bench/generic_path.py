@@ -44,6 +44,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, help="torch's intra-op threads (default: torch's own)")
     args = parser.parse_args()
+    from ster.engine.protocol.machine import cpu_line
+
+    print(cpu_line(), flush=True)
     if args.threads:
         torch.set_num_threads(args.threads)
     path = args.model or smollm2()

@@ -89,19 +89,9 @@ def machine(_: argparse.Namespace) -> str:
             parts.append("NCCL " + ".".join(map(str, torch.cuda.nccl.version())))
     else:
         parts.insert(0, "GPU none (torch.cuda.is_available() is false)")
-    cpu, flags = "unknown CPU", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and cpu == "unknown CPU":
-                cpu = value.strip()
-            elif key.strip() in ("flags", "Features") and not flags:
-                flags = set(value.split())
-    except OSError:
-        cpu = platform.processor() or cpu
-    shown = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "asimd",
-                         "sve") if f in flags]
-    parts.append(f"CPU {cpu}, {os.cpu_count()} cores ({' '.join(shown) or 'no listed vector extensions'})")
+    from ster.engine.protocol.machine import cpu_line
+
+    parts.append(cpu_line())
     return "; ".join(parts)
 
 

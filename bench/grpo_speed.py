@@ -111,6 +111,9 @@ def main() -> None:
     parser.add_argument("--results", type=Path, help="also write every measurement here as JSON")
     parser.add_argument("--worker", metavar="SIDE", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    from ster.engine.protocol.machine import cpu_line
+
+    print(cpu_line(), flush=True)
     if args.worker:
         print(json.dumps(WORKERS[args.worker](args.model.resolve(), args.threads, args.prompts)), flush=True)
         return

@@ -54,6 +54,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True)
     model = parser.parse_args().model
+    from ster.engine.protocol.machine import cpu_line
+
+    print(cpu_line(), flush=True)
     ctx = JobContext(lambda event: None)
     store = ModelStore()
     checkpoint = store.open(GenerateRequest(model=model, prompt="x"), ctx)

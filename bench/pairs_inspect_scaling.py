@@ -97,6 +97,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="10000,40000", help="comma list of set sizes (default 10000,40000)")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per size; the median is reported")
     args = parser.parse_args()
+    from ster.engine.protocol.machine import cpu_line
+
+    print(cpu_line(), flush=True)
     sizes = [int(s) for s in args.sizes.split(",")]
     results = {size: time_inspection(synthetic_set(size), args.rounds) for size in sizes}
     print(f"| pairs | median s ({args.rounds} rounds) | duplicates | refusals | unbalanced |")

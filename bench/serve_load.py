@@ -276,6 +276,9 @@ def main() -> None:
     parser.add_argument("--bad-clients", type=int, default=2, help="threads sending refused bodies and routes")
     parser.add_argument("--drain-seconds", type=float, default=300.0, help="most time the clients get to finish")
     args = parser.parse_args()
+    from ster.engine.protocol.machine import cpu_line
+
+    print(cpu_line(), flush=True)
 
     with tempfile.TemporaryDirectory(prefix="ster-serve-load-") as tmp:
         workdir = Path(tmp)

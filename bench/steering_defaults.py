@@ -111,6 +111,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=40)
     parser.add_argument("--texts", action="store_true", help="print every text and per-prompt effect")
     args = parser.parse_args()
+    from ster.engine.protocol.machine import cpu_line
+
+    print(cpu_line(), flush=True)
     model = str(args.model or default_model())
     store = ModelStore()
     common = {"model": model, "prompts": DATA / "calm-prompts.json", "max_new_tokens": args.max_new_tokens}

@@ -98,6 +98,9 @@ def wall(code: str) -> float:
 
 
 def main(rounds: int = 7) -> None:
+    from ster.engine.protocol.machine import cpu_line
+
+    print(cpu_line(), flush=True)
     bare = [opened(None) for _ in range(rounds)]
     with_set = [opened(EXAMPLE_PAIRS) for _ in range(rounds)]
     switches = [opened(None, switch=True) for _ in range(rounds)]

@@ -118,6 +118,9 @@ def main() -> None:
     parser.add_argument("--results", type=Path, help="also write every measurement here as JSON")
     parser.add_argument("--worker", nargs=2, metavar=("SIDE", "WHAT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    from ster.engine.protocol.machine import cpu_line
+
+    print(cpu_line(), flush=True)
     if args.worker:
         side, what = args.worker
         print(json.dumps(WORKERS[side](what, args.model.resolve(), args.threads, args.units)), flush=True)

@@ -17,6 +17,9 @@ from ster.cli import main
 from ster.engine.model.resolve import EXAMPLES_DIR, TOY_DIR
 
 REPO = Path(__file__).resolve().parent.parent
+os.environ["STER_KERNELS"] = "default"
+"""The tests run on the built-in kernels, so every process of a test computes in the same float order whatever
+a timing would pick; tests/model/test_kernels.py measures them (and each of its candidates) itself."""
 
 
 def _snapshots_at_the_repository_root() -> None:

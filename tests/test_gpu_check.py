@@ -26,7 +26,7 @@ def test_without_cuda_every_check_is_skipped_and_the_script_exits_0() -> None:
                           env={**os.environ, "PYTHON": sys.executable})
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("machine: GPU none") and " CPU " in lines[0] and "torch " in lines[0]
+    assert lines[0].startswith("machine: GPU none") and "; CPU: " in lines[0] and "torch " in lines[0]
     assert [line.split(":")[0] for line in lines[1:]] == [f"SKIP {name}" for name in CHECKS]
 
 

@@ -20,11 +20,8 @@ from ster.engine.model.config import load_config
 from ster.engine.model.llama import _PLAIN, KVCache
 from ster.engine.model.loading import DTYPES, load_decoder
 from ster.engine.model.lora import Adapter, attached
-from ster.engine.model.quantize import (
-    int8_tensor_type,
-    quantized_embedding,
-    quantized_linear,
-)
+from ster.engine.model.kernels import matmul
+from ster.engine.model.quantize import int8_tensor_type, quantized_embedding
 from ster.engine.model.requests import Precision
 from ster.engine.model.resolve import resolve_model
 
@@ -87,9 +84,9 @@ def test_a_few_rows_run_on_the_int8_kernel_each_as_if_alone(pair) -> None:
     x = torch.randn(9, 1, weight.shape[1], generator=torch.Generator().manual_seed(0))
     dequantized = weight.dequantize()
     with torch.inference_mode():
-        alone = [quantized_linear(x[i:i + 1], weight, None) for i in range(9)]  # aten._weight_int8pack_mm
+        alone = [matmul(x[i:i + 1], weight, None) for i in range(9)]  # aten._weight_int8pack_mm (the default)
         for rows in (2, 8):
-            together = quantized_linear(x[:rows], weight, None)
+            together = matmul(x[:rows], weight, None)
             assert together.dtype == torch.float32
             for i in range(rows):
                 assert torch.equal(together[i], alone[i][0]), (rows, i)
@@ -97,7 +94,7 @@ def test_a_few_rows_run_on_the_int8_kernel_each_as_if_alone(pair) -> None:
         for i in range(9):
             exact = F.linear(x[i].to(torch.bfloat16).float(), dequantized)
             assert torch.allclose(alone[i][0], exact, rtol=2 ** -8, atol=1e-6), i
-        nine = quantized_linear(x, weight, None)  # more rows than the kernel takes: torchao's f32 path
+        nine = matmul(x, weight, None)  # more rows than the kernel takes: torchao's f32 path
         assert torch.allclose(nine, F.linear(x, dequantized), atol=1e-5)
 
 

@@ -17,8 +17,8 @@ Batch-1 decoding reads every weight once per token, so the loop is written to do
 else: each block's q/k/v projections run as one matmul and its gate/up projections as
 another (``prepare`` lays the separate weights out as views of one fused tensor, so the
 parameter names and the memory are unchanged), queries and keys rotate together, and a
-single-row step keeps each dtype on its fast CPU kernel (see :func:`_linear` and
-:func:`_single_row`). Weights quantized to int8 (``--precision int8``) are torchao tensors;
+projection runs on the CPU kernel timed fastest on this machine for its precision and row count
+(:mod:`ster.engine.model.kernels`). Weights quantized to int8 (``--precision int8``) are torchao tensors;
 :mod:`ster.engine.model.quantize` runs them.
 
 Other families (Qwen2, Qwen3, Mistral, Phi-3, Gemma 3) run through the same classes: what differs is
@@ -32,8 +32,7 @@ The module keeps its name from when Llama was the only family.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -42,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ster.engine.model.config import LlamaConfig, RopeScaling
+from ster.engine.model.kernels import matmul
 
 Vocab = Literal["none", "last", "all"]
 """How much of the vocabulary projection a forward computes: none, the last position, every position."""
@@ -326,75 +326,8 @@ _PLAIN = (nn.Parameter, Tensor)
 
 
 def _matmul(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``x @ weight.T + bias`` on the fast kernel of the weight's dtype.
-
-    Quantized (torchao) weights go to :mod:`ster.engine.model.quantize`. f16 on an x86 CPU
-    without half-precision matrix hardware has no fast matrix-matrix kernel (PyTorch's
-    fallback is several times slower than f32), so a product of more than a few rows —
-    a prefill, a training forward and its backward — runs in f32 and is cast back: the
-    same numbers, rounded once at the end. Single rows keep the fast f16 vector kernel.
-    """
-    if type(weight) not in _PLAIN:
-        from ster.engine.model.quantize import quantized_linear
-
-        return quantized_linear(x, weight, bias)
-    if x.dtype is torch.float16 and _SLOW_HALF_GEMM and x.device.type == "cpu" and x.numel() > 4 * x.shape[-1]:
-        return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
-    if x.dtype is torch.float32 and x.device.type == "cpu" and 0 < x.numel() <= FEW_ROWS * x.shape[-1]:
-        return _few_rows(x, weight, bias)
-    return F.linear(x, weight, bias)
-
-
-FEW_ROWS = 8
-"""Up to this many rows, an f32 product on the CPU runs as ``weight @ x.T`` (see :func:`_few_rows`)."""
-
-
-def _few_rows(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``x @ weight.T`` for a few rows — a decode step, a group's or a sweep's batch — as ``weight @ x.T``.
-
-    For a handful of rows ``F.linear`` goes to MKL's matrix-vector kernel (one row, one thread)
-    or to a matrix-matrix kernel that first copies the whole weight into its blocked layout
-    (several rows); with the weight as the left operand the product streams it once, on every
-    thread. A single row is doubled, because the two-column product beats the vector kernel.
-    Measured on SmolLM2's projections, one pass over every weight (bench/decode_speed.py's
-    floor): 33 ms against 55 ms for one row, 40 ms against 76 ms for four, on two threads. The
-    numbers differ from ``F.linear``'s only in the order of the float sums.
-    """
-    flat = x.reshape(-1, x.shape[-1])
-    single = flat.shape[0] == 1
-    y = torch.mm(weight, torch.cat((flat, flat)).T if single else flat.T)  # [N, rows] (rows doubled when single)
-    y = (y[:, :1] if single else y).T.contiguous().view(*x.shape[:-1], weight.shape[0])
-    return y if bias is None else y + bias
-
-
-def _slow_half_gemm() -> bool:
-    """An x86 CPU without AMX-FP16: PyTorch multiplies f16 matrices there without a vectorised kernel."""
-    try:
-        return bool(torch.cpu._is_avx2_supported() and not torch.cpu._is_amx_fp16_supported())
-    except AttributeError:  # a torch without these probes: assume the fast kernel exists
-        return False
-
-
-_SLOW_HALF_GEMM = _slow_half_gemm()
-
-
-@contextmanager
-def _single_row(dtype: torch.dtype, device: torch.device) -> Iterator[None]:
-    """Keep a single-row bf16 step on PyTorch's own vector kernel rather than oneDNN's.
-
-    On the CPU oneDNN handles bf16 matrix products, and for one row it reads the weights at
-    about half the speed of PyTorch's native bf16 matrix-vector kernel (measured on SmolLM2's
-    shapes: 218 µs against 113 µs for 576×1536), which is what made bf16 decoding slower than
-    f16. The switch is torch's global oneDNN flag, restored on exit; f32 and f16 are unaffected.
-    """
-    if dtype is not torch.bfloat16 or device.type != "cpu" or not torch._C._get_mkldnn_enabled():
-        yield
-        return
-    torch._C._set_mkldnn_enabled(False)
-    try:
-        yield
-    finally:
-        torch._C._set_mkldnn_enabled(True)
+    """``x @ weight.T + bias`` on the kernel chosen for this machine (see :mod:`ster.engine.model.kernels`)."""
+    return matmul(x, weight, bias)
 
 
 class Block(nn.Module):
@@ -499,6 +432,18 @@ class Decoder(nn.Module):
         weight = self.lm_head.weight
         return KVCache(self.config, batch, max_len, weight.dtype, weight.device)
 
+    def projections(self) -> list[Tensor]:
+        """Every weight a forward multiplies by, in the order it does: each block's q/k/v (fused), o, gate/up
+        (fused) and down, then the output head. What the CPU kernels are timed on."""
+        weights: list[Tensor] = []
+        for block in self.blocks:
+            for module, names, last in ((block.self_attn, ("q_proj", "k_proj", "v_proj"), "o_proj"),
+                                        (block.mlp, ("gate_proj", "up_proj"), "down_proj")):
+                fused = module.fused_weight
+                weights += [fused] if fused is not None else [getattr(module, n).weight for n in names]
+                weights.append(getattr(module, last).weight)
+        return [*weights, self.lm_head.weight]
+
     def lora_module(self, layer: int, projection: str) -> nn.Module:
         """The module of ``layer`` that holds ``projection`` and its attached LoRA factors."""
         block = self.blocks[layer]
@@ -540,12 +485,11 @@ class Decoder(nn.Module):
         h = _embed(ids, self.model.embed_tokens.weight)  # [B, T, D]
         if self.config.family.embed_scale:  # Gemma: × sqrt(hidden_size), rounded to the weights' dtype
             h = h * torch.tensor(self.config.hidden_size ** 0.5, dtype=h.dtype)
-        with _single_row(h.dtype, h.device) if ids.numel() == 1 else _NO_SWITCH:
-            for block in self.blocks[:depth]:
-                h = block(h, step)
-            if cache is not None:
-                cache.length += ids.shape[1]
-            return ForwardOutput(h, self._logits(h, vocab))
+        for block in self.blocks[:depth]:
+            h = block(h, step)
+        if cache is not None:
+            cache.length += ids.shape[1]
+        return ForwardOutput(h, self._logits(h, vocab))
 
     def _window_inputs(self, step: StepInputs, positions: Tensor, past: int, key_mask: Tensor | None,
                        layout: Layout | None) -> StepInputs:
@@ -626,17 +570,6 @@ def _embed(ids: Tensor, table: Tensor) -> Tensor:
 
         return quantized_embedding(ids, table)
     return F.embedding(ids, table)
-
-
-class _NoSwitch:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-_NO_SWITCH = _NoSwitch()
 
 
 def _positions(ids: Tensor, past: int, key_mask: Tensor | None) -> Tensor:

@@ -88,10 +88,20 @@ class ModelStore:
         with self._lock:
             if key in self._decoders:
                 return self._decoders[key]
+            if checkpoint.config.native and device.type == "cpu":
+                from ster.engine.model.kernels import mode
+
+                mode()  # a bad STER_KERNELS is refused before a weight is read
             ctx.progress("load", f"loading {checkpoint.source.model} weights at {request.precision} on {device}")
             if not checkpoint.config.native:
                 ctx.progress("load", _generic_sentence(checkpoint.config))
             decoder = load_decoder(checkpoint.source, checkpoint.config, request.precision, device)
+            if checkpoint.config.native and device.type == "cpu":
+                from ster.engine.model.kernels import choose
+
+                chosen = choose(decoder.projections(), request.precision)
+                if chosen.how == "measured":
+                    ctx.progress("load", chosen.sentence())
             self._decoders[key] = decoder
             return decoder
 

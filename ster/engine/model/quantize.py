@@ -8,7 +8,8 @@ factors, a reward head and optimizer state are f32 as at every precision; gradie
 reach a factor through the quantized projection's input (the weight is frozen), which is
 what QLoRA does.
 
-Two paths run an int8 product, chosen per call:
+Two paths run an int8 product (:mod:`ster.engine.model.kernels` times them on the machine and picks
+one per class of row count; these are the defaults):
 
 - up to eight rows that need no gradient (a decode step, a group's) go to PyTorch's own CPU
   int8-weight kernel, ``aten._weight_int8pack_mm``. Its fast path takes bf16 activations
@@ -74,21 +75,15 @@ def concatenate(weights: list[Tensor]) -> Tensor:
     return Int8Tensor(qdata, scale, [1, qdata.shape[1]], first.dtype)
 
 
-KERNEL_ROWS = 8
-"""Up to this many rows (a decode step, a sampled group's or a sweep's step), a product runs on the int8 kernel."""
-
-
-def quantized_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``x @ weight.T + bias`` for an int8 ``weight``, on the fastest path that keeps gradients correct."""
+def int8_kernel_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``x @ weight.T + bias`` for an int8 ``weight`` on PyTorch's int8-weight kernel, with ``x`` rounded to bf16
+    (the kernel's fast path; see the module's note). No gradient reaches ``x``: for rows that need no backward."""
     rows = x.numel() // x.shape[-1]
-    if rows <= KERNEL_ROWS and x.device.type == "cpu" and not (x.requires_grad and torch.is_grad_enabled()):
-        y = torch.ops.aten._weight_int8pack_mm(x.reshape(rows, -1).to(torch.bfloat16), weight.qdata,
-                                               _kernel_scale(weight))
-        y = y.view(*x.shape[:-1], y.shape[-1]).float()
-        if bias is not None:
-            y = y + bias
-        return y.to(x.dtype)
-    return torch.nn.functional.linear(x, weight, bias)
+    y = torch.ops.aten._weight_int8pack_mm(x.reshape(rows, -1).to(torch.bfloat16), weight.qdata, _kernel_scale(weight))
+    y = y.view(*x.shape[:-1], y.shape[-1]).float()
+    if bias is not None:
+        y = y + bias
+    return y.to(x.dtype)
 
 
 def quantized_embedding(ids: Tensor, table: Tensor) -> Tensor:
