@@ -111,12 +111,13 @@ def main() -> None:
     parser.add_argument("--results", type=Path, help="also write every measurement here as JSON")
     parser.add_argument("--worker", metavar="SIDE", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    from ster.engine.protocol.machine import cpu_line
-
-    print(cpu_line(), flush=True)
     if args.worker:
         print(json.dumps(WORKERS[args.worker](args.model.resolve(), args.threads, args.prompts)), flush=True)
         return
+    # the parent prints the machine; a worker may run in a peer's environment, which lacks Ster
+    from ster.engine.protocol.machine import cpu_line
+
+    print(cpu_line(), flush=True)
     sides: dict[str, tuple[str, Path | None]] = {"ster": (args.python, ROOT)}
     if args.also_ster:
         sides[f"ster@{args.also_ster}"] = (args.python, args.also_ster.resolve())

@@ -118,13 +118,14 @@ def main() -> None:
     parser.add_argument("--results", type=Path, help="also write every measurement here as JSON")
     parser.add_argument("--worker", nargs=2, metavar=("SIDE", "WHAT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    from ster.engine.protocol.machine import cpu_line
-
-    print(cpu_line(), flush=True)
     if args.worker:
         side, what = args.worker
         print(json.dumps(WORKERS[side](what, args.model.resolve(), args.threads, args.units)), flush=True)
         return
+    # the parent prints the machine; a worker may run in a peer's environment, which lacks Ster
+    from ster.engine.protocol.machine import cpu_line
+
+    print(cpu_line(), flush=True)
     objectives = [o for o in args.objectives.split(",") if o]
     sides: dict[str, tuple[str, Path | None]] = {"ster": (args.python, ROOT), "trl": (args.trl_python, None)}
     if args.also_ster:
