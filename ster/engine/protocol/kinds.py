@@ -23,11 +23,14 @@ ACTIVATIONS = "activation document"
 PAIR_SET = "pair set"
 PROMPT_SET = "prompt set"
 ADAPTER_SIDECAR = "LoRA adapter sidecar"
+CALIBRATION_STUDY = "calibration study"
+"""The trials ``ster calibrate`` has finished, kept beside its output so an interrupted run can be resumed."""
 ADAPTER = "LoRA adapter"
 """A safetensors file with an adapter sidecar beside it (the same path with ``.json``): what ``tune`` writes."""
 
 SIGNATURES: tuple[tuple[str, frozenset[str]], ...] = (
     (ARTIFACT, frozenset({"trait_name", "vectors"})),
+    (CALIBRATION_STUDY, frozenset({"identity", "trials"})),
     (ADAPTER_SIDECAR, frozenset({"rank", "targets"})),
     (ACTIVATIONS, frozenset({"hidden_size", "records"})),
     ("workspace index", frozenset({"active", "entries"})),

@@ -30,9 +30,11 @@ EXAMPLES: dict[str, str] = {
     "ster:examples": "examples.json",
     "ster:chat-examples": "chat-examples.json",
     "ster:grpo-prompts": "grpo-prompts.json",
+    "ster:neutral": "neutral.json",
 }
-"""Reserved names of the bundled example inputs, in the toy's vocabulary: the calm/alarmed pair set,
-a prompt set, supervised examples (plain and chat), and prompts for reinforcement training."""
+"""Reserved names of the bundled example inputs: in the toy's vocabulary, the calm/alarmed pair set, a prompt
+set, supervised examples (plain and chat) and prompts for reinforcement training; in English, the neutral
+set of everyday requests that the cost of an intervention is measured on."""
 
 POSITIONAL = {"gguf": "FILE.gguf", "source": "SRC", "artifact": "ARTIFACT"}
 """Path fields the CLI takes as positional arguments, named as its usage line names them."""

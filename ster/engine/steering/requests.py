@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -13,7 +14,7 @@ from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.paths import flag, same_file
 from ster.engine.protocol.requests import Request, at_least_one
 from ster.engine.steering.layers import LayerSpec
-from ster.engine.steering.strength import DEFAULT_SWEEP, Strength, parse_strengths
+from ster.engine.steering.strength import DEFAULT_KL_BUDGET, DEFAULT_SWEEP, DEFAULT_TRIALS, Strength, parse_strengths
 
 
 class GenerateRequest(SampledRequest):
@@ -134,6 +135,48 @@ class SweepRequest(SampledRequest):
                              "(3) or all as multiples of the activation norm (0.4x)")
         unit = units.pop() if units else "absolute"
         return [Strength(value=v, unit=unit) for v in sorted({value.value for value in values} | {0.0})]
+
+
+class CalibrateRequest(AdaptedRequest):
+    """``ster calibrate``: layer, method and strength per sign, searched for the strongest held-out behaviour
+    within a KL budget on a neutral prompt set."""
+
+    pairs: Path | None = None
+    """The pair set the directions are fitted on; the workspace's active set when omitted."""
+    holdout: Path | None = None
+    """Pairs to measure behaviour on; without it the last 20% of ``pairs`` are held out from fitting."""
+    neutral: Path = Path("ster:neutral")
+    """Everyday prompts the cost (KL from the unsteered model) is measured on."""
+    kl_budget: float = DEFAULT_KL_BUDGET
+    """Most mean KL (nats per token, over the continuation) a chosen strength may cost on the neutral set."""
+    trials: int = DEFAULT_TRIALS
+    """Candidates (a layer or contiguous layer range, and a method) the search measures, each at a ladder of
+    strengths of both signs."""
+    seed: int = 0
+    """Picks the neutral prompts and held-out pairs the search screens on (the final point is measured on all)."""
+    layers: str = "all"
+    output: Path
+    resume: bool = False
+    """Continue the study an interrupted run left beside ``output``."""
+    batch_size: int = 8
+
+    _layers = field_validator("layers")(lambda cls, v: _layer_spec(v))
+    _batch = field_validator("batch_size")(lambda cls, v: at_least_one(v, "--batch-size"))
+    _trials = field_validator("trials")(lambda cls, v: at_least_one(v, "--trials"))
+
+    @field_validator("kl_budget")
+    @classmethod
+    def _budget(cls, value: float) -> float:
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"--kl-budget must be a number above 0 (nats per token); got {value:g}")
+        return value
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError(f"--seed must be 0 or more; got {value}")
+        return value
 
 
 class InspectRequest(Request):

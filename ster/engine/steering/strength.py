@@ -34,6 +34,13 @@ DEFAULT_SWEEP = "-0.8x,-0.4x,-0.2x,0.2x,0.4x,0.8x"
 where steering starts, where it works, and where it breaks on SmolLM2 — relative, so the sweep scales with
 the artifact's activation norm, and a factor of two either side of the default for a model that differs."""
 
+DEFAULT_KL_BUDGET = 0.1
+"""The mean KL (nats per token over the unsteered model's own continuation of a neutral prompt) a calibrated
+strength may cost by default; see the README's calibration tables for how text reads at it and at 2x and 4x."""
+DEFAULT_TRIALS = 40
+"""Candidates ``calibrate`` measures by default: every single layer of a 30-layer model with caa, then the other
+methods at the best layers, then layer ranges around the best."""
+
 SPELLING = "a number such as 3 or a multiple of each layer's activation norm such as 0.4x"
 
 EXCESSIVE = 10.0
