@@ -161,6 +161,33 @@ def _add_sweep(commands: Any) -> None:
     _sampling_flags(parser, 48)
 
 
+def _add_calibrate(commands: Any) -> None:
+    parser = _command(commands, "calibrate", "choose layer, method and strength per sign within a KL budget",
+                      "Fit caa, pca and logistic directions on the pairs, measure each candidate (a layer or a "
+                      "contiguous range) at a ladder of strengths both ways: behaviour on held-out pairs (log "
+                      "p(positive side) - log p(negative side)) and cost on a neutral prompt set (KL from the "
+                      "unsteered model over its own continuation); choose the candidate that moves behaviour most "
+                      "within --kl-budget, show the Pareto front, and write the artifact with its calibration. "
+                      "Ctrl-C leaves a study beside --output that --resume continues.")
+    _model_flags(parser)
+    parser.add_argument("--pairs", metavar="FILE", help="pair set to fit on (default: the workspace's active set)")
+    parser.add_argument("--holdout", metavar="FILE",
+                        help="pair set to measure behaviour on (default: the last 20%% of --pairs, held out from fitting)")
+    parser.add_argument("--neutral", default="ster:neutral", metavar="FILE",
+                        help='JSON file {"prompts": [...]} of everyday requests the cost is measured on (default '
+                             'ster:neutral, 72 bundled requests)')
+    parser.add_argument("--kl-budget", default=0.1, metavar="B",
+                        help="most mean KL from the unsteered model, in nats per token, a chosen strength may cost "
+                             "(default 0.1)")
+    parser.add_argument("--trials", default=40, metavar="N", help="most candidates to measure (default 40)")
+    parser.add_argument("--seed", default=0, metavar="N",
+                        help="picks the prompts and pairs candidates are screened on (default 0)")
+    parser.add_argument("--output", required=True, metavar="FILE", help="where to write the calibrated artifact")
+    parser.add_argument("--resume", action="store_true", help="continue the study an interrupted run left")
+    _apply_adapter_flag(parser, "reading and steering")
+    _layer_flags(parser, "pairs")
+
+
 def _add_inspect(commands: Any) -> None:
     parser = _command(commands, "inspect", "validate a steering artifact and summarise it",
                       "Validate an artifact and print its summary (no vector values) without loading a model.")
@@ -431,7 +458,8 @@ def _add_request(commands: Any) -> None:
                              "tune/reward, tune/grpo, tune/merge, tune/evaluate, tune/inspect, ...")
 
 
-STEERING = (_add_train, _add_optimize, _add_evaluate, _add_generate, _add_extract, _add_sweep, _add_inspect)
+STEERING = (_add_train, _add_optimize, _add_evaluate, _add_generate, _add_extract, _add_sweep, _add_calibrate,
+            _add_inspect)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -40,6 +40,7 @@ JOBS: dict[str, tuple[str, str]] = {
     "evaluate": ("ster.engine.steering.vectors:evaluate_job", "ster.engine.steering.requests:EvaluateRequest"),
     "inspect": ("ster.engine.steering.artifact:inspect_job", "ster.engine.steering.requests:InspectRequest"),
     "sweep": ("ster.engine.steering.sweep:sweep_job", "ster.engine.steering.requests:SweepRequest"),
+    "calibrate": ("ster.engine.steering.calibrate:calibrate_job", "ster.engine.steering.requests:CalibrateRequest"),
     "pairs inspect": ("ster.engine.pairs.inspect:inspect_job", "ster.engine.pairs.requests:PairsInspectRequest"),
     "pairs add": ("ster.engine.pairs.edit:add_job", "ster.engine.pairs.requests:PairsAddRequest"),
     "pairs remove": ("ster.engine.pairs.edit:remove_job", "ster.engine.pairs.requests:PairsRemoveRequest"),

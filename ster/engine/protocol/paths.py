@@ -56,6 +56,14 @@ def example_path(value: str | Path) -> Path:
     return EXAMPLES_DIR / EXAMPLES[text]
 
 
+def bundled_name(path: Path) -> str:
+    """The reserved name of a bundled example's file, or the path as text for any other file."""
+    for name, file in EXAMPLES.items():
+        if path == EXAMPLES_DIR / file:
+            return name
+    return str(path)
+
+
 def is_path_field(annotation: Any) -> bool:
     """Whether a field holds a file path (``Path`` or ``Path | None``)."""
     return annotation is Path or Path in get_args(annotation)

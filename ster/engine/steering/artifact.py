@@ -41,6 +41,7 @@ from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import first_error, read_json, write_json
 from ster.engine.protocol.kinds import ADAPTER_SIDECAR, file_kind
+from ster.engine.steering.calibration_record import Calibration
 from ster.engine.steering.requests import (
     EvaluateRequest,
     GenerateRequest,
@@ -111,13 +112,16 @@ class SteeringArtifact(BaseModel):
     """The LoRA adapter the pairs were read through, as given to ``--adapter``; absent from the file when none."""
     metadata: dict[str, str] = {}
     vectors: list[LayerVector]
+    calibration: Calibration | None = None
+    """What ``ster calibrate`` chose and measured; absent from the file for an uncalibrated direction."""
 
     @model_serializer(mode="wrap")
     def _no_adapter_no_key(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """A direction fitted on the bare checkpoint is written exactly as before adapters existed."""
+        """A direction fitted on the bare checkpoint, or not calibrated, is written exactly as before."""
         data: dict[str, Any] = handler(self)
-        if data.get("adapter") is None:
-            data.pop("adapter", None)
+        for key in ("adapter", "calibration"):
+            if data.get(key) is None:
+                data.pop(key, None)
         return data
 
     @field_validator("model_revision", "model_fingerprint", "adapter", mode="before")
@@ -167,6 +171,8 @@ class ArtifactSummary(BaseModel):
     """The LoRA adapter the direction was fitted through, or null for the bare checkpoint."""
     metadata: dict[str, str]
     layers: list[LayerSummary]
+    calibration: Calibration | None = None
+    """What ``ster calibrate`` chose and measured (null for an uncalibrated direction)."""
 
 
 def summarize(artifact: SteeringArtifact) -> ArtifactSummary:
@@ -215,6 +221,21 @@ def _check_values(artifact: SteeringArtifact, path: Path | str) -> None:
         _check_layer(entry, path)
         _check_direction(entry, artifact.hidden_size, path)
         _check_scores(entry, path)
+    if artifact.calibration is not None:
+        _check_calibration(artifact.calibration, path)
+
+
+def _check_calibration(calibration: Calibration, path: Path | str) -> None:
+    """A calibrated strength is finite and of its sign, and a budget and a KL are numbers of at least 0."""
+    if not (math.isfinite(calibration.kl_budget) and calibration.kl_budget > 0):
+        raise Refusal(f"{path}: calibration.kl_budget {calibration.kl_budget} is not a budget; it must be above 0")
+    for sign, side in (("positive", calibration.positive), ("negative", calibration.negative)):
+        if side is None:
+            continue
+        if not math.isfinite(side.strength) or side.strength * (1 if sign == "positive" else -1) <= 0:
+            raise Refusal(f"{path}: calibration.{sign}.strength {side.strength} is not a {sign} finite strength")
+        if not (math.isfinite(side.kl) and side.kl >= 0):
+            raise Refusal(f"{path}: calibration.{sign}.kl {side.kl} is not a KL divergence; it must be at least 0")
 
 
 def _check_layer(entry: LayerVector, path: Path | str) -> None:

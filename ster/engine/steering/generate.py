@@ -69,18 +69,37 @@ def scales_for(artifact: SteeringArtifact, strength: Strength, ctx: JobContext |
     return scales
 
 
-def given_strength(request: GenerateRequest, ctx: JobContext) -> Strength:
-    """The request's strength, or ``DEFAULT_STRENGTH`` when none was given; a strength given without a
-    vector steers nothing, and says so."""
+def given_strength(request: GenerateRequest, ctx: JobContext, artifact: SteeringArtifact | None = None) -> Strength:
+    """The request's strength; when none was given, the artifact's calibrated positive strength where it has
+    one (said in a log line), else ``DEFAULT_STRENGTH``. A strength given without a vector steers nothing, and
+    says so."""
     if request.strength is not None and not request.vector:
         ctx.warn(f"--strength {request.strength} has no effect without --vector: this run is the unsteered baseline")
-    return request.strength if request.strength is not None else Strength.model_validate(DEFAULT_STRENGTH)
+    if request.strength is not None:
+        return request.strength
+    calibrated = calibrated_strength(artifact, 1)
+    if calibrated is not None and artifact is not None and artifact.calibration is not None:
+        side = artifact.calibration.positive
+        assert side is not None
+        ctx.log(f"steering at the artifact's calibrated strength {calibrated}: mean KL {side.kl:.3g} from the "
+                f"unsteered model on {artifact.calibration.neutral_prompts} neutral prompts, within its budget of "
+                f"{artifact.calibration.kl_budget:g}")
+        return calibrated
+    return Strength.model_validate(DEFAULT_STRENGTH)
+
+
+def calibrated_strength(artifact: SteeringArtifact | None, sign: int) -> Strength | None:
+    """The calibrated strength of one sign (a multiple of each layer's activation norm), or None."""
+    if artifact is None or artifact.calibration is None:
+        return None
+    side = artifact.calibration.positive if sign > 0 else artifact.calibration.negative
+    return None if side is None else Strength(value=round(side.strength, 4), unit="relative")
 
 
 def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
     checkpoint = model_store(ctx).open(request, ctx)
-    strength = given_strength(request, ctx)
     artifact = open_artifact(ctx, request.vector, checkpoint) if request.vector else None
+    strength = given_strength(request, ctx, artifact)
     scales = scales_for(artifact, strength, ctx) if artifact else None
     adapter = check_adapter(ctx, request.adapter, checkpoint)
     codec = checkpoint.codec

@@ -1,0 +1,397 @@
+"""The ``calibrate`` job: which layers, which method, and how hard per sign, measured on held-out pairs
+against what it costs on a neutral prompt set.
+
+**The search** is a staged grid, not a sampler: what a candidate's strength does is measured as a ladder
+(``LADDER``, each magnitude both ways, every rung one row of the same forward), and cost and behaviour
+both grow with the strength's magnitude, so the strength that spends the KL budget is found on the ladder
+by interpolation and then measured once more, instead of being sampled trial by trial. What remains to
+search is discrete and small: one candidate per layer (with caa), then pca and logistic at the three best
+layers, then contiguous ranges of two to five layers around the best. Every candidate is measured on the
+same screening sets (``SCREEN_PROMPTS`` neutral prompts and ``SCREEN_PAIRS`` held-out pairs, picked by
+``--seed``), and the chosen one again on the whole neutral set and every held-out pair. The plan depends
+only on the trials before it, so a study resumed after Ctrl-C ends exactly where an uninterrupted run ends.
+
+**The score** of a candidate is the behaviour it moves toward each sign at that sign's strength, summed over
+the two signs (a sign that moves behaviour the wrong way adds nothing and gets no strength).
+
+**The study** (``<output>.study.json``) holds the finished trials, written atomically after each one; it is
+removed once the artifact is written, whose ``calibration`` record keeps every trial.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ster.engine.model.adapters_open import adapted, check_adapter
+from ster.engine.model.context import encode_each, encode_pairs
+from ster.engine.model.loading import model_store
+from ster.engine.pairs.model import load_pairs
+from ster.engine.pairs.workspace import load_pairs_or_active
+from ster.engine.protocol.errors import Cancelled, Refusal
+from ster.engine.protocol.files import (
+    ARTIFACT,
+    check_output_file,
+    dumps_pretty,
+    first_error,
+    load_document,
+    read_json,
+    write_atomic,
+)
+from ster.engine.protocol.jobs import JobContext
+from ster.engine.protocol.kinds import CALIBRATION_STUDY
+from ster.engine.protocol.paths import bundled_name
+from ster.engine.steering.artifact import ArtifactSummary, SteeringArtifact, save_artifact, summarize
+from ster.engine.steering.calibration_record import Calibration, Point, Side, Trial
+from ster.engine.steering.extract import PromptSet
+from ster.engine.steering.layers import LayerSpec
+from ster.engine.steering.requests import CalibrateRequest
+
+LADDER = (0.025, 0.05, 0.1, 0.2, 0.4, 0.8)
+"""Magnitudes, in multiples of each layer's activation norm, every candidate is measured at (each both ways).
+They span 32x: SmolLM2-135M's text moves from about 0.2x and breaks at 0.8x; Gemma 3 270M's, whose norm
+massive activations inflate, breaks well below 0.4x."""
+SCREEN_PROMPTS = 16
+SCREEN_PAIRS = 12
+CONTINUATION_TOKENS = 16
+"""Tokens of the unsteered model's greedy continuation over which the mean KL is taken."""
+MAX_NEUTRAL = 1000
+BUDGET_TRIES = 3
+"""Times the chosen strengths are stepped back when the whole neutral set spends more than the budget."""
+FLUENCY_PROMPTS = 4
+FLUENCY_TOKENS = 32
+OTHER_METHODS = ("pca", "logistic")
+TOP_LAYERS = 3
+RANGES = ((0, 1), (-1, 0), (-1, 1), (-2, 2))
+"""Layer ranges tried around the best layer, as offsets of their first and last layer."""
+
+
+class FrontPoint(BaseModel):
+    layers: list[int]
+    method: str
+    strength: float
+    kl: float
+    behaviour_shift: float
+
+
+class CalibrateResult(ArtifactSummary):
+    front: list[FrontPoint]
+    """Every measured point no other point beats on both behaviour moved (its sign's way) and KL, per sign."""
+
+
+class Study(BaseModel):
+    product: str = "ster"
+    identity: dict[str, Any]
+    trials: list[Trial]
+
+
+def study_path(output: Path) -> Path:
+    return output.with_name(output.name.removesuffix(".json") + ".study.json")
+
+
+def plan_next(layers: list[int], trials: list[Trial], total: int) -> tuple[list[int], str] | None:
+    """The next candidate after ``trials``, or None when the plan is done."""
+    done = {(tuple(t.layers), t.method) for t in trials}
+    if len(trials) >= total:
+        return None
+    reserve = min(10, total // 2)
+    first = _spread(layers, max(1, min(len(layers), total - reserve)))
+    for layer in first:
+        if ((layer,), "caa") not in done:
+            return [layer], "caa"
+    singles = sorted((t for t in trials if len(t.layers) == 1), key=lambda t: -t.score)
+    best_layers: list[int] = []
+    for trial in singles:
+        if trial.layers[0] not in best_layers:
+            best_layers.append(trial.layers[0])
+    for layer in best_layers[:TOP_LAYERS]:
+        for method in OTHER_METHODS:
+            if ((layer,), method) not in done:
+                return [layer], method
+    best = max(trials, key=lambda t: t.score)
+    if len(best.layers) != 1:
+        return None
+    centre, allowed = best.layers[0], set(layers)
+    for low, high in RANGES:
+        span = list(range(centre + low, centre + high + 1))
+        if set(span) <= allowed and (tuple(span), best.method) not in done:
+            return span, best.method
+    return None
+
+
+def _spread(layers: list[int], count: int) -> list[int]:
+    if count >= len(layers):
+        return list(layers)
+    if count == 1:
+        return [layers[len(layers) // 2]]
+    return sorted({layers[round(i * (len(layers) - 1) / (count - 1))] for i in range(count)})
+
+
+def at_budget(points: list[Point], sign: int, budget: float) -> float | None:
+    """The magnitude of one sign where the mean KL reaches ``budget``, read off the ladder: walking out from 0,
+    interpolated (log KL against log strength) between the last rung within the budget and the first past it;
+    below the first rung KL grows as the square of the strength; the last rung when every rung is within it."""
+    rungs = sorted((p for p in points if p.strength * sign > 0), key=lambda p: abs(p.strength))
+    if not rungs:
+        return None
+    low = None
+    for rung in rungs:
+        if rung.kl > budget:
+            if low is None:
+                return abs(rung.strength) * math.sqrt(budget / rung.kl)
+            if low.kl <= 0:
+                return abs(low.strength)
+            slope = (math.log(abs(rung.strength)) - math.log(abs(low.strength))) / (math.log(rung.kl) - math.log(low.kl))
+            return math.exp(math.log(abs(low.strength)) + (math.log(budget) - math.log(low.kl)) * slope)
+        low = rung
+    return abs(rungs[-1].strength)
+
+
+def score(points: list[Point]) -> tuple[float | None, float | None, float]:
+    """(positive strength, negative strength, score) of a trial whose last two points are the refined strengths."""
+    base = next(p for p in points if p.strength == 0)
+    positive = max((p for p in points[-2:] if p.strength > 0), key=lambda p: p.strength, default=None)
+    negative = min((p for p in points[-2:] if p.strength < 0), key=lambda p: p.strength, default=None)
+    up = positive.behaviour - base.behaviour if positive else 0.0
+    down = base.behaviour - negative.behaviour if negative else 0.0
+    return (positive.strength if positive and up > 0 else None, negative.strength if negative and down > 0 else None,
+            max(up, 0.0) + max(down, 0.0))
+
+
+def pareto(trials: list[Trial]) -> list[FrontPoint]:
+    """Per sign, the measured points that no other point beats on both behaviour moved and KL, by KL."""
+    front: list[FrontPoint] = []
+    for sign in (1, -1):
+        points = []
+        for trial in trials:
+            base = next(p for p in trial.points if p.strength == 0)
+            for p in trial.points:
+                if p.strength * sign > 0:
+                    points.append(FrontPoint(layers=trial.layers, method=trial.method, strength=p.strength, kl=p.kl,
+                                             behaviour_shift=(p.behaviour - base.behaviour) * sign))
+        points.sort(key=lambda p: (p.kl, -p.behaviour_shift))
+        best = float("-inf")
+        for p in points:
+            if p.behaviour_shift > best:
+                front.append(p)
+                best = p.behaviour_shift
+    return front
+
+
+def _neutral(request: CalibrateRequest) -> tuple[list[str], str]:
+    document = load_document(request.neutral, PromptSet, "neutral set")
+    prompts = document.prompts
+    if len(prompts) > MAX_NEUTRAL:
+        raise Refusal(f"neutral set {request.neutral} has {len(prompts)} prompts; calibrate measures at most "
+                      f"{MAX_NEUTRAL}, so give a smaller set")
+    digest = hashlib.sha256("\n\x00".join(prompts).encode()).hexdigest()
+    return prompts, digest
+
+
+def _split(request: CalibrateRequest) -> tuple[Any, list[Any], list[Any]]:
+    path, pair_set = load_pairs_or_active(request.pairs)
+    if request.holdout is not None:
+        held = load_pairs(request.holdout).pairs
+        fit = pair_set.pairs
+    else:
+        total = len(pair_set.pairs)
+        if total < 4:
+            raise Refusal(f"calibrate needs at least 4 pairs to hold some out from fitting, or --holdout FILE; "
+                          f"pair set {path} has {total}")
+        fit_count = (total * 8) // 10
+        fit, held = pair_set.pairs[:fit_count], pair_set.pairs[fit_count:]
+    if len(fit) < 2:
+        raise Refusal(f"calibrate fits each direction on at least 2 pairs; pair set {path} leaves {len(fit)}")
+    return pair_set, fit, held
+
+
+def _identity(request: CalibrateRequest, fingerprint: str | None, digest: str) -> dict[str, Any]:
+    fields = request.model_dump(mode="json", exclude={"resume", "output", "trials"})
+    return {**fields, "fingerprint": fingerprint, "neutral_sha256": digest, "ladder": list(LADDER),
+            "screen": [SCREEN_PROMPTS, SCREEN_PAIRS, CONTINUATION_TOKENS]}
+
+
+def _open_study(path: Path, resume: bool, identity: dict[str, Any]) -> list[Trial]:
+    exists = path.exists() or path.is_symlink()
+    if not resume:
+        if exists:
+            raise Refusal(f"a calibration study from an interrupted run is at {path}: give --resume to continue it, "
+                          f"or remove it to start over")
+        return []
+    if not exists:
+        raise Refusal(f"--resume found no calibration study at {path}, which is where a run with this --output "
+                      f"leaves one")
+    try:
+        study = Study.model_validate(read_json(path, CALIBRATION_STUDY))
+    except ValidationError as exc:
+        raise Refusal(f"calibration study {path} is not in the expected shape: {first_error(exc)}") from None
+    for key, value in identity.items():
+        if study.identity.get(key) != value:
+            raise Refusal(f"calibration study {path} was started with {key} {study.identity.get(key)!r}, not "
+                          f"{value!r}; resume it with the same inputs, or remove it to start over")
+    return study.trials
+
+
+def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult:
+    pair_set, fit, held = _split(request)
+    prompts, digest = _neutral(request)
+    check_output_file(request.output, ARTIFACT, ctx.log)
+    study = study_path(request.output)
+    check_output_file(study, CALIBRATION_STUDY, what="calibration study")
+    checkpoint = model_store(ctx).open(request, ctx)
+    layers = LayerSpec.parse(request.layers).resolve(checkpoint.config.num_hidden_layers)
+    identity = _identity(request, checkpoint.fingerprint, digest)
+    trials = _open_study(study, request.resume, identity)
+    codec = checkpoint.codec
+    fit_ids = encode_pairs(codec, [(p.positive, p.negative) for p in fit], checkpoint.context)
+    held_ids = encode_pairs(codec, [(p.positive, p.negative) for p in held], checkpoint.context)
+    neutral_ids = encode_each(codec, prompts, checkpoint.context, "neutral prompt")
+    adapter = check_adapter(ctx, request.adapter, checkpoint)
+    from ster.engine.steering import calibration, fitting  # torch, once every input has been checked
+    from ster.engine.steering.measures import greedy_continuations
+    from ster.engine.steering.runs import steered_rows_decode
+    from ster.engine.model.sampling import Sampling
+
+    positives, negatives = fitting.read_pairs(ctx, checkpoint, fit_ids, layers, request.batch_size, adapter)
+    directions = calibration.Directions(layers, positives, negatives)
+    model = model_store(ctx).decoder(checkpoint, ctx)
+    rng = random.Random(request.seed)
+    screen_prompts = sorted(rng.sample(range(len(prompts)), min(SCREEN_PROMPTS, len(prompts))))
+    screen_pairs = sorted(rng.sample(range(len(held)), min(SCREEN_PAIRS, len(held))))
+    with adapted(ctx, model, adapter, checkpoint):
+        ctx.progress("calibrate", f"continuing {len(prompts)} neutral prompts unsteered, "
+                                  f"{CONTINUATION_TOKENS} tokens each")
+        continuations = greedy_continuations(model, neutral_ids, CONTINUATION_TOKENS, codec.eos_ids,
+                                             check_cancelled=ctx.check_cancelled)
+        everything = calibration.Probes(list(zip(neutral_ids, continuations)), held_ids)
+        screen = calibration.Probes([everything.neutral[i] for i in screen_prompts],
+                                    [held_ids[i] for i in screen_pairs])
+        ladder = [0.0, *[m for m in LADDER], *[-m for m in LADDER]]
+        if trials:
+            ctx.log(f"resuming the study at {study} after {len(trials)} trials")
+        try:
+            while (candidate := plan_next(layers, trials, request.trials)) is not None:
+                span, method = candidate
+                ctx.progress("calibrate", f"trial {len(trials) + 1}: {method} at {_layers(span)}, "
+                                          f"{len(ladder) - 1} strengths in one batch", len(trials) + 1, request.trials)
+                vectors = [directions.of(layer, method) for layer in span]  # type: ignore[arg-type]
+                points = calibration.measure(model, vectors, ladder, screen, ctx.check_cancelled)
+                up, down = at_budget(points, 1, request.kl_budget), at_budget(points, -1, request.kl_budget)
+                refined = [0.0, *([up] if up else []), *([-down] if down else [])]
+                points += calibration.measure(model, vectors, refined, screen, ctx.check_cancelled)[1:]
+                positive, negative, value = score(points)
+                trials.append(Trial(layers=span, method=method, points=points, positive=positive, negative=negative,
+                                    score=value))
+                _save_study(study, Study(identity=identity, trials=trials))
+                ctx.log(f"trial {len(trials)}: {method} at {_layers(span)}: score {value:.3g}, strength "
+                        f"{_shown(positive)} / {_shown(negative)} at KL budget {request.kl_budget:g}")
+        except Cancelled:
+            _stopped(trials, study)
+        best = max(trials, key=lambda t: (t.score, -trials.index(t)))
+        vectors = [directions.of(layer, best.method) for layer in best.layers]  # type: ignore[arg-type]
+        chosen = [0.0, *([best.positive] if best.positive else []), *([best.negative] if best.negative else [])]
+        ctx.progress("calibrate", f"measuring {best.method} at {_layers(best.layers)} on all {len(prompts)} neutral "
+                                  f"prompts and {len(held)} held-out pairs")
+        try:
+            final = calibration.measure(model, vectors, chosen, everything, ctx.check_cancelled)
+            for _ in range(BUDGET_TRIES):  # screened on a subset: where the whole set spends more, step back to the budget
+                over = [p for p in final[1:] if p.kl > request.kl_budget]
+                if not over:
+                    break
+                chosen = [0.0, *[p.strength * (math.sqrt(request.kl_budget / p.kl) * 0.97 if p in over else 1.0)
+                                 for p in final[1:]]]
+                final = calibration.measure(model, vectors, chosen, everything, ctx.check_cancelled)
+            chosen = [p.strength for p in final]
+            fluent_prompts = [neutral_ids[i] for i in screen_prompts[:FLUENCY_PROMPTS]]
+            by_strength: dict[float, list[list[int]]] = {s: [] for s in chosen}
+            scales = [{v.layer: s * (v.activation_norm or 0.0) for v in vectors} for s in chosen]
+            for ids in fluent_prompts:
+                generations = steered_rows_decode(model, ids, {v.layer: v.vector for v in vectors}, scales,
+                                                  max_new_tokens=FLUENCY_TOKENS, sampling=Sampling(0.0, None, 0),
+                                                  eos_ids=codec.eos_ids, on_token=lambda *a: None,
+                                                  check_cancelled=ctx.check_cancelled)
+                for s, generation in zip(chosen, generations):
+                    by_strength[s].append(generation.ids)
+            ratios = calibration.fluency(model, fluent_prompts, by_strength)
+        except Cancelled:
+            _stopped(trials, study)
+    base = final[0]
+
+    def side(point: Point | None) -> Side | None:
+        if point is None:
+            return None
+        return Side(strength=point.strength, kl=point.kl, kl_first=point.kl_first, behaviour=point.behaviour,
+                    behaviour_shift=point.behaviour - base.behaviour, preferred=point.preferred,
+                    probability=point.probability, fluency=ratios.get(point.strength))
+
+    positive_point = next((p for p in final if p.strength > 0), None)
+    negative_point = next((p for p in final if p.strength < 0), None)
+    record = Calibration(kl_budget=request.kl_budget, neutral=bundled_name(request.neutral), neutral_sha256=digest,
+                         neutral_prompts=len(prompts), continuation_tokens=CONTINUATION_TOKENS,
+                         holdout_pairs=len(held), fit_pairs=len(fit), seed=request.seed, baseline=base,
+                         positive=side(positive_point), negative=side(negative_point), trials=trials)
+    _report(ctx, record, best)
+    front = pareto(trials)
+    _report_front(ctx, front)
+    artifact = SteeringArtifact(
+        model=checkpoint.source.model, model_revision=checkpoint.source.revision,
+        model_fingerprint=checkpoint.fingerprint, trait_name=pair_set.trait_name, method=best.method,  # type: ignore[arg-type]
+        hidden_size=checkpoint.config.hidden_size, precision=checkpoint.request.precision,
+        chat_template=codec.decision, adapter=str(adapter.path) if adapter else None,
+        metadata={"selection": f"calibrated over {len(trials)} trials within a mean KL of {request.kl_budget:g} on "
+                               f"{len(prompts)} neutral prompts, behaviour measured on {len(held)} held-out pairs"},
+        vectors=vectors, calibration=record)
+    ctx.check_cancelled()
+    save_artifact(request.output, artifact)
+    study.unlink(missing_ok=True)
+    return CalibrateResult(**summarize(artifact).model_dump(), front=front)
+
+
+def _save_study(path: Path, study: Study) -> None:
+    """Write the study atomically; it does not count as the job's output, so Ctrl-C still cancels the run after it
+    (a run that stops leaves it on purpose, as a training run leaves its checkpoint)."""
+    Study.model_validate(study.model_dump())
+    write_atomic(path, dumps_pretty(study.model_dump(mode="json")), keep=True)
+
+
+def _stopped(trials: list[Trial], study: Path) -> None:
+    """Re-raise a cancellation, naming the study when trials are saved in it."""
+    if trials:
+        raise Cancelled(f"cancelled after trial {len(trials)}; the study at {study} continues it when the same "
+                        f"command is given with --resume") from None
+    raise Cancelled()
+
+
+def _report(ctx: JobContext, record: Calibration, best: Trial) -> None:
+    ctx.log(f"chosen: {best.method} at {_layers(best.layers)}; unsteered behaviour {record.baseline.behaviour:+.3f} "
+            f"(positive side preferred on {record.baseline.preferred:.0%} of {record.holdout_pairs} held-out pairs)")
+    ctx.log("| sign | strength | KL (mean) | KL (first token) | behaviour | moved | preferred | fluency |")
+    for name, side in (("+", record.positive), ("-", record.negative)):
+        if side is None:
+            ctx.log(f"| {name} | none moves behaviour its way within the budget | | | | | | |")
+            continue
+        fluency = "-" if side.fluency is None else f"{side.fluency:.2f}"
+        ctx.log(f"| {name} | {side.strength:+.3g}x | {side.kl:.3f} | {side.kl_first:.3f} | {side.behaviour:+.3f} | "
+                f"{side.behaviour_shift:+.3f} | {side.preferred:.0%} | {fluency} |")
+
+
+def _report_front(ctx: JobContext, front: list[FrontPoint]) -> None:
+    ctx.log("Pareto front on the screening sets (behaviour moved its sign's way against mean KL):")
+    ctx.log("| sign | candidate | strength | KL (mean) | behaviour moved |")
+    for point in front:
+        sign = "+" if point.strength > 0 else "-"
+        ctx.log(f"| {sign} | {point.method} at {_layers(point.layers)} | {point.strength:+.3g}x | {point.kl:.3f} | "
+                f"{point.behaviour_shift:+.3f} |")
+
+
+def _layers(span: list[int]) -> str:
+    return f"layer {span[0]}" if len(span) == 1 else f"layers {span[0]}-{span[-1]}"
+
+
+def _shown(value: float | None) -> str:
+    return "none" if value is None else f"{value:+.3g}x"

@@ -1,0 +1,100 @@
+"""The torch side of ``calibrate``: fitting every candidate's directions and measuring a ladder of strengths.
+
+:mod:`ster.engine.steering.calibrate` holds the job and the search's plan, which check every input first and
+import this module only then.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from ster.engine.model.llama import Decoder
+from ster.engine.steering.artifact import LayerVector
+from ster.engine.steering.calibration_record import Point
+from ster.engine.steering.directions import Method
+from ster.engine.steering.fitting import layer_vector
+from ster.engine.steering.measures import Rows, behaviour, kl_cost, perplexity
+
+
+@dataclass(frozen=True)
+class Probes:
+    """What a ladder is measured on: neutral prompts with the unsteered model's continuations, and held-out pairs."""
+
+    neutral: list[tuple[list[int], list[int]]]
+    pairs: list[tuple[list[int], list[int]]]
+
+
+class Directions:
+    """Per (layer, method), the direction fitted on the fitting pairs' states, fitted once and kept."""
+
+    def __init__(self, layers: list[int], positives: Tensor, negatives: Tensor) -> None:
+        self.columns = {layer: column for column, layer in enumerate(layers)}
+        self.positives, self.negatives = positives, negatives
+        self.fitted: dict[tuple[int, str], LayerVector] = {}
+
+    def of(self, layer: int, method: Method) -> LayerVector:
+        key = (layer, method)
+        if key not in self.fitted:
+            column = self.columns[layer]
+            self.fitted[key] = layer_vector(layer, method, self.positives[:, column], self.negatives[:, column])
+        return self.fitted[key]
+
+
+def measure(model: Decoder, vectors: list[LayerVector], strengths: list[float], probes: Probes,
+            check_cancelled: Callable[[], None]) -> list[Point]:
+    """Each strength (a multiple of each layer's activation norm, signed; 0 allowed) measured as one row of
+    every forward: mean KL over the neutral prompts (over the continuation and at its first position) and
+    behaviour over the pairs."""
+    directions = {v.layer: v.vector for v in vectors}
+    scales = [{v.layer: s * (v.activation_norm or 0.0) for v in vectors} for s in strengths]
+    rows = Rows.of(model, directions, scales)
+    assert strengths[0] == 0, "a ladder starts at 0: the row every KL is measured from"
+    kl = [0.0] * len(strengths)
+    first = [0.0] * len(strengths)
+    for prompt, continuation in probes.neutral:
+        check_cancelled()
+        cost = kl_cost(model, prompt, continuation, rows)
+        kl = [a + b for a, b in zip(kl, cost.mean)]
+        first = [a + b for a, b in zip(first, cost.first)]
+    gaps: list[list[float]] = [[] for _ in strengths]
+    for positive, negative in probes.pairs:
+        check_cancelled()
+        for row, gap in enumerate(behaviour(model, positive, negative, rows)):
+            gaps[row].append(gap)
+    n = max(len(probes.neutral), 1)
+    return [Point(strength=s, kl=kl[i] / n, kl_first=first[i] / n, behaviour=_mean(gaps[i]),
+                  preferred=sum(g > 0 for g in gaps[i]) / max(len(gaps[i]), 1),
+                  probability=_mean([_sigmoid(g) for g in gaps[i]]))
+            for i, s in enumerate(strengths)]
+
+
+def fluency(model: Decoder, prompts: list[list[int]], texts: dict[float, list[list[int]]]) -> dict[float, float | None]:
+    """Per strength, the unsteered model's perplexity of its texts (token-weighted over the prompts) over that of
+    the strength-0 texts; None where a strength's texts are all empty."""
+    def nll(generated: list[list[int]]) -> float | None:
+        total = count = 0.0
+        for prompt, text in zip(prompts, generated):
+            value = perplexity(model, prompt, text)
+            if value is not None:
+                total += math.log(value) * len(text)
+                count += len(text)
+        return total / count if count else None
+
+    base = nll(texts[0.0])
+    ratios: dict[float, float | None] = {}
+    for strength, generated in texts.items():
+        value = nll(generated)
+        ratios[strength] = None if value is None or base is None else math.exp(value - base)
+    return ratios
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+def _mean(values: list[float]) -> float:
+    return math.fsum(values) / len(values) if values else 0.0

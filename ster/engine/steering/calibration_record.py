@@ -1,0 +1,82 @@
+"""What ``ster calibrate`` measured, as the artifact records it and as its study keeps it between runs.
+
+Strengths here are signed multiples of each layer's activation norm (the relative unit, ``0.2x``). KL is
+in nats: KL(unsteered ‖ steered) of the next-token distribution, as the mean over the positions of the
+unsteered model's own greedy continuation of each neutral prompt (``kl``) and at the first of them
+(``kl_first``), averaged over the prompts. Behaviour is the mean over held-out pairs of log p(positive side)
+− log p(negative side) after the pair's shared prompt (see :mod:`ster.engine.steering.measures`).
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Point(BaseModel):
+    """One strength of one candidate, measured."""
+
+    model_config = ConfigDict(extra="forbid")
+    strength: float
+    kl: float
+    kl_first: float
+    behaviour: float
+    preferred: float
+    """Share of the held-out pairs whose positive side is the likelier."""
+    probability: float
+    """Mean over pairs of sigmoid(gap): the probability of the positive side between the two."""
+
+
+class Trial(BaseModel):
+    """One candidate: a layer or a contiguous range of layers and a method, measured at a ladder of strengths
+    of both signs, and the strength per sign that meets the KL budget."""
+
+    model_config = ConfigDict(extra="forbid")
+    layers: list[int]
+    method: str
+    points: list[Point]
+    """The ladder, 0 first, then the refined strength of each sign."""
+    positive: float | None
+    """The positive strength at the budget (null when the direction moves behaviour the wrong way there)."""
+    negative: float | None
+    score: float
+    """Behaviour moved toward each sign at its strength, summed over the two signs (its own way only)."""
+
+
+class Side(BaseModel):
+    """The chosen strength of one sign, measured on the whole neutral set and every held-out pair."""
+
+    model_config = ConfigDict(extra="forbid")
+    strength: float
+    kl: float
+    kl_first: float
+    behaviour: float
+    behaviour_shift: float
+    """``behaviour`` minus the unsteered model's: positive is toward the pairs' positive side."""
+    preferred: float
+    probability: float
+    fluency: float | None
+    """The unsteered model's perplexity of the steered texts over its perplexity of the unsteered ones."""
+    judge: float | None = None
+    """An offline judge's mean p(yes) for the trait on the steered texts (null when no judge was run)."""
+
+
+class Calibration(BaseModel):
+    """The record a calibrated artifact carries: what was chosen, how it measured, and every trial."""
+
+    model_config = ConfigDict(extra="forbid")
+    kl_budget: float
+    unit: str = "relative"
+    neutral: str
+    neutral_sha256: str
+    neutral_prompts: int
+    continuation_tokens: int
+    holdout_pairs: int
+    fit_pairs: int
+    seed: int
+    baseline: Point
+    """The unsteered model on the same sets (strength 0)."""
+    positive: Side | None
+    negative: Side | None
+    trials: list[Trial]
