@@ -48,6 +48,7 @@ VALUES: dict[str, list[str]] = {
     "--targets": ["nope", "", ",", "q,zz"],
     "--loss": ["kto", "DPO", ""],
     "--group": [*WHOLE, "1"], "--iterations": WHOLE,
+    "--kl-budget": [*FINITE, "0", "-0.1"], "--trials": WHOLE,
 }
 """Each flag whose value the request model checks, and values it must refuse."""
 
@@ -73,7 +74,7 @@ FREE_TEXT = {"--prompt", "--positive", "--negative", "--trait", "--trait-name", 
 """Flags whose value is text with nothing to check (a route is checked only when it is used)."""
 
 PATHS = {"--model", "--pairs", "--vector", "--input", "--output", "--prompts", "--import-pairs", "artifact", "gguf",
-         "source", "--examples", "--adapter", "adapter", "--reward"}
+         "source", "--examples", "--adapter", "adapter", "--reward", "--neutral", "--holdout"}
 """Flags that name a file or model; the job refuses a bad one (tested in ``test_a_bad_path_is_refused``)."""
 
 FRONT_END = {"--host", "--port", "--token-file", "--root", "--server", "operation"}
@@ -88,6 +89,7 @@ BASE = {
     "extract": ["--model", "ster:toy", "--input", "{tmp}/missing.json", "--output", "{tmp}/out.json"],
     "sweep": ["--model", "ster:toy", "--vector", "{tmp}/missing.json", "--prompts", "{tmp}/missing.json",
               "--strengths=1"],
+    "calibrate": ["--model", "ster:toy", "--output", "{tmp}/out.json"],
     "pairs inspect": ["--pairs", "{tmp}/missing.json"],
     "pairs remove": ["--pairs", "{tmp}/missing.json", "--index", "0"],
     "pairs synthesize": ["--trait", "x", "--count", "1", "--output", "{tmp}/out.json", "--model", "ster:toy"],

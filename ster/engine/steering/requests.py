@@ -12,7 +12,7 @@ from ster.engine.model.adapter import sidecar_path
 from ster.engine.model.requests import ModelRequest, SampledRequest
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.paths import flag, same_file
-from ster.engine.protocol.requests import Request, at_least_one
+from ster.engine.protocol.requests import Request, at_least_one, seed
 from ster.engine.steering.layers import LayerSpec
 from ster.engine.steering.strength import DEFAULT_KL_BUDGET, DEFAULT_SWEEP, DEFAULT_TRIALS, Strength, parse_strengths
 
@@ -171,12 +171,7 @@ class CalibrateRequest(AdaptedRequest):
             raise ValueError(f"--kl-budget must be a number above 0 (nats per token); got {value:g}")
         return value
 
-    @field_validator("seed")
-    @classmethod
-    def _seed(cls, value: int) -> int:
-        if value < 0:
-            raise ValueError(f"--seed must be 0 or more; got {value}")
-        return value
+    _seed = field_validator("seed")(lambda cls, v: seed(v))
 
 
 class InspectRequest(Request):
