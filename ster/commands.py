@@ -184,6 +184,12 @@ def _add_calibrate(commands: Any) -> None:
                         help="picks the prompts and pairs candidates are screened on (default 0)")
     parser.add_argument("--output", required=True, metavar="FILE", help="where to write the calibrated artifact")
     parser.add_argument("--resume", action="store_true", help="continue the study an interrupted run left")
+    parser.add_argument("--judge", metavar="MODEL",
+                        help="a local instruct model asked whether each answer shows the trait, read as p(yes); "
+                             "none runs no judge (default: the model itself when it has a chat template)")
+    parser.add_argument("--judge-question", metavar="TEXT",
+                        help="the judge's question, with {text} where the answer goes and {trait} for the pair "
+                             "set's trait (default: asks whether the reply is {trait})")
     _apply_adapter_flag(parser, "reading and steering")
     _layer_flags(parser, "pairs")
 

@@ -114,8 +114,8 @@ class Root(confine.Root):
             if not isinstance(raw, str | os.PathLike) or not os.fspath(raw).strip():
                 continue  # absent, blank (none) or not text: the request model says what is wrong
             text = os.fspath(raw)
-            if name == "model":
-                self._model(text)
+            if name == "model" or name == "judge" and text != "none":  # a judge is a model too
+                self._model(text, flag(name))
             elif name == "reward" and text != "length" or is_path_field(info.annotation):
                 if text in EXAMPLES and name not in getattr(kind, "outputs", ()):
                     continue  # a bundled example, read from Ster's own read-only data
@@ -131,10 +131,10 @@ class Root(confine.Root):
                 os.close(fd)
         return walked
 
-    def _model(self, text: str) -> None:
+    def _model(self, text: str, what: str = "--model") -> None:
         if text in RESERVED_MODELS:
             return
-        walked = self._inside(text, "--model")
+        walked = self._inside(text, what)
         if walked.fd is None or not stat.S_ISDIR(walked.mode):
-            raise WireRefusal(f"--model {text} is not a checkpoint directory inside the server's root "
+            raise WireRefusal(f"{what} {text} is not a checkpoint directory inside the server's root "
                               f"{self.path}; with --root a model is a directory inside it or a bundled ster: name")

@@ -70,11 +70,11 @@ MENTIONS = {"--layers": ("--layers", "layer range"), "--generator": ('unknown ge
 """What a refusal of the flag starts with, where it is not the flag itself."""
 
 FREE_TEXT = {"--prompt", "--positive", "--negative", "--trait", "--trait-name", "--opposite", "--name",
-             "--revision", "--generator-model", "id", "--base-model"}
+             "--revision", "--generator-model", "id", "--base-model", "--judge-question"}
 """Flags whose value is text with nothing to check (a route is checked only when it is used)."""
 
 PATHS = {"--model", "--pairs", "--vector", "--input", "--output", "--prompts", "--import-pairs", "artifact", "gguf",
-         "source", "--examples", "--adapter", "adapter", "--reward", "--neutral", "--holdout"}
+         "source", "--examples", "--adapter", "adapter", "--reward", "--neutral", "--holdout", "--judge"}
 """Flags that name a file or model; the job refuses a bad one (tested in ``test_a_bad_path_is_refused``)."""
 
 FRONT_END = {"--host", "--port", "--token-file", "--root", "--server", "operation"}

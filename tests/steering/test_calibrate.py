@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ster.engine.steering.calibrate import at_budget, pareto, plan_next, study_path
+from ster.engine.steering.calibrate import at_budget, behaviour_at, pareto, plan_next, score, study_path
 from ster.engine.steering.calibration_record import Point, Trial
 from tests.protocol.test_interrupt import spawn
 
@@ -71,6 +71,16 @@ def test_the_budget_is_read_off_the_ladder() -> None:
     assert at_budget(ladder, 1, 1.0) == 0.4  # every rung within the budget: the last rung
     assert at_budget(ladder, -1, 0.005) == pytest.approx(0.1 * 0.5)  # below the first rung: KL ∝ s²
     assert at_budget([point(0, 0)], 1, 0.1) is None
+
+
+def test_a_trial_scores_the_behaviour_each_sign_moves_at_its_budget() -> None:
+    ladder = [point(0, 0, 1.0), point(0.1, 0.01, 1.5), point(0.2, 0.04, 2.5), point(-0.1, 0.01, 1.2),
+              point(-0.2, 0.04, 1.4)]
+    assert behaviour_at(ladder, 0.15) == pytest.approx(2.0)
+    assert behaviour_at(ladder, 0.05) == pytest.approx(1.25)
+    positive, negative, value = score(ladder, 0.04)
+    assert positive == pytest.approx(0.2) and negative is None  # the negative side moved behaviour up, not down
+    assert value == pytest.approx(1.5)
 
 
 def test_the_front_keeps_only_points_nothing_beats_on_both_measures() -> None:

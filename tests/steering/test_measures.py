@@ -19,7 +19,8 @@ from ster.engine.steering.measures import (
     greedy_continuations,
     kl_cost,
     perplexity,
-    unsteered_log_probs,
+    behaviours,
+    kl_costs,
 )
 from tests.model.test_families import build, text_layers
 
@@ -65,11 +66,13 @@ def direction(width: int, seed: int) -> list[float]:
     return (vector / vector.norm()).tolist()
 
 
-def test_kl_and_behaviour_equal_transformers_with_a_hook(pair_of_models) -> None:
+@pytest.mark.parametrize("first", [0, 1])
+def test_kl_and_behaviour_equal_transformers_with_a_hook(pair_of_models, first: int) -> None:
+    """Steered from block 0, and from block 1 on (where the rows share block 0, run once)."""
     reference, decoder = pair_of_models
     width, count = decoder.config.hidden_size, len(decoder.blocks)
-    vectors = {0: direction(width, 1), count - 1: direction(width, 2)}
-    scales = [{}, {0: 2.0, count - 1: -1.5}, {0: -4.0, count - 1: 3.0}]  # row 0 unsteered
+    vectors = {first: direction(width, 1), count - 1: direction(width, 2)}
+    scales = [{}, {first: 2.0, count - 1: -1.5}, {first: -4.0, count - 1: 3.0}]  # row 0 unsteered
     rows = Rows.of(decoder, vectors, scales)
     prompt, continuation = [1, 14, 20, 33, 41], [52, 60, 71, 2]
 
@@ -82,8 +85,6 @@ def test_kl_and_behaviour_equal_transformers_with_a_hook(pair_of_models) -> None
         assert abs(cost.first[r] - float(kl[0])) <= TOLERANCE
         assert abs(cost.mean[r] - float(kl.mean())) <= TOLERANCE
     assert cost.first[0] == 0.0 and cost.mean[0] == 0.0 and cost.mean[1] > 0.0
-    again = kl_cost(decoder, prompt, continuation, rows, reference=[unsteered_log_probs(decoder, prompt, continuation)])
-    assert again.mean == pytest.approx(cost.mean, abs=TOLERANCE)  # batch 1 against 3: rounding only
 
     positive, negative = [1, 14, 20, 33, 41, 52], [1, 14, 20, 60, 71, 80, 90]  # a shared prompt of 3 ids
     gaps = behaviour(decoder, positive, negative, rows)
@@ -93,6 +94,22 @@ def test_kl_and_behaviour_equal_transformers_with_a_hook(pair_of_models) -> None
         want = (sum(float(pos[i - 1, positive[i]]) for i in range(3, len(positive)))
                 - sum(float(neg[i - 1, negative[i]]) for i in range(3, len(negative))))
         assert abs(gaps[r] - want) <= TOLERANCE
+
+
+def test_packed_prompts_and_pairs_measure_as_each_alone(pair_of_models) -> None:
+    """Several prompts (and pairs) in one packed row, sharing their common prefix, give each one's measures."""
+    reference, decoder = pair_of_models
+    width, count = decoder.config.hidden_size, len(decoder.blocks)
+    rows = Rows.of(decoder, {1: direction(width, 3)}, [{}, {1: 2.5}, {1: -3.0}])
+    items = [([1, 14, 20, 33], [41, 52, 2]), ([1, 14, 20, 60, 71], [80]), ([1, 14, 5], [9, 13, 17, 21])]
+    together = kl_costs(decoder, items, rows)
+    for (prompt, continuation), cost in zip(items, together, strict=True):
+        alone = kl_cost(decoder, prompt, continuation, rows)
+        assert cost.mean == pytest.approx(alone.mean, abs=TOLERANCE)
+        assert cost.first == pytest.approx(alone.first, abs=TOLERANCE)
+    pairs = [([1, 14, 20, 33, 41], [1, 14, 20, 60]), ([1, 14, 7, 8], [1, 14, 7, 9, 10]), ([1, 5, 6], [1, 5, 7])]
+    for pair, gaps in zip(pairs, behaviours(decoder, pairs, rows), strict=True):
+        assert gaps == pytest.approx(behaviour(decoder, *pair, rows), abs=TOLERANCE)
 
 
 def test_a_pair_with_no_shared_prompt_is_scored_from_each_sides_second_token(pair_of_models) -> None:

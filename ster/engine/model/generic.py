@@ -144,8 +144,10 @@ class GenericDecoder(nn.Module):
         vocab: Vocab = "last",
         layout: Layout | None = None,
         adapters: bool = True,
+        start: tuple[int, Tensor] | None = None,
     ) -> ForwardOutput:
-        """As :meth:`ster.engine.model.llama.Decoder.forward`."""
+        """As :meth:`ster.engine.model.llama.Decoder.forward`; ``start`` is only a saving there, so transformers'
+        model, which cannot begin at a block, runs every block again and gives the same stream."""
         count = len(self.blocks)
         depth = count if depth is None else depth
         if depth < count and vocab != "none":

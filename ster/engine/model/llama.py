@@ -459,6 +459,7 @@ class Decoder(nn.Module):
         vocab: Vocab = "last",
         layout: Layout | None = None,
         adapters: bool = True,
+        start: tuple[int, Tensor] | None = None,
     ) -> ForwardOutput:
         """Run ``ids`` [B, T] through the first ``depth`` blocks (all by default).
 
@@ -467,6 +468,8 @@ class Decoder(nn.Module):
         ``none`` when ``depth`` stops early. ``layout`` replaces the positions and the
         causal mask for a packed forward (no cache). ``adapters`` False skips every attached
         LoRA update for this forward: the frozen base, which is DPO's reference, with no second copy.
+        ``start`` (block, hidden [B, T, D]) resumes at that block from the stream a forward of the same
+        ids stopped before it (``depth=block``), so rows that differ only from that block on share the rest.
         """
         assert self.rotary is not None, "call prepare() after loading weights"
         depth = len(self.blocks) if depth is None else depth
@@ -482,10 +485,14 @@ class Decoder(nn.Module):
         step = StepInputs(cos, sin, mask, causal, cache, adapters)
         if self.config.sliding_window is not None:
             step = replace(step, local=self._window_inputs(step, positions, past, key_mask, layout))
-        h = _embed(ids, self.model.embed_tokens.weight)  # [B, T, D]
-        if self.config.family.embed_scale:  # Gemma: × sqrt(hidden_size), rounded to the weights' dtype
-            h = h * torch.tensor(self.config.hidden_size ** 0.5, dtype=h.dtype)
-        for block in self.blocks[:depth]:
+        if start is None:
+            first = 0
+            h = _embed(ids, self.model.embed_tokens.weight)  # [B, T, D]
+            if self.config.family.embed_scale:  # Gemma: × sqrt(hidden_size), rounded to the weights' dtype
+                h = h * torch.tensor(self.config.hidden_size ** 0.5, dtype=h.dtype)
+        else:
+            first, h = start
+        for block in self.blocks[first:depth]:
             h = block(h, step)
         if cache is not None:
             cache.length += ids.shape[1]

@@ -49,22 +49,28 @@ from ster.engine.protocol.paths import bundled_name
 from ster.engine.steering.artifact import ArtifactSummary, SteeringArtifact, save_artifact, summarize
 from ster.engine.steering.calibration_record import Calibration, Point, Side, Trial
 from ster.engine.steering.extract import PromptSet
+from ster.engine.steering.judge import question_for
 from ster.engine.steering.layers import LayerSpec
 from ster.engine.steering.requests import CalibrateRequest
 
-LADDER = (0.025, 0.05, 0.1, 0.2, 0.4, 0.8)
-"""Magnitudes, in multiples of each layer's activation norm, every candidate is measured at (each both ways).
-They span 32x: SmolLM2-135M's text moves from about 0.2x and breaks at 0.8x; Gemma 3 270M's, whose norm
-massive activations inflate, breaks well below 0.4x."""
-SCREEN_PROMPTS = 16
-SCREEN_PAIRS = 12
+LADDER = (0.05, 0.15, 0.45)
+"""Magnitudes, in multiples of each layer's activation norm, every candidate is measured at (each both ways):
+seven rows of one forward with strength 0. KL grows smoothly with the strength (as its square near 0), so
+the budget's strength is interpolated between rungs a factor of 3 apart. SmolLM2-135M's text moves from
+about 0.2x and breaks at 0.8x; Gemma 3 270M's, whose norm massive activations inflate, breaks well below
+0.4x."""
+SCREEN_PROMPTS = 8
+SCREEN_PAIRS = 6
 CONTINUATION_TOKENS = 16
 """Tokens of the unsteered model's greedy continuation over which the mean KL is taken."""
 MAX_NEUTRAL = 1000
 BUDGET_TRIES = 3
 """Times the chosen strengths are stepped back when the whole neutral set spends more than the budget."""
-FLUENCY_PROMPTS = 4
-FLUENCY_TOKENS = 32
+GENERATION_PROMPTS = 6
+"""Held-out questions answered at 0 and at each chosen strength (fluency, the judge, an example)."""
+FLUENCY_TOKENS = 48
+JUDGE_CHECK_PAIRS = 24
+"""Held-out pairs whose own answers the judge is checked on."""
 OTHER_METHODS = ("pca", "logistic")
 TOP_LAYERS = 3
 RANGES = ((0, 1), (-1, 0), (-1, 1), (-2, 2))
@@ -152,15 +158,26 @@ def at_budget(points: list[Point], sign: int, budget: float) -> float | None:
     return abs(rungs[-1].strength)
 
 
-def score(points: list[Point]) -> tuple[float | None, float | None, float]:
-    """(positive strength, negative strength, score) of a trial whose last two points are the refined strengths."""
-    base = next(p for p in points if p.strength == 0)
-    positive = max((p for p in points[-2:] if p.strength > 0), key=lambda p: p.strength, default=None)
-    negative = min((p for p in points[-2:] if p.strength < 0), key=lambda p: p.strength, default=None)
-    up = positive.behaviour - base.behaviour if positive else 0.0
-    down = base.behaviour - negative.behaviour if negative else 0.0
-    return (positive.strength if positive and up > 0 else None, negative.strength if negative and down > 0 else None,
-            max(up, 0.0) + max(down, 0.0))
+def behaviour_at(points: list[Point], strength: float) -> float:
+    """Behaviour at a signed strength, linear between the ladder's rungs on its side (0 included)."""
+    sign = 1 if strength > 0 else -1
+    rungs = sorted((p for p in points if p.strength * sign >= 0), key=lambda p: abs(p.strength))
+    for low, high in zip(rungs, rungs[1:]):
+        if abs(high.strength) >= abs(strength):
+            share = (abs(strength) - abs(low.strength)) / (abs(high.strength) - abs(low.strength))
+            return low.behaviour + share * (high.behaviour - low.behaviour)
+    return rungs[-1].behaviour
+
+
+def score(points: list[Point], budget: float) -> tuple[float | None, float | None, float]:
+    """(positive strength, negative strength, score) of a measured ladder: each sign's strength at the budget
+    and the behaviour it moves that sign's way, read off the ladder; a sign that moves it the wrong way is None."""
+    base = next(p for p in points if p.strength == 0).behaviour
+    up, down = at_budget(points, 1, budget), at_budget(points, -1, budget)
+    moved_up = behaviour_at(points, up) - base if up else 0.0
+    moved_down = base - behaviour_at(points, -down) if down else 0.0
+    return (up if up and moved_up > 0 else None, -down if down and moved_down > 0 else None,
+            max(moved_up, 0.0) + max(moved_down, 0.0))
 
 
 def pareto(trials: list[Trial]) -> list[FrontPoint]:
@@ -210,6 +227,37 @@ def _split(request: CalibrateRequest) -> tuple[Any, list[Any], list[Any]]:
     return pair_set, fit, held
 
 
+def answered_pairs(codec: Any, pairs: list[Any], context: int) -> tuple[list[tuple[list[int], list[int]]],
+                                                                        list[tuple[list[int], str, str]]]:
+    """Each held-out pair as two answers to the question they share: the text both sides begin with (cut back
+    to a space or a line break) is the prompt, a user turn where the model has a chat template, and the rest
+    of each side is its answer, the assistant's turn. A pair whose sides share no such text is read as
+    fitting reads it (each side a whole user turn), and then scored from each side's second token. Also, per
+    pair with a shared prompt, the prompt's ids and the two answers' texts (the questions generation answers)."""
+    from ster.engine.tune.encoding import prompt_and_answer
+
+    out, questions = [], []
+    for index, pair in enumerate(pairs):
+        pos, neg = pair.positive, pair.negative
+        common = 0
+        while common < min(len(pos), len(neg)) and pos[common] == neg[common]:
+            common += 1
+        cut = max(pos.rfind(" ", 0, common + 1), pos.rfind("\n", 0, common + 1))
+        prompt = pos[:cut].rstrip() if cut > 0 else ""
+        if not prompt or not pos[cut:].strip() or not neg[cut:].strip():
+            out.append(encode_pairs(codec, [(pos, neg)], context)[0])
+            continue
+        head, positive = prompt_and_answer(codec, prompt, pos[cut:].strip())
+        _, negative = prompt_and_answer(codec, prompt, neg[cut:].strip())
+        for side, ids in (("positive", positive), ("negative", negative)):
+            if len(head) + len(ids) > context:
+                raise Refusal(f"held-out pair {index}'s {side} side is {len(head) + len(ids)} tokens with its "
+                              f"prompt, more than the model's context of {context} tokens")
+        out.append((head + positive, head + negative))
+        questions.append((head, pos[cut:].strip(), neg[cut:].strip()))
+    return out, questions
+
+
 def _identity(request: CalibrateRequest, fingerprint: str | None, digest: str) -> dict[str, Any]:
     fields = request.model_dump(mode="json", exclude={"resume", "output", "trials"})
     return {**fields, "fingerprint": fingerprint, "neutral_sha256": digest, "ladder": list(LADDER),
@@ -249,7 +297,8 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
     trials = _open_study(study, request.resume, identity)
     codec = checkpoint.codec
     fit_ids = encode_pairs(codec, [(p.positive, p.negative) for p in fit], checkpoint.context)
-    held_ids = encode_pairs(codec, [(p.positive, p.negative) for p in held], checkpoint.context)
+    held_ids, questions = answered_pairs(codec, held, checkpoint.context)
+    judge_checkpoint, question = _judge(ctx, request, checkpoint, pair_set.trait_name)
     neutral_ids = encode_each(codec, prompts, checkpoint.context, "neutral prompt")
     adapter = check_adapter(ctx, request.adapter, checkpoint)
     from ster.engine.steering import calibration, fitting  # torch, once every input has been checked
@@ -281,10 +330,7 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
                                           f"{len(ladder) - 1} strengths in one batch", len(trials) + 1, request.trials)
                 vectors = [directions.of(layer, method) for layer in span]  # type: ignore[arg-type]
                 points = calibration.measure(model, vectors, ladder, screen, ctx.check_cancelled)
-                up, down = at_budget(points, 1, request.kl_budget), at_budget(points, -1, request.kl_budget)
-                refined = [0.0, *([up] if up else []), *([-down] if down else [])]
-                points += calibration.measure(model, vectors, refined, screen, ctx.check_cancelled)[1:]
-                positive, negative, value = score(points)
+                positive, negative, value = score(points, request.kl_budget)
                 trials.append(Trial(layers=span, method=method, points=points, positive=positive, negative=negative,
                                     score=value))
                 _save_study(study, Study(identity=identity, trials=trials))
@@ -307,17 +353,42 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
                                  for p in final[1:]]]
                 final = calibration.measure(model, vectors, chosen, everything, ctx.check_cancelled)
             chosen = [p.strength for p in final]
-            fluent_prompts = [neutral_ids[i] for i in screen_prompts[:FLUENCY_PROMPTS]]
+            asked = [questions[i] for i in sorted(rng.sample(range(len(questions)),
+                                                             min(GENERATION_PROMPTS, len(questions))))]
+            heads = [head for head, _, _ in asked]
             by_strength: dict[float, list[list[int]]] = {s: [] for s in chosen}
             scales = [{v.layer: s * (v.activation_norm or 0.0) for v in vectors} for s in chosen]
-            for ids in fluent_prompts:
+            for ids in heads:
+                ctx.check_cancelled()
                 generations = steered_rows_decode(model, ids, {v.layer: v.vector for v in vectors}, scales,
                                                   max_new_tokens=FLUENCY_TOKENS, sampling=Sampling(0.0, None, 0),
                                                   eos_ids=codec.eos_ids, on_token=lambda *a: None,
                                                   check_cancelled=ctx.check_cancelled)
                 for s, generation in zip(chosen, generations):
                     by_strength[s].append(generation.ids)
-            ratios = calibration.fluency(model, fluent_prompts, by_strength)
+            ratios = calibration.fluency(model, heads, by_strength) if heads else {}
+            texts = {s: [codec.decode(ids) for ids in generated] for s, generated in by_strength.items()}
+        except Cancelled:
+            _stopped(trials, study)
+    judged: dict[float, float | None] = {s: None for s in chosen}
+    agreement = None
+    if judge_checkpoint is not None and question is not None and asked:
+        from ster.engine.steering.judge import judge_texts
+
+        judge_model = model_store(ctx).decoder(judge_checkpoint, ctx)
+        ctx.progress("judge", f"asking {judge_checkpoint.source.model} whether each answer is "
+                              f"{pair_set.trait_name or 'the trait'}")
+        try:
+            for s, answers in texts.items():
+                ctx.check_cancelled()
+                scores = judge_texts(judge_model, judge_checkpoint.codec, answers, pair_set.trait_name, question)
+                judged[s] = sum(scores) / len(scores)
+            known = questions[:JUDGE_CHECK_PAIRS]
+            positives = judge_texts(judge_model, judge_checkpoint.codec, [p for _, p, _ in known], pair_set.trait_name,
+                                    question)
+            negatives = judge_texts(judge_model, judge_checkpoint.codec, [n for _, _, n in known], pair_set.trait_name,
+                                    question)
+            agreement = sum(a > b for a, b in zip(positives, negatives)) / len(known)
         except Cancelled:
             _stopped(trials, study)
     base = final[0]
@@ -327,14 +398,19 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
             return None
         return Side(strength=point.strength, kl=point.kl, kl_first=point.kl_first, behaviour=point.behaviour,
                     behaviour_shift=point.behaviour - base.behaviour, preferred=point.preferred,
-                    probability=point.probability, fluency=ratios.get(point.strength))
+                    probability=point.probability, fluency=ratios.get(point.strength),
+                    judge=judged.get(point.strength), example=_first(texts.get(point.strength)))
 
     positive_point = next((p for p in final if p.strength > 0), None)
     negative_point = next((p for p in final if p.strength < 0), None)
     record = Calibration(kl_budget=request.kl_budget, neutral=bundled_name(request.neutral), neutral_sha256=digest,
                          neutral_prompts=len(prompts), continuation_tokens=CONTINUATION_TOKENS,
                          holdout_pairs=len(held), fit_pairs=len(fit), seed=request.seed, baseline=base,
-                         positive=side(positive_point), negative=side(negative_point), trials=trials)
+                         positive=side(positive_point), negative=side(negative_point), trials=trials,
+                         baseline_judge=judged.get(0.0), baseline_example=_first(texts.get(0.0)),
+                         judge=judge_checkpoint.source.model if judge_checkpoint and question else None,
+                         judge_question=question if judge_checkpoint else None, judge_agreement=agreement,
+                         generation_prompts=len(asked))
     _report(ctx, record, best)
     front = pareto(trials)
     _report_front(ctx, front)
@@ -350,6 +426,31 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
     save_artifact(request.output, artifact)
     study.unlink(missing_ok=True)
     return CalibrateResult(**summarize(artifact).model_dump(), front=front)
+
+
+def _judge(ctx: JobContext, request: CalibrateRequest, checkpoint: Any, trait: str) -> tuple[Any, str | None]:
+    """The judge's checkpoint (opened, not loaded) and its question, or (None, None) for no judge."""
+    if request.judge == "none":
+        return None, None
+    if request.judge is None:
+        if checkpoint.codec.decision != "applied":
+            ctx.log("no judge: this model has no chat template, so it is not asked about its own answers; give "
+                    "--judge MODEL to name an instruct model")
+            return None, None
+        question = question_for(trait, request.judge_question)
+        return checkpoint, question
+    question = question_for(trait, request.judge_question)
+    from ster.engine.model.requests import ModelRequest
+
+    judged = model_store(ctx).open(ModelRequest(model=request.judge, precision=request.precision,
+                                                device=request.device), ctx)
+    if judged.codec.decision != "applied":
+        ctx.warn(f"judge {request.judge} has no chat template, so its question is asked as raw text")
+    return judged, question
+
+
+def _first(values: list[str] | None) -> str | None:
+    return values[0] if values else None
 
 
 def _save_study(path: Path, study: Study) -> None:

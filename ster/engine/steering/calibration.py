@@ -17,7 +17,7 @@ from ster.engine.steering.artifact import LayerVector
 from ster.engine.steering.calibration_record import Point
 from ster.engine.steering.directions import Method
 from ster.engine.steering.fitting import layer_vector
-from ster.engine.steering.measures import Rows, behaviour, kl_cost, perplexity
+from ster.engine.steering.measures import Rows, behaviours, kl_costs, perplexity
 
 
 @dataclass(frozen=True)
@@ -55,15 +55,12 @@ def measure(model: Decoder, vectors: list[LayerVector], strengths: list[float], 
     assert strengths[0] == 0, "a ladder starts at 0: the row every KL is measured from"
     kl = [0.0] * len(strengths)
     first = [0.0] * len(strengths)
-    for prompt, continuation in probes.neutral:
-        check_cancelled()
-        cost = kl_cost(model, prompt, continuation, rows)
+    for cost in kl_costs(model, probes.neutral, rows, check_cancelled):
         kl = [a + b for a, b in zip(kl, cost.mean)]
         first = [a + b for a, b in zip(first, cost.first)]
     gaps: list[list[float]] = [[] for _ in strengths]
-    for positive, negative in probes.pairs:
-        check_cancelled()
-        for row, gap in enumerate(behaviour(model, positive, negative, rows)):
+    for pair in behaviours(model, probes.pairs, rows, check_cancelled):
+        for row, gap in enumerate(pair):
             gaps[row].append(gap)
     n = max(len(probes.neutral), 1)
     return [Point(strength=s, kl=kl[i] / n, kl_first=first[i] / n, behaviour=_mean(gaps[i]),

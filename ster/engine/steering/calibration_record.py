@@ -36,7 +36,7 @@ class Trial(BaseModel):
     layers: list[int]
     method: str
     points: list[Point]
-    """The ladder, 0 first, then the refined strength of each sign."""
+    """The ladder on the screening sets: 0 first, then each magnitude of ``LADDER`` positive, then negative."""
     positive: float | None
     """The positive strength at the budget (null when the direction moves behaviour the wrong way there)."""
     negative: float | None
@@ -59,7 +59,9 @@ class Side(BaseModel):
     fluency: float | None
     """The unsteered model's perplexity of the steered texts over its perplexity of the unsteered ones."""
     judge: float | None = None
-    """An offline judge's mean p(yes) for the trait on the steered texts (null when no judge was run)."""
+    """The offline judge's mean p(yes) for the trait on the steered answers (null when no judge was run)."""
+    example: str | None = None
+    """The steered answer to the first generation prompt."""
 
 
 class Calibration(BaseModel):
@@ -77,6 +79,16 @@ class Calibration(BaseModel):
     seed: int
     baseline: Point
     """The unsteered model on the same sets (strength 0)."""
+    baseline_judge: float | None = None
+    """The judge's mean p(yes) on the unsteered answers."""
+    baseline_example: str | None = None
+    judge: str | None = None
+    """The judge model, or null when none was run."""
+    judge_question: str | None = None
+    judge_agreement: float | None = None
+    """Share of held-out pairs whose positive answer the judge scores above the negative one: how far to trust it."""
+    generation_prompts: int = 0
+    """Held-out questions answered at each chosen strength, greedily, for fluency and the judge."""
     positive: Side | None
     negative: Side | None
     trials: list[Trial]

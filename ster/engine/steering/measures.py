@@ -1,16 +1,18 @@
 """What an intervention does and what it costs, teacher-forced and without sampling: one place for each measure.
 
-Every measure runs one text as the rows of one forward, row ``r`` steered at its own scales (row 0 of a
-ladder is usually strength 0, the unsteered model), so a whole ladder of strengths costs one batched
-forward per text rather than one forward per strength; only the positions a measure reads reach the
-vocabulary projection.
+Every measure runs its texts as the rows of one forward, row ``r`` steered at its own scales (row 0 of a
+ladder is strength 0, the unsteered model), so a whole ladder of strengths costs one batched forward
+rather than one forward per strength. Several texts go into one packed row (:class:`Tree`): the prefix
+they all share (a chat template's system turn) once, then each text's own tokens, each seeing exactly what
+it would see alone. The blocks before the first steered one run once, on one row. Only the positions a
+measure reads reach the vocabulary projection, a slice of positions at a time.
 
-* **cost** (:func:`kl_cost`): KL(unsteered ‖ steered) of the next-token distribution, per prompt of a
+* **cost** (:func:`kl_costs`): KL(unsteered ‖ steered) of the next-token distribution, per prompt of a
   neutral set, at the first generated position (the measure heretic scores an abliteration by) and as
   the mean over the positions of a teacher-forced continuation: the unsteered model's own greedy
   continuation of the prompt (:func:`greedy_continuations`), up to ``k`` tokens, ended at an end-of-text
   token where the model chose one. In nats, summed over the vocabulary in f64.
-* **behaviour** (:func:`behaviour`): on held-out pairs, log p(positive side) − log p(negative side), where a
+* **behaviour** (:func:`behaviours`): on held-out pairs, log p(positive side) − log p(negative side), where a
   side is the tokens after the longest token prefix the pair's two encodings share (the shared prompt),
   each scored given that prompt and its own earlier tokens. Where the two encodings share no token, a
   side's first token has nothing to be predicted from, so each side is scored from its second token on.
@@ -18,8 +20,6 @@ vocabulary projection.
   sigmoid(gap), the probability of the matching side between the two (the CAA paper's measure).
 * **fluency** (:func:`perplexity`): the unsteered model's perplexity of a text given its prompt; the fluency
   ratio is that of the steered texts over that of the unsteered ones.
-
-The arithmetic of the aggregates is in :mod:`ster.engine.steering.measured`, which imports no torch.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import torch
 from torch import Tensor
 
 from ster.engine.model.llama import Decoder, Layout
-from ster.engine.steering.activations import pack_rows, pair_row
 from ster.engine.steering.apply import RowSteering
 
 LOGIT_BYTES = 64 * 2**20
@@ -49,10 +48,10 @@ def row_additions(model: Decoder, vectors: dict[int, list[float]], scales: list[
 
 @dataclass(frozen=True)
 class Rows:
-    """A ladder of interventions: the rows one text runs as, each steered by its own additions."""
+    """A ladder of interventions: the rows every text runs as, each steered by its own additions."""
 
     additions: dict[int, Tensor]
-    """Per layer [R, D]; empty for a single unsteered row."""
+    """Per layer [R, D]; empty when no row is steered."""
     count: int
 
     @staticmethod
@@ -61,26 +60,110 @@ class Rows:
         return Rows(row_additions(model, vectors, scales) if steered else {}, len(scales))
 
 
-def _hidden(model: Decoder, ids: list[int], rows: Rows, layout: Layout | None = None) -> Tensor:
-    """The residual stream [R, T, D] after the last block, ``ids`` run once per row under the row's additions."""
+PACK_TOKENS = 768
+"""Most tokens in one packed row: attention over a packed row grows as its square."""
+
+
+class Tree:
+    """Items packed into one row: the prefix every sequence shares, then per item the part its sequences share
+    (a pair's prompt; all of a lone text), then each sequence's own tokens. A token sees the earlier tokens of
+    its own part and all of its ancestors' parts, at the positions it would have alone."""
+
+    def __init__(self, items: list[list[list[int]]]) -> None:
+        sequences = [seq for item in items for seq in item]
+        common = min(len(seq) for seq in sequences) - 1
+        for seq in sequences[1:]:
+            common = min(common, _shared(sequences[0], seq))
+        self.common = max(common, 0)
+        ids, positions, nodes, parents = list(sequences[0][:self.common]), list(range(self.common)), [0] * self.common, [-1]
+        self.starts: list[tuple[int, int, list[int]]] = []  # per item: (its shared length, row index of it, per sequence own row index)
+        for item in items:
+            shared = len(item[0]) if len(item) == 1 else min(_shared(item[0], seq) for seq in item[1:])
+            shared = max(shared, self.common)
+            node = len(parents)
+            parents.append(0)
+            at = len(ids)
+            ids += item[0][self.common:shared]
+            positions += list(range(self.common, shared))
+            nodes += [node] * (shared - self.common)
+            own = []
+            for seq in item if len(item) > 1 else []:
+                own.append(len(ids))
+                leaf = len(parents)
+                parents.append(node)
+                ids += seq[shared:]
+                positions += list(range(shared, len(seq)))
+                nodes += [leaf] * (len(seq) - shared)
+            self.starts.append((shared, at, own))
+        self.ids, self.positions, self.nodes, self.parents = ids, positions, nodes, parents
+
+    def index(self, item: int, sequence: int, position: int) -> int:
+        """Row index of the token at ``position`` of ``sequence`` of ``item``."""
+        if position < self.common:
+            return position
+        shared, at, own = self.starts[item]
+        if position < shared:
+            return at + position - self.common
+        return own[sequence] + position - shared
+
+    def layout(self, device: torch.device) -> Layout:
+        count = len(self.parents)
+        ancestor = torch.eye(count, dtype=torch.bool)
+        for node in range(count):  # parents come before their children
+            parent = self.parents[node]
+            if parent >= 0:
+                ancestor[node] |= ancestor[parent]
+        nodes = torch.tensor(self.nodes)
+        width = len(self.ids)
+        order = torch.arange(width)
+        mask = ancestor[nodes][:, nodes] & (order[None, :] <= order[:, None])  # [T, T]: query row, key column
+        return Layout(torch.tensor([self.positions], device=device), mask[None, None].to(device))
+
+
+def _shared(a: list[int], b: list[int]) -> int:
+    n, limit = 0, min(len(a), len(b)) - 1
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def packed(items: list[list[list[int]]]) -> list[list[int]]:
+    """Item indices in groups of at most ``PACK_TOKENS`` tokens (an item longer than that is a group alone)."""
+    groups: list[list[int]] = [[]] if items else []
+    size = 0
+    for index, item in enumerate(items):
+        tokens = sum(len(seq) for seq in item)
+        if groups[-1] and size + tokens > PACK_TOKENS:
+            groups.append([])
+            size = 0
+        groups[-1].append(index)
+        size += tokens
+    return groups
+
+
+def _hidden(model: Decoder, tree: Tree, rows: Rows) -> Tensor:
+    """The residual stream [R, T, D] after the last block, the packed row run once per row under its additions.
+
+    The blocks before the first steered one see the same stream in every row, so they run once, on one row,
+    and the rows part from there (on Ster's own decoder; transformers' model runs them again)."""
     device = model.lm_head.weight.device
-    batch = torch.tensor([ids], device=device).expand(rows.count, -1)
-    if layout is not None:
-        layout = Layout(layout.positions.expand(rows.count, -1), layout.mask.expand(rows.count, -1, -1, -1))
+    layout = tree.layout(device)
+    one = torch.tensor([tree.ids], device=device)
     if not rows.additions:
-        return model(batch, vocab="none", layout=layout).hidden
+        return model(one, vocab="none", layout=layout).hidden.expand(rows.count, -1, -1)
+    wide = Layout(layout.positions.expand(rows.count, -1), layout.mask.expand(rows.count, -1, -1, -1))
+    first = min(rows.additions)
+    start = None
+    if first > 0:
+        shared = model(one, vocab="none", depth=first, layout=layout).hidden
+        start = (first, shared.expand(rows.count, -1, -1))
     with RowSteering(rows.additions).applied(model):
-        return model(batch, vocab="none", layout=layout).hidden
+        return model(one.expand(rows.count, -1), vocab="none", layout=wide, start=start).hidden
 
 
-def _log_probs(model: Decoder, hidden: Tensor, positions: list[int]) -> Callable[[], list[Tensor]]:
-    """A thunk giving, per row, the log-softmax [P, V] (f32) of the next-token distributions at ``positions``."""
-    index = torch.tensor(positions, device=hidden.device)
-
-    def each() -> list[Tensor]:
-        return [torch.log_softmax(model.project(hidden[r, index]), dim=-1) for r in range(hidden.shape[0])]
-
-    return each
+def _slices(model: Decoder, positions: list[int]) -> list[list[int]]:
+    step = max(1, LOGIT_BYTES // (4 * model.config.vocab_size))
+    return [positions[i:i + step] for i in range(0, len(positions), step)]
 
 
 def greedy_continuations(model: Decoder, prompts: list[list[int]], tokens: int, eos_ids: frozenset[int],
@@ -125,55 +208,88 @@ class PromptCost:
     """Per row, the mean of that KL over the continuation's positions."""
 
 
-def kl_cost(model: Decoder, prompt: list[int], continuation: list[int], rows: Rows,
-            reference: list[Tensor] | None = None) -> PromptCost:
-    """KL of each row's next-token distributions from row 0's (or from ``reference``, the unsteered
-    log-probabilities [P, V] of the same positions, when given), teacher-forced on ``prompt`` + ``continuation``."""
-    ids = prompt + continuation[:-1]
-    positions = list(range(len(prompt) - 1, len(ids)))
-    with torch.inference_mode():
-        rows_lp = _log_probs(model, _hidden(model, ids, rows), positions)()
-        base = reference[0] if reference is not None else rows_lp[0]
-        base64 = base.double()
-        p = base64.exp()
-        first, mean = [], []
-        for lp in rows_lp:
-            kl = (p * (base64 - lp.double())).sum(-1).clamp(min=0.0)  # [P]; rounding can dip a hair below 0
-            first.append(float(kl[0]))
-            mean.append(float(kl.mean()))
-    return PromptCost(first, mean)
+def kl_costs(model: Decoder, items: list[tuple[list[int], list[int]]], rows: Rows,
+             check_cancelled: Callable[[], None] = lambda: None) -> list[PromptCost]:
+    """Per (prompt, continuation), the KL of each row's next-token distributions from row 0's, teacher-forced
+    on the prompt and the continuation, at every position that predicts a continuation token."""
+    costs: list[PromptCost] = []
+    for group in packed([[prompt + continuation[:-1]] for prompt, continuation in items]):
+        check_cancelled()
+        chosen = [items[i] for i in group]
+        tree = Tree([[prompt + continuation[:-1]] for prompt, continuation in chosen])
+        spans = [[tree.index(k, 0, p) for p in range(len(prompt) - 1, len(prompt) + len(continuation) - 1)]
+                 for k, (prompt, continuation) in enumerate(chosen)]
+        positions = [p for span in spans for p in span]
+        with torch.inference_mode():
+            hidden = _hidden(model, tree, rows)
+            kl = torch.empty(rows.count, len(positions), dtype=torch.float64)
+            done = 0
+            for piece in _slices(model, positions):
+                index = torch.tensor(piece, device=hidden.device)
+                base = torch.log_softmax(model.project(hidden[0, index]), dim=-1).double()
+                p = base.exp()
+                for r in range(rows.count):
+                    lp = base if r == 0 else torch.log_softmax(model.project(hidden[r, index]), dim=-1).double()
+                    kl[r, done:done + len(piece)] = (p * (base - lp)).sum(-1).clamp(min=0.0)  # rounding dips below 0
+                done += len(piece)
+        at = 0
+        for span in spans:
+            part = kl[:, at:at + len(span)]
+            costs.append(PromptCost(part[:, 0].tolist(), part.mean(-1).tolist()))
+            at += len(span)
+    return costs
 
 
-def unsteered_log_probs(model: Decoder, prompt: list[int], continuation: list[int]) -> Tensor:
-    """The unsteered model's log-probabilities [P, V] at the positions :func:`kl_cost` compares."""
-    ids = prompt + continuation[:-1]
-    with torch.inference_mode():
-        return _log_probs(model, _hidden(model, ids, Rows({}, 1)), list(range(len(prompt) - 1, len(ids))))()[0]
+def kl_cost(model: Decoder, prompt: list[int], continuation: list[int], rows: Rows) -> PromptCost:
+    """:func:`kl_costs` of one prompt."""
+    return kl_costs(model, [(prompt, continuation)], rows)[0]
+
+
+def _scored(model: Decoder, hidden: Tensor, positions: list[int], targets: list[int]) -> Tensor:
+    """Per row, log p(target) [R, P] at each position, the vocabulary projected a slice at a time."""
+    out = torch.empty(hidden.shape[0], len(positions), dtype=torch.float64)
+    done = 0
+    for piece in _slices(model, positions):
+        index = torch.tensor(piece, device=hidden.device)
+        wanted = torch.tensor(targets[done:done + len(piece)], device=hidden.device)
+        for r in range(hidden.shape[0]):
+            lp = torch.log_softmax(model.project(hidden[r, index]), dim=-1)
+            out[r, done:done + len(piece)] = lp.gather(-1, wanted[:, None])[:, 0].double()
+        done += len(piece)
+    return out
+
+
+def behaviours(model: Decoder, pairs: list[tuple[list[int], list[int]]], rows: Rows,
+               check_cancelled: Callable[[], None] = lambda: None) -> list[list[float]]:
+    """Per pair, per row, log p(positive side) − log p(negative side) after the pair's shared prompt."""
+    gaps: list[list[float]] = []
+    for group in packed([[pos, neg] for pos, neg in pairs]):
+        check_cancelled()
+        chosen = [pairs[i] for i in group]
+        tree = Tree([[pos, neg] for pos, neg in chosen])
+        positions, targets, sides = [], [], []
+        for k, (pos, neg) in enumerate(chosen):
+            shared = _shared(pos, neg)
+            for s, seq in enumerate((pos, neg)):
+                begin = max(shared, 1)  # with no shared prompt nothing predicts a side's first token
+                positions += [tree.index(k, s, p - 1) for p in range(begin, len(seq))]
+                targets += seq[begin:]
+                sides.append(len(seq) - begin)
+        with torch.inference_mode():
+            scored = _scored(model, _hidden(model, tree, rows), positions, targets)
+        at = 0
+        for k in range(len(chosen)):
+            pos_part = scored[:, at:at + sides[2 * k]].sum(-1)
+            at += sides[2 * k]
+            neg_part = scored[:, at:at + sides[2 * k + 1]].sum(-1)
+            at += sides[2 * k + 1]
+            gaps.append((pos_part - neg_part).tolist())
+    return gaps
 
 
 def behaviour(model: Decoder, positive: list[int], negative: list[int], rows: Rows) -> list[float]:
-    """Per row, log p(positive side) − log p(negative side) after the pair's shared prompt (see the module)."""
-    row = pair_row(positive, negative)
-    prefix = row.branch.count(0)
-    own_pos = len(positive) - prefix
-    predictors_pos = [prefix - 1 + j for j in range(own_pos)]
-    predictors_neg = [prefix - 1] + [prefix + own_pos + j for j in range(len(negative) - prefix - 1)]
-    targets = row.ids[prefix:]
-    if prefix == 0:  # nothing predicts a side's first token: each side from its second token
-        predictors_pos, predictors_neg = predictors_pos[1:], predictors_neg[1:]
-        targets = row.ids[1:own_pos] + row.ids[own_pos + 1:]
-    positions = predictors_pos + predictors_neg
-    device = model.lm_head.weight.device
-    _, layout = pack_rows([row], device)
-    with torch.inference_mode():
-        hidden = _hidden(model, row.ids, rows, layout)
-        wanted = torch.tensor(targets, device=device)
-        split = len(predictors_pos)
-        gaps = []
-        for lp in _log_probs(model, hidden, positions)():
-            scored = lp.gather(-1, wanted[:, None])[:, 0].double()
-            gaps.append(float(scored[:split].sum() - scored[split:].sum()))
-    return gaps
+    """:func:`behaviours` of one pair."""
+    return behaviours(model, [(positive, negative)], rows)[0]
 
 
 def perplexity(model: Decoder, prompt: list[int], text: list[int]) -> float | None:
@@ -181,7 +297,7 @@ def perplexity(model: Decoder, prompt: list[int], text: list[int]) -> float | No
     if not text:
         return None
     ids = prompt + text
+    tree = Tree([[ids]])
     with torch.inference_mode():
-        lp = _log_probs(model, _hidden(model, ids, Rows({}, 1)), list(range(len(prompt) - 1, len(ids) - 1)))()[0]
-        scored = lp.gather(-1, torch.tensor(text, device=lp.device)[:, None])[:, 0].double()
-    return float(torch.exp(-scored.mean()))
+        scored = _scored(model, _hidden(model, tree, Rows({}, 1)), list(range(len(prompt) - 1, len(ids) - 1)), text)
+    return float(torch.exp(-scored[0].mean()))

@@ -159,6 +159,11 @@ class CalibrateRequest(AdaptedRequest):
     resume: bool = False
     """Continue the study an interrupted run left beside ``output``."""
     batch_size: int = 8
+    judge: str | None = None
+    """A local instruct model asked whether each answer shows the trait; None is the model itself where it has a
+    chat template, ``none`` runs no judge."""
+    judge_question: str | None = None
+    """The judge's question, with ``{text}`` (and optionally ``{trait}``); None is the default question."""
 
     _layers = field_validator("layers")(lambda cls, v: _layer_spec(v))
     _batch = field_validator("batch_size")(lambda cls, v: at_least_one(v, "--batch-size"))

@@ -46,7 +46,7 @@ def _raw(prompt: Prompt) -> str:
     return prompt if isinstance(prompt, str) else "\n".join(turn["content"] for turn in prompt)
 
 
-def _halves(codec: TextCodec, prompt: Prompt, answer: str) -> tuple[list[int], list[int]]:
+def prompt_and_answer(codec: TextCodec, prompt: Prompt, answer: str) -> tuple[list[int], list[int]]:
     """Ids of the prompt (with the assistant's opening marker) and of the answer after it."""
     tokenizer = codec.tokenizer
     if codec.template is None:
@@ -65,7 +65,7 @@ def encode_example(codec: TextCodec, example: Example) -> Sequence:
     """Prompt and completion ids of a supervised example, and the boundary between them."""
     if not example.completion.strip():
         raise Refusal("training example has an empty completion")
-    prompt_ids, completion_ids = _halves(codec, example.prompt, example.completion)
+    prompt_ids, completion_ids = prompt_and_answer(codec, example.prompt, example.completion)
     if not completion_ids:
         raise Refusal("training example completion produced no tokens")
     ids = prompt_ids + completion_ids
@@ -77,7 +77,7 @@ def encode_example(codec: TextCodec, example: Example) -> Sequence:
 def side_sequence(codec: TextCodec, side: str, prompt: Prompt | None = None) -> Sequence:
     """Ids of one side of a preference pair, and where the side begins after its prompt (1 without one)."""
     if prompt is not None:
-        prompt_ids, side_ids = _halves(codec, prompt, side)
+        prompt_ids, side_ids = prompt_and_answer(codec, prompt, side)
         return Sequence(prompt_ids + side_ids, max(len(prompt_ids), 1))
     tokenizer = codec.tokenizer
     if codec.template is None:
