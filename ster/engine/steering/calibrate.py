@@ -2,13 +2,14 @@
 against what it costs on a neutral prompt set.
 
 **The search** is a staged grid, not a sampler: what a candidate's strength does is measured as a ladder
-(``LADDER``, each magnitude both ways, every rung one row of the same forward), and cost and behaviour
-both grow with the strength's magnitude, so the strength that spends the KL budget is found on the ladder
-by interpolation and then measured once more, instead of being sampled trial by trial. What remains to
+(``LADDER``, each magnitude both ways, every rung one row of the same forward), and KL grows smoothly with
+the strength's magnitude, so the strength that spends the KL budget, and the behaviour there, are read off
+the ladder by interpolation instead of being sampled trial by trial. What remains to
 search is discrete and small: one candidate per layer (with caa), then pca and logistic at the three best
 layers, then contiguous ranges of two to five layers around the best. Every candidate is measured on the
 same screening sets (``SCREEN_PROMPTS`` neutral prompts and ``SCREEN_PAIRS`` held-out pairs, picked by
-``--seed``), and the chosen one again on the whole neutral set and every held-out pair. The plan depends
+``--seed``), and the chosen one again on the whole neutral set and every held-out pair, its strengths
+stepped back where the whole set spends more than the budget. The plan depends
 only on the trials before it, so a study resumed after Ctrl-C ends exactly where an uninterrupted run ends.
 
 **The score** of a candidate is the behaviour it moves toward each sign at that sign's strength, summed over
