@@ -176,9 +176,9 @@ def _add_calibrate(commands: Any) -> None:
     parser.add_argument("--neutral", default="ster:neutral", metavar="FILE",
                         help='JSON file {"prompts": [...]} of everyday requests the cost is measured on (default '
                              'ster:neutral, 72 bundled requests)')
-    parser.add_argument("--kl-budget", default=0.1, metavar="B",
+    parser.add_argument("--kl-budget", default=0.25, metavar="B",
                         help="most mean KL from the unsteered model, in nats per token, a chosen strength may cost "
-                             "(default 0.1)")
+                             "(default 0.25)")
     parser.add_argument("--trials", default=40, metavar="N", help="most candidates to measure (default 40)")
     parser.add_argument("--seed", default=0, metavar="N",
                         help="picks the prompts and pairs candidates are screened on (default 0)")

@@ -105,10 +105,11 @@ def test_inspect_summarises_without_vectors_or_torch(tmp_path: Path, artifact: d
     summary = json.loads(proc.stdout)
     assert list(summary) == ["schema_version", "product", "model", "model_revision", "model_fingerprint",
                              "trait_name", "method", "hidden_size", "precision", "chat_template", "adapter", "metadata",
-                             "layers", "calibration"]
+                             "layers", "calibration", "strength_unit"]
     assert summary["model_fingerprint"].startswith(f"ster-fp1:{TOY_PRINT}")
     assert [list(layer) for layer in summary["layers"]][0] == ["layer", "width", "norm", "train_accuracy",
-                                                                "train_margin", "activation_norm"]
+                                                                "train_margin", "activation_norm",
+                                                                "activation_spread"]
     assert all(abs(layer["norm"] - 1.0) < 1e-6 for layer in summary["layers"])
 
 

@@ -32,14 +32,15 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
 def test_the_chosen_strengths_keep_the_budget_and_move_behaviour_their_way(calibrated) -> None:
     artifact, out = calibrated
     record = artifact["calibration"]
-    assert record["kl_budget"] == 0.1 and record["neutral"] == "ster:neutral" and record["neutral_prompts"] == 72
+    assert record["kl_budget"] == 0.25 and record["neutral"] == "ster:neutral" and record["neutral_prompts"] == 72
     assert record["fit_pairs"] == 9 and record["holdout_pairs"] == 3
     positive, negative = record["positive"], record["negative"]
     assert positive["strength"] > 0 > negative["strength"]
     for side in (positive, negative):
-        assert 0 < side["kl"] <= 0.1 and side["kl_first"] >= 0 and side["fluency"] > 0
+        assert 0 < side["kl"] <= 0.25 and side["kl_first"] >= 0 and side["fluency"] > 0
     assert positive["behaviour_shift"] > 0 > negative["behaviour_shift"]
-    best = max(record["trials"], key=lambda t: t["score"])
+    both = [t for t in record["trials"] if t["positive"] and t["negative"]]  # moving behaviour both ways ranks first
+    best = max(both, key=lambda t: t["score"])
     assert [v["layer"] for v in artifact["vectors"]] == best["layers"] and artifact["method"] == best["method"]
     assert not study_path(out).exists()  # the study is gone once the artifact is written
 
@@ -61,7 +62,7 @@ def test_generate_steers_at_the_calibrated_strength_and_says_so(cli, calibrated)
 def test_inspect_shows_the_calibration(cli, calibrated) -> None:
     _, out = calibrated
     run = cli("inspect", out)
-    assert run.code == 0 and json.loads(run.out)["calibration"]["kl_budget"] == 0.1
+    assert run.code == 0 and json.loads(run.out)["calibration"]["kl_budget"] == 0.25
 
 
 def test_the_budget_is_read_off_the_ladder() -> None:

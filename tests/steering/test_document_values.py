@@ -141,7 +141,7 @@ def test_a_blank_adapter_record_is_the_bare_checkpoint(cli, tmp_path: Path, arti
 def test_ster_writes_values_the_original_key(written: Path) -> None:
     document = json.loads(written.read_text())
     for entry in document["vectors"]:
-        assert list(entry) == ["layer", "values", "train_accuracy", "train_margin", "activation_norm"]
+        assert list(entry) == ["layer", "values", "train_accuracy", "train_margin", "activation_norm", "activation_spread"]
         assert math.isclose(math.hypot(*entry["values"]), 1.0, rel_tol=1e-6)
 
 

@@ -65,6 +65,34 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+class Spread:
+    """Running sums, per layer, of every position's state over the texts read, for the RMS spread of the states
+    about their mean: sqrt(E‖h‖² − ‖E h‖²). Each text's first position is left out: that is where massive
+    activations sit in many models (a beginning-of-text token's state can be hundreds of times the others'),
+    and a constant offset that every position carries cancels in the spread, so neither inflates it."""
+
+    def __init__(self, layers: list[int], width: int) -> None:
+        self.layers = layers
+        self.count = 0
+        self.total = torch.zeros(len(layers), width, dtype=torch.float64)
+        self.squares = torch.zeros(len(layers), dtype=torch.float64)
+
+    def add(self, seen: dict[int, Tensor], real: Tensor) -> None:
+        """Add the states [B, T, D] at the ``real`` [B, T] positions of each layer."""
+        self.count += int(real.sum())
+        for column, layer in enumerate(self.layers):
+            states = seen[layer][real].double().cpu()  # [N, D]
+            self.total[column] += states.sum(0)
+            self.squares[column] += (states * states).sum()
+
+    def values(self) -> dict[int, float | None]:
+        if not self.count:
+            return {layer: None for layer in self.layers}
+        mean = self.total / self.count
+        variance = (self.squares / self.count - (mean * mean).sum(-1)).clamp(min=0.0)
+        return {layer: float(value) ** 0.5 for layer, value in zip(self.layers, variance.tolist())}
+
+
 def read_pair_states(
     model: Decoder,
     pairs: list[tuple[list[int], list[int]]],
@@ -73,6 +101,7 @@ def read_pair_states(
     batch_size: int,
     on_batch: Callable[[int, int], None] = lambda done, total: None,
     check_cancelled: Callable[[], None] = lambda: None,
+    spread: Spread | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Last-token states [N, len(layers), D] of every positive and every negative side.
 
@@ -80,7 +109,8 @@ def read_pair_states(
     Each pair runs as one packed row — the prefix once, then both sides' own tokens —
     with positions and a mask that give each side exactly the view it would have alone,
     so no token is computed twice. Rows are sorted by length so a batch pads little.
-    Reads equal :func:`read_last_states` on the whole sequences (tested to 1e-5).
+    Reads equal :func:`read_last_states` on the whole sequences (tested to 1e-5). With ``spread``, every
+    position's state also goes into its sums.
     """
     device = model.lm_head.weight.device
     rows = [pair_row(pos, neg) for pos, neg in pairs]
@@ -98,6 +128,11 @@ def read_pair_states(
             for column, layer in enumerate(layers):
                 positives[chosen, column] = seen[layer][picks, ends[:, 0]].float().cpu()
                 negatives[chosen, column] = seen[layer][picks, ends[:, 1]].float().cpu()
+            if spread is not None:
+                real = torch.zeros(ids.shape, dtype=torch.bool, device=device)
+                for i, row in enumerate(chosen):
+                    real[i, 1:len(rows[row].ids)] = True  # every real token but the first (see Spread)
+                spread.add(seen, real)
             on_batch(min(start + batch_size, len(order)), len(order))
     return positives, negatives
 

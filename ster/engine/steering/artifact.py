@@ -73,7 +73,10 @@ class LayerVector(BaseModel):
     train_margin: float
     activation_norm: float | None = None
     """Mean norm of the residual states at this layer over the fitting pairs (both sides); null where not
-    recorded, and then a relative strength (``0.4x``) is refused for the layer."""
+    recorded."""
+    activation_spread: float | None = None
+    """RMS spread of the states at this layer about their mean, over every position of the fitting texts but
+    each text's first (see :class:`ster.engine.steering.activations.Spread`); absent from older files."""
 
     @model_validator(mode="before")
     @classmethod
@@ -114,12 +117,15 @@ class SteeringArtifact(BaseModel):
     vectors: list[LayerVector]
     calibration: Calibration | None = None
     """What ``ster calibrate`` chose and measured; absent from the file for an uncalibrated direction."""
+    strength_unit: Literal["norm", "spread"] | None = None
+    """What a relative strength (``0.4x``) multiplies at each layer: ``spread`` (``activation_spread``), or
+    ``norm`` (``activation_norm``), which is also what a file without the field means."""
 
     @model_serializer(mode="wrap")
     def _no_adapter_no_key(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """A direction fitted on the bare checkpoint, or not calibrated, is written exactly as before."""
         data: dict[str, Any] = handler(self)
-        for key in ("adapter", "calibration"):
+        for key in ("adapter", "calibration", "strength_unit"):
             if data.get(key) is None:
                 data.pop(key, None)
         return data
@@ -143,6 +149,15 @@ class SteeringArtifact(BaseModel):
     def by_layer(self) -> dict[int, list[float]]:
         return {v.layer: v.vector for v in self.vectors}
 
+    @property
+    def unit(self) -> str:
+        """The quantity a relative strength multiplies: ``activation_spread`` or ``activation_norm``."""
+        return "activation_spread" if self.strength_unit == "spread" else "activation_norm"
+
+    def unit_scales(self) -> dict[int, float | None]:
+        """Per layer, what ``1x`` is in the residual stream's units (None where the artifact records none)."""
+        return {v.layer: getattr(v, self.unit) for v in self.vectors}
+
 
 class LayerSummary(BaseModel):
     layer: int
@@ -152,6 +167,7 @@ class LayerSummary(BaseModel):
     train_accuracy: float
     train_margin: float
     activation_norm: float | None
+    activation_spread: float | None = None
 
 
 class ArtifactSummary(BaseModel):
@@ -173,13 +189,17 @@ class ArtifactSummary(BaseModel):
     layers: list[LayerSummary]
     calibration: Calibration | None = None
     """What ``ster calibrate`` chose and measured (null for an uncalibrated direction)."""
+    strength_unit: str = "norm"
+    """What a relative strength multiplies: each layer's ``activation_spread`` or ``activation_norm``."""
 
 
 def summarize(artifact: SteeringArtifact) -> ArtifactSummary:
     fields = artifact.model_dump(exclude={"vectors"})
+    fields["strength_unit"] = artifact.strength_unit or "norm"
     layers = [LayerSummary(layer=v.layer, width=len(v.vector), norm=_norm(v.vector),
                            train_accuracy=v.train_accuracy, train_margin=v.train_margin,
-                           activation_norm=v.activation_norm) for v in artifact.vectors]
+                           activation_norm=v.activation_norm, activation_spread=v.activation_spread)
+              for v in artifact.vectors]
     return ArtifactSummary(**fields, layers=layers)
 
 
@@ -256,6 +276,10 @@ def _check_scores(entry: LayerVector, path: Path | str) -> None:
     norm = entry.activation_norm
     if norm is not None and not (math.isfinite(norm) and norm > 0):
         raise Refusal(f"{where} activation_norm is {norm}; it is the mean norm of the states the direction was "
+                      "fitted on, a finite number above 0 (or null where it was not recorded)")
+    spread = entry.activation_spread
+    if spread is not None and not (math.isfinite(spread) and spread > 0):
+        raise Refusal(f"{where} activation_spread is {spread}; it is the spread of the states the direction was "
                       "fitted on, a finite number above 0 (or null where it was not recorded)")
 
 

@@ -13,7 +13,8 @@ stepped back where the whole set spends more than the budget. The plan depends
 only on the trials before it, so a study resumed after Ctrl-C ends exactly where an uninterrupted run ends.
 
 **The score** of a candidate is the behaviour it moves toward each sign at that sign's strength, summed over
-the two signs (a sign that moves behaviour the wrong way adds nothing and gets no strength).
+the two signs (a sign that moves behaviour the wrong way adds nothing and gets no strength). The chosen
+candidate is the best-scoring one that moves behaviour both ways, where any does.
 
 **The study** (``<output>.study.json``) holds the finished trials, written atomically after each one; it is
 removed once the artifact is written, whose ``calibration`` record keeps every trial.
@@ -54,14 +55,16 @@ from ster.engine.steering.judge import question_for
 from ster.engine.steering.layers import LayerSpec
 from ster.engine.steering.requests import CalibrateRequest
 
-LADDER = (0.05, 0.15, 0.45)
-"""Magnitudes, in multiples of each layer's activation norm, every candidate is measured at (each both ways):
+LADDER = (0.1, 0.3, 0.9)
+"""Magnitudes, in multiples of each layer's activation spread, every candidate is measured at (each both ways):
 seven rows of one forward with strength 0. KL grows smoothly with the strength (as its square near 0), so
-the budget's strength is interpolated between rungs a factor of 3 apart. SmolLM2-135M's text moves from
-about 0.2x and breaks at 0.8x; Gemma 3 270M's, whose norm massive activations inflate, breaks well below
-0.4x."""
+the budget's strength is interpolated between rungs a factor of 3 apart. In spread units a push costs about
+the same KL on SmolLM2-135M and on Gemma 3 270M (0.5x: about 0.35 nats a token on both)."""
 SCREEN_PROMPTS = 8
 SCREEN_PAIRS = 6
+SCREEN_ANSWER_TOKENS = 16
+"""Tokens of each answer a screening pair is scored on: where the two answers part most (every answer counts in
+full when the chosen candidate is measured again), and where most of the cost lies on a large vocabulary."""
 CONTINUATION_TOKENS = 16
 """Tokens of the unsteered model's greedy continuation over which the mean KL is taken."""
 MAX_NEUTRAL = 1000
@@ -181,6 +184,11 @@ def score(points: list[Point], budget: float) -> tuple[float | None, float | Non
             max(moved_up, 0.0) + max(moved_down, 0.0))
 
 
+def _rank(trial: Trial, trials: list[Trial]) -> tuple[bool, float, int]:
+    """A candidate that moves behaviour both ways within the budget, then its score, then the earlier."""
+    return trial.positive is not None and trial.negative is not None, trial.score, -trials.index(trial)
+
+
 def pareto(trials: list[Trial]) -> list[FrontPoint]:
     """Per sign, the measured points that no other point beats on both behaviour moved and KL, by KL."""
     front: list[FrontPoint] = []
@@ -259,10 +267,19 @@ def answered_pairs(codec: Any, pairs: list[Any], context: int) -> tuple[list[tup
     return out, questions
 
 
+def _opening(pair: tuple[list[int], list[int]]) -> tuple[list[int], list[int]]:
+    """A pair cut to the first ``SCREEN_ANSWER_TOKENS`` tokens of each answer after their shared prompt."""
+    positive, negative = pair
+    shared = 0
+    while shared < min(len(positive), len(negative)) - 1 and positive[shared] == negative[shared]:
+        shared += 1
+    return positive[:shared + SCREEN_ANSWER_TOKENS], negative[:shared + SCREEN_ANSWER_TOKENS]
+
+
 def _identity(request: CalibrateRequest, fingerprint: str | None, digest: str) -> dict[str, Any]:
     fields = request.model_dump(mode="json", exclude={"resume", "output", "trials"})
     return {**fields, "fingerprint": fingerprint, "neutral_sha256": digest, "ladder": list(LADDER),
-            "screen": [SCREEN_PROMPTS, SCREEN_PAIRS, CONTINUATION_TOKENS]}
+            "screen": [SCREEN_PROMPTS, SCREEN_PAIRS, SCREEN_ANSWER_TOKENS, CONTINUATION_TOKENS]}
 
 
 def _open_study(path: Path, resume: bool, identity: dict[str, Any]) -> list[Trial]:
@@ -307,8 +324,9 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
     from ster.engine.steering.runs import steered_rows_decode
     from ster.engine.model.sampling import Sampling
 
-    positives, negatives = fitting.read_pairs(ctx, checkpoint, fit_ids, layers, request.batch_size, adapter)
-    directions = calibration.Directions(layers, positives, negatives)
+    spread = fitting.Spread(layers, checkpoint.config.hidden_size)
+    positives, negatives = fitting.read_pairs(ctx, checkpoint, fit_ids, layers, request.batch_size, adapter, spread)
+    directions = calibration.Directions(layers, positives, negatives, spread.values())
     model = model_store(ctx).decoder(checkpoint, ctx)
     rng = random.Random(request.seed)
     screen_prompts = sorted(rng.sample(range(len(prompts)), min(SCREEN_PROMPTS, len(prompts))))
@@ -320,7 +338,7 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
                                              check_cancelled=ctx.check_cancelled)
         everything = calibration.Probes(list(zip(neutral_ids, continuations)), held_ids)
         screen = calibration.Probes([everything.neutral[i] for i in screen_prompts],
-                                    [held_ids[i] for i in screen_pairs])
+                                    [_opening(held_ids[i]) for i in screen_pairs])
         ladder = [0.0, *[m for m in LADDER], *[-m for m in LADDER]]
         if trials:
             ctx.log(f"resuming the study at {study} after {len(trials)} trials")
@@ -339,7 +357,7 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
                         f"{_shown(positive)} / {_shown(negative)} at KL budget {request.kl_budget:g}")
         except Cancelled:
             _stopped(trials, study)
-        best = max(trials, key=lambda t: (t.score, -trials.index(t)))
+        best = max(trials, key=lambda t: _rank(t, trials))
         vectors = [directions.of(layer, best.method) for layer in best.layers]  # type: ignore[arg-type]
         chosen = [0.0, *([best.positive] if best.positive else []), *([best.negative] if best.negative else [])]
         ctx.progress("calibrate", f"measuring {best.method} at {_layers(best.layers)} on all {len(prompts)} neutral "
@@ -358,7 +376,7 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
                                                              min(GENERATION_PROMPTS, len(questions))))]
             heads = [head for head, _, _ in asked]
             by_strength: dict[float, list[list[int]]] = {s: [] for s in chosen}
-            scales = [{v.layer: s * (v.activation_norm or 0.0) for v in vectors} for s in chosen]
+            scales = [{v.layer: s * calibration.unit_of(v) for v in vectors} for s in chosen]
             for ids in heads:
                 ctx.check_cancelled()
                 generations = steered_rows_decode(model, ids, {v.layer: v.vector for v in vectors}, scales,
@@ -404,7 +422,8 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
 
     positive_point = next((p for p in final if p.strength > 0), None)
     negative_point = next((p for p in final if p.strength < 0), None)
-    record = Calibration(kl_budget=request.kl_budget, neutral=bundled_name(request.neutral), neutral_sha256=digest,
+    record = Calibration(kl_budget=request.kl_budget, unit="spread" if all(v.activation_spread for v in vectors)
+                         else "norm", neutral=bundled_name(request.neutral), neutral_sha256=digest,
                          neutral_prompts=len(prompts), continuation_tokens=CONTINUATION_TOKENS,
                          holdout_pairs=len(held), fit_pairs=len(fit), seed=request.seed, baseline=base,
                          positive=side(positive_point), negative=side(negative_point), trials=trials,
@@ -422,7 +441,8 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
         chat_template=codec.decision, adapter=str(adapter.path) if adapter else None,
         metadata={"selection": f"calibrated over {len(trials)} trials within a mean KL of {request.kl_budget:g} on "
                                f"{len(prompts)} neutral prompts, behaviour measured on {len(held)} held-out pairs"},
-        vectors=vectors, calibration=record)
+        vectors=vectors, calibration=record, strength_unit="spread" if all(v.activation_spread for v in vectors)
+        else None)
     ctx.check_cancelled()
     save_artifact(request.output, artifact)
     study.unlink(missing_ok=True)

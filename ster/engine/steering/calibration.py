@@ -31,26 +31,28 @@ class Probes:
 class Directions:
     """Per (layer, method), the direction fitted on the fitting pairs' states, fitted once and kept."""
 
-    def __init__(self, layers: list[int], positives: Tensor, negatives: Tensor) -> None:
+    def __init__(self, layers: list[int], positives: Tensor, negatives: Tensor,
+                 spreads: dict[int, float | None]) -> None:
         self.columns = {layer: column for column, layer in enumerate(layers)}
-        self.positives, self.negatives = positives, negatives
+        self.positives, self.negatives, self.spreads = positives, negatives, spreads
         self.fitted: dict[tuple[int, str], LayerVector] = {}
 
     def of(self, layer: int, method: Method) -> LayerVector:
         key = (layer, method)
         if key not in self.fitted:
             column = self.columns[layer]
-            self.fitted[key] = layer_vector(layer, method, self.positives[:, column], self.negatives[:, column])
+            self.fitted[key] = layer_vector(layer, method, self.positives[:, column], self.negatives[:, column],
+                                            self.spreads[layer])
         return self.fitted[key]
 
 
 def measure(model: Decoder, vectors: list[LayerVector], strengths: list[float], probes: Probes,
             check_cancelled: Callable[[], None]) -> list[Point]:
-    """Each strength (a multiple of each layer's activation norm, signed; 0 allowed) measured as one row of
+    """Each strength (a multiple of each layer's spread, else of its norm, signed; 0 allowed) measured as one row of
     every forward: mean KL over the neutral prompts (over the continuation and at its first position) and
     behaviour over the pairs."""
     directions = {v.layer: v.vector for v in vectors}
-    scales = [{v.layer: s * (v.activation_norm or 0.0) for v in vectors} for s in strengths]
+    scales = [{v.layer: s * unit_of(v) for v in vectors} for s in strengths]
     rows = Rows.of(model, directions, scales)
     assert strengths[0] == 0, "a ladder starts at 0: the row every KL is measured from"
     kl = [0.0] * len(strengths)
@@ -67,6 +69,11 @@ def measure(model: Decoder, vectors: list[LayerVector], strengths: list[float], 
                   preferred=sum(g > 0 for g in gaps[i]) / max(len(gaps[i]), 1),
                   probability=_mean([_sigmoid(g) for g in gaps[i]]))
             for i, s in enumerate(strengths)]
+
+
+def unit_of(vector: LayerVector) -> float:
+    """What ``1x`` is at the vector's layer: its activation spread, or its norm where no spread is recorded."""
+    return vector.activation_spread or vector.activation_norm or 0.0
 
 
 def fluency(model: Decoder, prompts: list[list[int]], texts: dict[float, list[list[int]]]) -> dict[float, float | None]:

@@ -1,6 +1,6 @@
 """What ``ster calibrate`` measured, as the artifact records it and as its study keeps it between runs.
 
-Strengths here are signed multiples of each layer's activation norm (the relative unit, ``0.2x``). KL is
+Strengths here are signed multiples of each layer's activation spread (the artifact's relative unit, ``0.2x``). KL is
 in nats: KL(unsteered ‖ steered) of the next-token distribution, as the mean over the positions of the
 unsteered model's own greedy continuation of each neutral prompt (``kl``) and at the first of them
 (``kl_first``), averaged over the prompts. Behaviour is the mean over held-out pairs of log p(positive side)
@@ -69,7 +69,8 @@ class Calibration(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     kl_budget: float
-    unit: str = "relative"
+    unit: str = "spread"
+    """What the strengths here multiply at each layer: its ``activation_spread`` (or ``norm``, where none)."""
     neutral: str
     neutral_sha256: str
     neutral_prompts: int

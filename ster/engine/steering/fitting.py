@@ -15,15 +15,19 @@ from torch import Tensor
 from ster.engine.model.adapters_open import CheckedAdapter, adapted
 from ster.engine.model.loading import Checkpoint, model_store
 from ster.engine.protocol.jobs import JobContext
-from ster.engine.steering.activations import read_pair_states
+from ster.engine.steering.activations import Spread, read_pair_states
+
+__all__ = ["Spread", "layer_vector", "read_pairs"]
 from ster.engine.steering.artifact import LayerVector
 from ster.engine.steering.directions import METHODS, Method, fit, mean_norm, score
 from ster.engine.steering.floats import f32_values
 
 
 def read_pairs(ctx: JobContext, checkpoint: Checkpoint, encoded: list[tuple[list[int], list[int]]],
-               layers: list[int], batch_size: int, adapter: CheckedAdapter | None = None) -> tuple[Tensor, Tensor]:
-    """Positive and negative states [N, len(layers), D] of every encoded pair, read through ``adapter`` if given."""
+               layers: list[int], batch_size: int, adapter: CheckedAdapter | None = None,
+               spread: Spread | None = None) -> tuple[Tensor, Tensor]:
+    """Positive and negative states [N, len(layers), D] of every encoded pair, read through ``adapter`` if given;
+    with ``spread``, every position's state goes into its sums too."""
     decoder = model_store(ctx).decoder(checkpoint, ctx)
 
     def on_batch(done: int, total: int) -> None:
@@ -31,15 +35,18 @@ def read_pairs(ctx: JobContext, checkpoint: Checkpoint, encoded: list[tuple[list
 
     with adapted(ctx, decoder, adapter, checkpoint):
         return read_pair_states(decoder, encoded, layers, batch_size=batch_size, on_batch=on_batch,
-                                check_cancelled=ctx.check_cancelled)
+                                check_cancelled=ctx.check_cancelled, spread=spread)
 
 
-def layer_vector(layer: int, method: Method, positives: Tensor, negatives: Tensor) -> LayerVector:
-    """Fit one layer's direction on [N, D] states and score it on the same pairs."""
+def layer_vector(layer: int, method: Method, positives: Tensor, negatives: Tensor,
+                 spread: float | None = None) -> LayerVector:
+    """Fit one layer's direction on [N, D] states and score it on the same pairs; ``spread`` is the layer's
+    RMS spread over every position of the fitting texts, when it was measured."""
     direction = fit(method, positives, negatives)
     scores = score(direction, positives, negatives)
     return LayerVector(layer=layer, vector=f32_values(direction.numpy()), train_accuracy=scores.accuracy,
-                       train_margin=scores.margin, activation_norm=mean_norm(positives, negatives))
+                       train_margin=scores.margin, activation_norm=mean_norm(positives, negatives),
+                       activation_spread=spread)
 
 
 def separation(direction: Tensor, positives: Tensor, negatives: Tensor, margin: float) -> float | None:

@@ -61,8 +61,10 @@ class Scales(BaseModel):
 def scales_for(artifact: SteeringArtifact, strength: Strength, ctx: JobContext | None = None) -> Scales:
     """The strength at each layer of the artifact; refuses a relative strength where a norm is missing,
     and warns through ``ctx`` when the push is past ``EXCESSIVE`` times a layer's norm."""
+    units = artifact.unit_scales()
     norms = {v.layer: v.activation_norm for v in artifact.vectors}
-    scales = Scales(absolute=strength.per_layer(norms), relative=strength.relative_per_layer(norms))
+    absolute = strength.per_layer(units, artifact.unit)
+    scales = Scales(absolute=absolute, relative={layer: absolute[layer] / norm for layer, norm in norms.items() if norm})
     warning = excess_warning(strength, scales.relative, norms)
     if ctx is not None and warning:
         ctx.warn(warning)

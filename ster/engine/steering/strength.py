@@ -5,7 +5,9 @@ one model (about 30 to 900 across SmolLM2-135M's 30 layers), so an absolute stre
 that moves one model's text does nothing to another's. A strength written with an
 ``x`` suffix — ``0.4x`` — is a multiple of the layer's ``activation_norm`` (the mean
 norm of the states the direction was fitted on): at each steered layer the direction
-is scaled by ``0.4 × activation_norm`` of that layer. A bare number — ``3`` — is the
+is scaled by ``0.4 × activation_norm`` of that layer, or by 0.4 × its ``activation_spread`` (the RMS spread of
+the states about their mean over every position of the fitting texts) where the artifact's ``strength_unit``
+is ``spread``. A bare number — ``3`` — is the
 absolute scale, the same at every layer. One spelling serves the CLI, the TUI, the
 sweep and JSON requests (a number, or a string such as ``"0.4x"`` or ``"-3"``).
 
@@ -26,17 +28,22 @@ Unit = Literal["absolute", "relative"]
 
 DEFAULT_STRENGTH = "0.4x"
 """The strength a front end offers first. Measured on SmolLM2-135M-Instruct (``bench/steering_defaults.py``,
-six held-out prompts, at layer 21, which ``optimize`` picks, and at layer 23): 0.4x moves every text, its
-effect is distinguishable from 0, and the text stays fluent; 0.2x–0.3x is where the effect starts to stand
-out from its noise, and from 0.6x the text drifts off topic and starts repeating itself (broken at 0.8x)."""
+six held-out prompts, at layer 21, which ``optimize`` picks, and at layer 23): 0.4x of the norm moves every
+text, its effect is distinguishable from 0, and the text stays fluent; broken at 0.8x. On an artifact whose
+``strength_unit`` is the spread (what ``calibrate`` writes) it is 0.4 times the spread: on SmolLM2 at layer 21
+(spread 0.72 of the norm) and on Gemma 3 270M at layer 7 (0.24 of the norm, which massive activations
+inflate) the alarmed prompts' answers turn calmer and stay fluent there, at a mean KL of about 0.22 and 0.24
+from the unsteered model, where 0.4x of Gemma's norm breaks its text."""
 DEFAULT_SWEEP = "-0.8x,-0.4x,-0.2x,0.2x,0.4x,0.8x"
 """The strengths a sweep walks when none are given: half, once and twice the default strength, each way —
 where steering starts, where it works, and where it breaks on SmolLM2 — relative, so the sweep scales with
 the artifact's activation norm, and a factor of two either side of the default for a model that differs."""
 
-DEFAULT_KL_BUDGET = 0.1
+DEFAULT_KL_BUDGET = 0.25
 """The mean KL (nats per token over the unsteered model's own continuation of a neutral prompt) a calibrated
-strength may cost by default; see the README's calibration tables for how text reads at it and at 2x and 4x."""
+strength may cost by default: what the default strength, 0.4x of the spread, costs at the layer ``optimize``
+picks on SmolLM2-135M-Instruct (about 0.22 at layer 21) and on Gemma 3 270M (about 0.24 at layer 7), where the
+text is steered and stays fluent; at 0.1 SmolLM2's answers barely change. See the README's calibration tables."""
 DEFAULT_TRIALS = 40
 """Candidates ``calibrate`` measures by default: every single layer of a 30-layer model with caa, then the other
 methods at the best layers, then layer ranges around the best."""
@@ -80,15 +87,15 @@ class Strength(BaseModel):
         """The text with its sign always shown, as sweep streams and tables label a strength."""
         return f"{self.value:+g}x" if self.relative else f"{self.value:+g}"
 
-    def per_layer(self, norms: dict[int, float | None]) -> dict[int, float]:
-        """The absolute scale at each layer, given each layer's activation norm (None: not recorded)."""
+    def per_layer(self, units: dict[int, float | None], unit: str = "activation_norm") -> dict[int, float]:
+        """The absolute scale at each layer, given what ``1x`` is there (``unit``, None: not recorded)."""
         if not self.relative:
-            return {layer: self.value for layer in norms}
-        missing = sorted(layer for layer, norm in norms.items() if not norm)
+            return {layer: self.value for layer in units}
+        missing = sorted(layer for layer, scale in units.items() if not scale)
         if missing and self.value != 0:
-            raise Refusal(f"strength {self} is relative to the layer's activation norm, but the artifact records "
-                             f"no activation_norm for layer {missing[0]}; give an absolute strength instead")
-        return {layer: self.value * (norm or 0.0) for layer, norm in norms.items()}
+            raise Refusal(f"strength {self} is relative to the layer's {unit.replace('_', ' ')}, but the artifact "
+                          f"records no {unit} for layer {missing[0]}; give an absolute strength instead")
+        return {layer: self.value * (scale or 0.0) for layer, scale in units.items()}
 
     def relative_per_layer(self, norms: dict[int, float | None]) -> dict[int, float]:
         """Per layer that records a norm, the scale over that norm: how large the push is against the stream."""

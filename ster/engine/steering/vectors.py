@@ -58,12 +58,15 @@ def train_job(request: TrainRequest, ctx: JobContext) -> ArtifactSummary:
     adapter = check_adapter(ctx, request.adapter, checkpoint)
     from ster.engine.steering import fitting  # torch, once every input has been checked
 
-    positives, negatives = fitting.read_pairs(ctx, checkpoint, encoded, layers, request.batch_size, adapter)
+    spread = fitting.Spread(layers, checkpoint.config.hidden_size)
+    positives, negatives = fitting.read_pairs(ctx, checkpoint, encoded, layers, request.batch_size, adapter, spread)
+    spreads = spread.values()
     vectors = []
     for column, layer in enumerate(layers):
         ctx.check_cancelled()
         ctx.progress("fit", f"fitting {request.method} at layer {layer}", column + 1, len(layers))
-        vectors.append(fitting.layer_vector(layer, request.method, positives[:, column], negatives[:, column]))
+        vectors.append(fitting.layer_vector(layer, request.method, positives[:, column], negatives[:, column],
+                                            spreads[layer]))
     artifact = _artifact(checkpoint, pair_set, request.method, vectors, adapter)
     ctx.check_cancelled()
     save_artifact(request.output, artifact)
@@ -118,14 +121,16 @@ def optimize_job(request: OptimizeRequest, ctx: JobContext) -> OptimizeResult:
     adapter = check_adapter(ctx, request.adapter, checkpoint)
     from ster.engine.steering import fitting  # torch, once every input has been checked
 
-    positives, negatives = fitting.read_pairs(ctx, checkpoint, encoded, layers, request.batch_size, adapter)
+    spread = fitting.Spread(layers, checkpoint.config.hidden_size)
+    positives, negatives = fitting.read_pairs(ctx, checkpoint, encoded, layers, request.batch_size, adapter, spread)
     candidates = [Candidate(**numbers, selected=False)  # type: ignore[arg-type]
                   for numbers in fitting.rank(ctx, layers, positives, negatives, fit_count)]
     best = max(range(len(candidates)), key=lambda i: _rank_key(candidates[i], i))
     winner = candidates[best] = candidates[best].model_copy(update={"selected": True})
     column = layers.index(winner.layer)
     ctx.progress("fit", f"refitting {winner.method} at layer {winner.layer} on all {total} pairs")
-    vector = fitting.layer_vector(winner.layer, winner.method, positives[:, column], negatives[:, column])  # type: ignore[arg-type]
+    vector = fitting.layer_vector(winner.layer, winner.method, positives[:, column], negatives[:, column],  # type: ignore[arg-type]
+                                  spread.values()[winner.layer])
     sentence = (f"chosen over {len(candidates)} candidates on a {total - fit_count}-pair holdout, "
                 f"then refitted on all {total} pairs")
     artifact = _artifact(checkpoint, pair_set, winner.method, [vector], adapter, {"selection": sentence})
