@@ -42,7 +42,7 @@ def quick_start() -> tuple[str, str]:
 
 def test_every_reserved_name_is_a_bundled_file() -> None:
     assert all((EXAMPLES_DIR / file).is_file() for file in EXAMPLES.values())
-    assert sorted(EXAMPLES) == ["ster:chat-examples", "ster:examples", "ster:grpo-prompts", "ster:pairs",
+    assert sorted(EXAMPLES) == ["ster:chat-examples", "ster:examples", "ster:grpo-prompts", "ster:neutral", "ster:pairs",
                                 "ster:prompts"]
 
 
