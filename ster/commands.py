@@ -173,7 +173,7 @@ def _add_calibrate(commands: Any) -> None:
     parser.add_argument("--pairs", metavar="FILE", help="pair set to fit on (default: the workspace's active set)")
     parser.add_argument("--holdout", metavar="FILE",
                         help="pair set to measure behaviour on (default: the last 20%% of --pairs, held out from fitting)")
-    parser.add_argument("--neutral", default="ster:neutral", metavar="FILE",
+    parser.add_argument("--neutral", metavar="FILE",
                         help='JSON file {"prompts": [...]} of everyday requests the cost is measured on (default '
                              'ster:neutral, 72 bundled requests)')
     parser.add_argument("--kl-budget", default=0.25, metavar="B",

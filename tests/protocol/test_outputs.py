@@ -78,7 +78,8 @@ def test_every_job_that_writes_declares_its_outputs() -> None:
     writers = {name: request_class(name).outputs for name in JOBS
                if any(f in request_class(name).model_fields for f in request_class(name).outputs)}
     assert writers == {
-        "extract": ("output",), "train": ("output",), "optimize": ("output",), "pairs add": ("pairs",),
+        "extract": ("output",), "train": ("output",), "optimize": ("output",), "calibrate": ("output",),
+        "pairs add": ("pairs",),
         "pairs remove": ("pairs",), "pairs save": ("pairs",), "pairs synthesize": ("output",),
         "model import": ("output",), "tune sft": ("output",), "tune dpo": ("output",), "tune reward": ("output",),
         "tune grpo": ("output",),

@@ -48,6 +48,22 @@ class TextCodec:
             raise Refusal("the prompt encodes to no tokens; give some text")
         return ids
 
+    def encode_answer(self, turns: list[dict[str, str]], raw_prompt: str, answer: str) -> tuple[list[int], list[int]]:
+        """Ids of a prompt (with the marker that opens the assistant's turn) and of an answer after it.
+
+        Under a template the conversation is rendered twice, the prompt alone and with the answer, and the
+        answer is the difference, its turn's end marker included; neither half gets the tokenizer's own special
+        tokens. Without one the prompt is ``raw_prompt`` as raw text and the answer has no special tokens."""
+        if self.template is None:
+            return self.tokenizer.encode(raw_prompt).ids, self.tokenizer.encode(answer, add_special_tokens=False).ids
+        head = self.template.render(turns, add_generation_prompt=True)
+        whole = self.template.render([*turns, {"role": "assistant", "content": answer}], add_generation_prompt=False)
+        if not whole.startswith(head):
+            raise Refusal("the chat template renders the conversation with a different beginning than the prompt "
+                          "alone, so the completion cannot be told apart from the prompt")
+        return (self.tokenizer.encode(head, add_special_tokens=False).ids,
+                self.tokenizer.encode(whole[len(head):], add_special_tokens=False).ids)
+
     def decode(self, ids: Iterable[int]) -> str:
         """Text of generated ids, without special tokens."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

@@ -47,7 +47,7 @@ from ster.engine.protocol.files import (
 )
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.protocol.kinds import CALIBRATION_STUDY
-from ster.engine.protocol.paths import bundled_name
+from ster.engine.protocol.paths import bundled_name, example_path
 from ster.engine.steering.artifact import ArtifactSummary, SteeringArtifact, save_artifact, summarize
 from ster.engine.steering.calibration_record import Calibration, Point, Side, Trial
 from ster.engine.steering.extract import PromptSet
@@ -68,6 +68,7 @@ full when the chosen candidate is measured again), and where most of the cost li
 CONTINUATION_TOKENS = 16
 """Tokens of the unsteered model's greedy continuation over which the mean KL is taken."""
 MAX_NEUTRAL = 1000
+NEUTRAL = "ster:neutral"
 BUDGET_TRIES = 3
 """Times the chosen strengths are stepped back when the whole neutral set spends more than the budget."""
 GENERATION_PROMPTS = 6
@@ -210,10 +211,11 @@ def pareto(trials: list[Trial]) -> list[FrontPoint]:
 
 
 def _neutral(request: CalibrateRequest) -> tuple[list[str], str]:
-    document = load_document(request.neutral, PromptSet, "neutral set")
+    path = request.neutral or example_path(NEUTRAL)
+    document = load_document(path, PromptSet, "neutral set")
     prompts = document.prompts
     if len(prompts) > MAX_NEUTRAL:
-        raise Refusal(f"neutral set {request.neutral} has {len(prompts)} prompts; calibrate measures at most "
+        raise Refusal(f"neutral set {bundled_name(path)} has {len(prompts)} prompts; calibrate measures at most "
                       f"{MAX_NEUTRAL}, so give a smaller set")
     digest = hashlib.sha256("\n\x00".join(prompts).encode()).hexdigest()
     return prompts, digest
@@ -243,8 +245,6 @@ def answered_pairs(codec: Any, pairs: list[Any], context: int) -> tuple[list[tup
     of each side is its answer, the assistant's turn. A pair whose sides share no such text is read as
     fitting reads it (each side a whole user turn), and then scored from each side's second token. Also, per
     pair with a shared prompt, the prompt's ids and the two answers' texts (the questions generation answers)."""
-    from ster.engine.tune.encoding import prompt_and_answer
-
     out, questions = [], []
     for index, pair in enumerate(pairs):
         pos, neg = pair.positive, pair.negative
@@ -256,8 +256,9 @@ def answered_pairs(codec: Any, pairs: list[Any], context: int) -> tuple[list[tup
         if not prompt or not pos[cut:].strip() or not neg[cut:].strip():
             out.append(encode_pairs(codec, [(pos, neg)], context)[0])
             continue
-        head, positive = prompt_and_answer(codec, prompt, pos[cut:].strip())
-        _, negative = prompt_and_answer(codec, prompt, neg[cut:].strip())
+        turns = [{"role": "user", "content": prompt}]
+        head, positive = codec.encode_answer(turns, prompt, pos[cut:].strip())
+        _, negative = codec.encode_answer(turns, prompt, neg[cut:].strip())
         for side, ids in (("positive", positive), ("negative", negative)):
             if len(head) + len(ids) > context:
                 raise Refusal(f"held-out pair {index}'s {side} side is {len(head) + len(ids)} tokens with its "
@@ -423,7 +424,7 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
     positive_point = next((p for p in final if p.strength > 0), None)
     negative_point = next((p for p in final if p.strength < 0), None)
     record = Calibration(kl_budget=request.kl_budget, unit="spread" if all(v.activation_spread for v in vectors)
-                         else "norm", neutral=bundled_name(request.neutral), neutral_sha256=digest,
+                         else "norm", neutral=bundled_name(request.neutral or example_path(NEUTRAL)), neutral_sha256=digest,
                          neutral_prompts=len(prompts), continuation_tokens=CONTINUATION_TOKENS,
                          holdout_pairs=len(held), fit_pairs=len(fit), seed=request.seed, baseline=base,
                          positive=side(positive_point), negative=side(negative_point), trials=trials,

@@ -145,8 +145,8 @@ class CalibrateRequest(AdaptedRequest):
     """The pair set the directions are fitted on; the workspace's active set when omitted."""
     holdout: Path | None = None
     """Pairs to measure behaviour on; without it the last 20% of ``pairs`` are held out from fitting."""
-    neutral: Path = Path("ster:neutral")
-    """Everyday prompts the cost (KL from the unsteered model) is measured on."""
+    neutral: Path | None = None
+    """Everyday prompts the cost (KL from the unsteered model) is measured on; None is ``ster:neutral``."""
     kl_budget: float = DEFAULT_KL_BUDGET
     """Most mean KL (nats per token, over the continuation) a chosen strength may cost on the neutral set."""
     trials: int = DEFAULT_TRIALS

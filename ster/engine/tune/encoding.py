@@ -48,17 +48,7 @@ def _raw(prompt: Prompt) -> str:
 
 def prompt_and_answer(codec: TextCodec, prompt: Prompt, answer: str) -> tuple[list[int], list[int]]:
     """Ids of the prompt (with the assistant's opening marker) and of the answer after it."""
-    tokenizer = codec.tokenizer
-    if codec.template is None:
-        return tokenizer.encode(_raw(prompt)).ids, tokenizer.encode(answer, add_special_tokens=False).ids
-    turns = _turns(prompt)
-    head = codec.template.render(turns, add_generation_prompt=True)
-    whole = codec.template.render([*turns, {"role": "assistant", "content": answer}], add_generation_prompt=False)
-    if not whole.startswith(head):
-        raise Refusal("the chat template renders the conversation with a different beginning than the prompt "
-                      "alone, so the completion cannot be told apart from the prompt")
-    return (tokenizer.encode(head, add_special_tokens=False).ids,
-            tokenizer.encode(whole[len(head):], add_special_tokens=False).ids)
+    return codec.encode_answer(_turns(prompt), _raw(prompt), answer)
 
 
 def encode_example(codec: TextCodec, example: Example) -> Sequence:
