@@ -99,7 +99,7 @@ def test_kl_and_behaviour_equal_transformers_with_a_hook(pair_of_models, first: 
 def test_packed_prompts_and_pairs_measure_as_each_alone(pair_of_models) -> None:
     """Several prompts (and pairs) in one packed row, sharing their common prefix, give each one's measures."""
     reference, decoder = pair_of_models
-    width, count = decoder.config.hidden_size, len(decoder.blocks)
+    width = decoder.config.hidden_size
     rows = Rows.of(decoder, {1: direction(width, 3)}, [{}, {1: 2.5}, {1: -3.0}])
     items = [([1, 14, 20, 33], [41, 52, 2]), ([1, 14, 20, 60, 71], [80]), ([1, 14, 5], [9, 13, 17, 21])]
     together = kl_costs(decoder, items, rows)
