@@ -270,10 +270,10 @@ def answered_pairs(codec: Any, pairs: list[Any], context: int) -> tuple[list[tup
 
 def _opening(pair: tuple[list[int], list[int]]) -> tuple[list[int], list[int]]:
     """A pair cut to the first ``SCREEN_ANSWER_TOKENS`` tokens of each answer after their shared prompt."""
+    from ster.engine.steering.activations import shared_prefix  # torch: called once the job has imported it
+
     positive, negative = pair
-    shared = 0
-    while shared < min(len(positive), len(negative)) - 1 and positive[shared] == negative[shared]:
-        shared += 1
+    shared = shared_prefix(positive, negative)
     return positive[:shared + SCREEN_ANSWER_TOKENS], negative[:shared + SCREEN_ANSWER_TOKENS]
 
 

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from ster.engine.model.llama import Decoder, Layout
+from ster.engine.steering.activations import shared_prefix
 from ster.engine.steering.apply import RowSteering
 
 LOGIT_BYTES = 64 * 2**20
@@ -73,12 +74,12 @@ class Tree:
         sequences = [seq for item in items for seq in item]
         common = min(len(seq) for seq in sequences) - 1
         for seq in sequences[1:]:
-            common = min(common, _shared(sequences[0], seq))
+            common = min(common, shared_prefix(sequences[0], seq))
         self.common = max(common, 0)
         ids, positions, nodes, parents = list(sequences[0][:self.common]), list(range(self.common)), [0] * self.common, [-1]
         self.starts: list[tuple[int, int, list[int]]] = []  # per item: (its shared length, row index of it, per sequence own row index)
         for item in items:
-            shared = len(item[0]) if len(item) == 1 else min(_shared(item[0], seq) for seq in item[1:])
+            shared = len(item[0]) if len(item) == 1 else min(shared_prefix(item[0], seq) for seq in item[1:])
             shared = max(shared, self.common)
             node = len(parents)
             parents.append(0)
@@ -118,13 +119,6 @@ class Tree:
         order = torch.arange(width)
         mask = ancestor[nodes][:, nodes] & (order[None, :] <= order[:, None])  # [T, T]: query row, key column
         return Layout(torch.tensor([self.positions], device=device), mask[None, None].to(device))
-
-
-def _shared(a: list[int], b: list[int]) -> int:
-    n, limit = 0, min(len(a), len(b)) - 1
-    while n < limit and a[n] == b[n]:
-        n += 1
-    return n
 
 
 def packed(items: list[list[list[int]]]) -> list[list[int]]:
@@ -274,7 +268,7 @@ def behaviours(model: Decoder, pairs: list[tuple[list[int], list[int]]], rows: R
         tree = Tree([[pos, neg] for pos, neg in chosen])
         positions, targets, sides = [], [], []
         for k, (pos, neg) in enumerate(chosen):
-            shared = _shared(pos, neg)
+            shared = shared_prefix(pos, neg)
             for s, seq in enumerate((pos, neg)):
                 begin = max(shared, 1)  # with no shared prompt nothing predicts a side's first token
                 positions += [tree.index(k, s, p - 1) for p in range(begin, len(seq))]
