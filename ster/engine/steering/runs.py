@@ -18,6 +18,7 @@ from ster.engine.model.llama import Decoder
 from ster.engine.model.sampling import Generation, Sampling
 from ster.engine.steering.activations import read_last_states
 from ster.engine.steering.apply import RowSteering, plan, steer
+from ster.engine.steering.measures import row_additions
 
 
 def steered_decode(model: Decoder, prompt_ids: list[int], vectors: dict[int, list[float]] | None,
@@ -39,17 +40,11 @@ def steered_rows_decode(model: Decoder, prompt_ids: list[int], vectors: dict[int
                         check_cancelled: Callable[[], None]) -> list[Generation]:
     """One generation per entry of ``scales`` (row ``i`` steered at ``scales[i][layer] × vectors[layer]``),
     decoded as one batch; a row whose scales are all 0 is the unsteered baseline."""
-    weight = model.lm_head.weight
     samplings = [sampling] * len(scales)
     if not any(any(row.values()) for row in scales):
         return decode_group(model, prompt_ids, samplings, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
                             check_cancelled=check_cancelled, on_token=on_token)
-    stacked = torch.tensor([vectors[layer] for layer in sorted(vectors)], dtype=torch.float32)  # [L, D]
-    by_row = torch.tensor([[row.get(layer, 0.0) for layer in sorted(vectors)] for row in scales],
-                          dtype=torch.float32)  # [B, L]
-    additions = {layer: (by_row[:, i, None] * stacked[i]).to(weight.device, weight.dtype)
-                 for i, layer in enumerate(sorted(vectors))}  # each [B, D], scaled as plan() scales
-    steering = RowSteering(additions)
+    steering = RowSteering(row_additions(model, vectors, scales))  # each [B, D], scaled as plan() scales
     with steering.applied(model):
         return decode_group(model, prompt_ids, samplings, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
                             check_cancelled=check_cancelled, on_token=on_token, shared_prefill=False,
