@@ -25,6 +25,7 @@ PLANS: dict[str, tuple[tuple[str, float], ...]] = {
     "train": (*LOADING, ("read", 78), ("fit", 10)),
     "optimize": (*LOADING, ("read", 70), ("fit", 18)),
     "evaluate": (*LOADING, ("read", 88)),
+    "calibrate": (*LOADING, ("read", 8), ("calibrate", 72), ("judge", 8)),
     "generate": (*LOADING, ("generate", 88)),
     "sweep": (*LOADING, ("sweep", 88)),
     "extract": (*LOADING, ("read", 88)),
@@ -43,7 +44,8 @@ the atomic write); 100% means the job has ended with its result."""
 STAGE_WORDS = {"resolve": "resolving", "load": "loading", "read": "reading", "fit": "fitting",
                "generate": "generating", "sweep": "sweeping", "inspect": "inspecting", "synthesize": "synthesizing",
                "kept": "synthesizing", "train": "training", "reference": "scoring the reference",
-               "sample": "sampling", "skip": "skipping"}
+               "sample": "sampling", "skip": "skipping",
+               "calibrate": "calibrating", "judge": "judging"}
 """How the progress line names a stage; a stage not listed shows under its own name."""
 
 

@@ -25,6 +25,9 @@ class Settings:
     """The steering artifact the Generate pane applies."""
     artifact: dict[str, Any] | None = None
     """What the engine reported about ``vector`` (its trait, method, model and layers); None until it has."""
+    strength: str | None = None
+    """The strength the Generate pane steers at, once a calibration point was adopted (``0.3x``); None leaves the
+    pane's field as it is. A new artifact clears it."""
     adapter: Path | None = None
     """The LoRA adapter the Generate pane compares with the base model; None until one is made or chosen."""
     adapter_info: dict[str, Any] | None = None
@@ -37,7 +40,7 @@ class Settings:
 
     def use_artifact(self, path: Path, summary: dict[str, Any] | None) -> None:
         """The artifact the Generate pane applies from now on, with the engine's summary of it."""
-        self.vector, self.artifact = path, summary
+        self.vector, self.artifact, self.strength = path, summary, None
 
     def use_adapter(self, path: Path | None, info: dict[str, Any] | None = None) -> None:
         """The adapter the Generate pane offers from now on (None: no adapter)."""
@@ -46,6 +49,12 @@ class Settings:
     def adapter_label(self) -> str:
         """The adapter as panes name it: its file name without ``.safetensors``, or ``none``."""
         return "none" if self.adapter is None else self.adapter.name.removesuffix(".safetensors")
+
+    def calibrated(self) -> str | None:
+        """The artifact's calibrated positive strength as the Generate pane names it (``+0.25x``), or None for an
+        artifact without one (generate then steers at it when no strength is given)."""
+        side = ((self.artifact or {}).get("calibration") or {}).get("positive")
+        return None if not side else f"{side['strength']:+.3g}x"
 
     def artifact_label(self) -> str:
         """The artifact as the status line and the steered panel name it: ``calm.caa.toy (caa, layer 3)``."""

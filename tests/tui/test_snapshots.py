@@ -59,6 +59,9 @@ TUNED: dict[str, Any] = json.loads((Path(__file__).parent / "canned_tune.json").
 """Every event of the toy's ``ster --json tune sft --examples ster:examples --epochs 4 --accumulation 2`` and
 ``tune dpo --pairs ster:pairs --epochs 3 --accumulation 2`` runs, numbers to six digits, tokens per second
 fixed at 4000 and the adapter at the Tune tab's default path under /data, so nothing depends on the machine."""
+CALIBRATED: dict[str, Any] = json.loads((Path(__file__).parent / "canned_calibrate.json").read_text())
+"""The result of the toy's ``ster --json calibrate --model ster:toy --pairs ster:pairs --trials 12 --judge none``
+(logistic at layer 2 chosen: +0.422x and -0.483x within a mean KL of 0.25), numbers to six digits."""
 DURING = {"sft": 6, "dpo": 7}
 """The optimizer step a run "during" snapshot stops after (of 16 for sft, 18 for dpo)."""
 
@@ -97,6 +100,21 @@ def canned_optimize(app: SterApp) -> JobHandle:
         Log(message="fitting each candidate on 9 pairs and ranking on a 3-pair holdout"),
         Progress(stage="read", message="reading pair 12/12", current=12, total=12),
     ], Result(command="optimize", data=OPTIMIZED))
+    return handle
+
+
+def canned_calibrate(app: SterApp) -> JobHandle:
+    """Deliver a calibrate job's life to the Train pane, writing the Train tab's default calibrated artifact."""
+    pane = app.query_one("#train-pane")
+    output = Path("/data/ster/artifacts/calm.calibrated.ster-toy.ster.json")
+    handle = JobHandle(1, "calibrate", build_job_request("calibrate", model="ster:toy", output=output), pane)
+    app.runner.handles.append(handle)
+    deliver(pane, handle, [
+        Progress(stage="resolve", message="resolving model ster:toy"),
+        Progress(stage="read", message="reading pair 9/9", current=9, total=9),
+        Progress(stage="calibrate", message="trial 12: pca at layers 1-2, 6 strengths in one batch", current=12,
+                 total=12),
+    ], Result(command="calibrate", data=CALIBRATED))
     return handle
 
 
@@ -175,6 +193,24 @@ def test_train_pane_after_optimize(snap_compare, size: tuple[int, int]) -> None:
         await pilot.pause()
         await pilot.press("2")
         canned_optimize(pilot.app)  # type: ignore[arg-type]
+        await settled(pilot)
+
+    assert snap_compare(StillApp(Settings(trait="calm")), terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", [SMALL, (120, 34)], ids=["80x24", "120x34"])
+def test_train_pane_after_calibrate(snap_compare, size: tuple[int, int]) -> None:
+    """You should see the Train tab after c: 'calibrate · done' at 100%, 'wrote …calm.calibrated.ster-toy…;
+    Generate steers at its calibrated +0.422x' in green, the title 'calibrate: logistic at layer 2, chosen over
+    12 trials within KL 0.25', and the front table (sign, layers, method, strength, KL, moved) with the + rows
+    first by KL, '+0.422x' and '-0.483x' bold green and '✓ chosen', the cursor on the + one; at 120 columns
+    the plot beside it: + cyan and − magenta against a log KL axis (0.001 … 10), the budget a yellow line at
+    0.25 and the chosen points green ●."""
+
+    async def run_before(pilot: Pilot) -> None:
+        await pilot.pause()
+        await pilot.press("2")
+        canned_calibrate(pilot.app)  # type: ignore[arg-type]
         await settled(pilot)
 
     assert snap_compare(StillApp(Settings(trait="calm")), terminal_size=size, run_before=run_before)

@@ -59,9 +59,12 @@ class Field(Input):
     def watch_value(self, value: str) -> None:
         self._fit(value)
 
+    def watch_placeholder(self) -> None:
+        self._fit(self.value)
+
     def _fit(self, value: str) -> None:
         if self.min_width is not None:
-            wanted = len(value) + 3  # one cell of padding each side, one for the cursor
+            wanted = len(value or getattr(self, "placeholder", "")) + 3  # padding each side, one for the cursor
             self.styles.width = max(self.min_width, min(wanted, self.max_width or self.min_width))
 
     def _on_blur(self, event: events.Blur) -> None:  # Textual runs Input's own handler as well

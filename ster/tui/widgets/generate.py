@@ -63,6 +63,8 @@ STEPS = {"relative": (0.1, 0.01), "absolute": (1.0, 0.1)}
 FIELDS = ("prompt", "strength", "max-new-tokens", "temperature", "seed", "adapter")
 PROMPTS_TIP = ("a prompt-set file, or ster:prompts; empty: the prompt above alone. Several prompts give the "
                "effect a noise to be judged against, so only they can suggest a strength")
+STRENGTH_TIP = ("0.4x: 0.4 × each layer's activation norm (its spread, for a calibrated artifact); 3: absolute; "
+                "empty: the artifact's calibrated strength, else 0.4x")
 ADAPTER_TIP = ("a: a LoRA adapter (.safetensors, its .json sidecar beside it) or a PEFT adapter directory, shown "
                "beside the base model; empty: none. Starts at the app's current adapter")
 
@@ -115,14 +117,15 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         """The prompt set of the last sweep as the field named it; None for the prompt above alone."""
         self.sweep_adapter: str | None = None
         """The name of the adapter the last sweep ran through; None for the base model."""
+        self.auto_strength = DEFAULT_STRENGTH
+        """What the pane itself last put in the strength field (a value there other than it was typed)."""
 
     def compose(self) -> ComposeResult:
         with FormRow():
             yield from labelled("prompt", Field(PROMPT, id="prompt", tooltip="p types here; enter generates"))
         with FormRow():
-            yield from labelled("strength", Field(DEFAULT_STRENGTH, check=parse_strength, width=8, grow=16,
-                                                  passthrough=STEP_KEYS, id="strength",
-                                                  tooltip="0.4x: 0.4 × each layer's activation norm; 3: absolute"))
+            yield from labelled("strength", Field(DEFAULT_STRENGTH, check=parse_typed_strength, width=8, grow=20,
+                                                  passthrough=STEP_KEYS, id="strength", tooltip=STRENGTH_TIP))
             yield from labelled(" max tokens", Field("48", check=lambda t: parse_whole(t, "max tokens", 1), width=6,
                                                      grow=10, id="max-new-tokens"))
             yield from labelled(" temp", Field("0", check=parse_temperature, width=5, grow=10, id="temperature",
@@ -154,6 +157,18 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
     def on_mount(self) -> None:
         self.add_class("-unswept")  # until a sweep begins, its table is only a header (hidden when space is short)
         self._hint_steered()
+        self.follow_strength(adopted=self.app.settings.strength is not None)  # type: ignore[attr-defined]
+
+    def follow_strength(self, adopted: bool = False) -> None:
+        """The strength field for the app's artifact: a calibrated one's field is left empty, so that ``g`` sends
+        no strength and the engine steers at the calibrated strength, which the placeholder names; an adopted
+        point's strength (``adopted``) is put in the field. A strength the person typed stays."""
+        settings = self.app.settings  # type: ignore[attr-defined]
+        field, calibrated = self.query_one("#strength", Field), settings.calibrated()
+        field.placeholder = f"calibrated {calibrated}" if calibrated else DEFAULT_STRENGTH
+        if adopted or field.value.strip() in (self.auto_strength, ""):  # not typed by the person
+            wanted = settings.strength or ("" if calibrated else DEFAULT_STRENGTH)
+            field.value = self.auto_strength = wanted
 
     def on_input_changed(self, event: Field.Changed) -> None:
         """A fixed field's sentence leaves the message line (as ``FieldErrors`` does: Textual calls each class's
@@ -181,8 +196,8 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
             self.say(NO_ARTIFACT, "yellow")
         else:
             on_adapter = {"adapter": adapter} if adapter is not None and self.steer_on_adapter else {}
-            runs.append(("steered", {**fields, "vector": settings.vector, "strength": self._value("strength"),
-                                     **on_adapter}))
+            strength = {"strength": self._value("strength")} if self._value("strength") else {}  # empty: calibrated
+            runs.append(("steered", {**fields, "vector": settings.vector, **strength, **on_adapter}))
         if adapter is not None:
             runs.append(("adapted", {**fields, "adapter": adapter}))
         runs.append(("baseline", fields))
@@ -238,7 +253,7 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         """Nudge the strength in the form by a step of its own unit (the next ``g`` uses it)."""
         field = self.query_one("#strength", Field)
         try:
-            strength: Any = parse_strength(field.value)
+            strength: Any = parse_strength(field.value.strip() or self._untyped_strength())
         except ValueError as exc:
             self.say(str(exc), "red")
             self.shown_error = "strength"
@@ -339,8 +354,18 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
             return "unsteered" if self.ran["adapter"] is None else f"base · {model_name(settings.model)}"
         if role == "adapted":
             return f"adapter · {adapter_name(self.ran['adapter'])}"
-        title = f"steered {strength or shown_strength(self._value('strength'))} · {settings.artifact_label()}"
+        typed = self._value("strength")
+        title = (f"steered {strength or (shown_strength(typed) if typed else self._untyped_strength(True))} · "
+                 f"{settings.artifact_label()}")
         return title if self.ran["on"] is None else f"{title} on {self.ran['on']}"
+
+    def _untyped_strength(self, named: bool = False) -> str:
+        """What an empty strength field steers at: the artifact's calibrated strength (``named``: as
+        ``calibrated +0.25x``), else the engine's default."""
+        calibrated = self.app.settings.calibrated()  # type: ignore[attr-defined]
+        if calibrated is None:
+            return DEFAULT_STRENGTH
+        return f"calibrated {calibrated}" if named else calibrated
 
     def _steered_title(self, strength: str | None = None) -> str:
         return self.title("steered", strength)
@@ -395,6 +420,11 @@ def adapter_name(path: Path | None) -> str:
 def model_name(model: str) -> str:
     """A model as the base panel's title names it: the last part of its path or Hub id (the status line has all)."""
     return model.rstrip("/").rsplit("/", 1)[-1] or model
+
+
+def parse_typed_strength(text: str) -> object | None:
+    """The strength field: empty is no strength (the artifact's calibrated one, else the default)."""
+    return parse_strength(text) if text.strip() else None
 
 
 def shown_strength(typed: str) -> str:

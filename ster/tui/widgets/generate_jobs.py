@@ -29,7 +29,7 @@ from ster.tui.words import format_number, in_our_words
 
 class GenerateJobs:
     """Mixed into the Generate pane, which provides ``jobs``, ``queued``, ``caption``, ``sweep_source``,
-    ``sweep_adapter``, ``role_name``, ``title``, ``_start``, ``_current_adapter``, ``_hint_steered``, ``say``,
+    ``sweep_adapter``, ``role_name``, ``title``, ``follow_strength``, ``_start``, ``_current_adapter``, ``_hint_steered``, ``say``,
     ``add`` and ``drop``."""
 
     def panel(self, role: str) -> TextPanel:
@@ -138,6 +138,8 @@ class GenerateJobs:
         for what in ("model", "artifact"):
             if what in message.changed:
                 self._mark_old(f"the {what} has changed since")
+        if message.changed & {"artifact", "strength"}:
+            self.follow_strength(adopted="strength" in message.changed)
         if "adapter" in message.changed:
             field = self.query_one("#adapter", Field)
             if field.value.strip() != self._current_adapter():

@@ -21,6 +21,7 @@ from ster.engine.steering.artifact import provenance_sentences
 from ster.tui.messages import JobEvent, JobFinished, JobStarted, SettingsChanged
 from ster.tui.paths import default_artifact, shown
 from ster.tui.runner import final_state
+from ster.tui.widgets.calibration_view import CalibrationView, FrontRow
 from ster.tui.widgets.fields import Field, FieldErrors, FormRow, MessageLine, labelled
 from ster.tui.widgets.progress import JobProgress
 from ster.tui.widgets.train_results import SORT_BY_COLUMN, TrainResults
@@ -42,9 +43,11 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
     BINDINGS = [
         Binding("t", "train", "Train", tooltip="Fit one direction per selected layer with the chosen method"),
         Binding("o", "optimize", "Optimize", tooltip="Rank every method at every selected layer on a holdout"),
-        Binding("e", "evaluate", "Evaluate", tooltip="Score the current artifact on a pair set"),
+        Binding("e", "evaluate", "Eval", tooltip="Evaluate: score the current artifact on a pair set"),
+        Binding("c", "calibrate", "Calibrate",
+                tooltip="Search layer, method and strength per sign for the most behaviour within a KL budget"),
         Binding("l", "load", "Load", tooltip="Use an artifact from disk"),
-        Binding("s", "sort", "Sort", tooltip="Cycle the candidate table's order"),
+        Binding("s", "sort", "Sort", show=False, tooltip="Cycle the candidate table's order (the title says s sorts)"),
     ]
 
     def compose(self) -> ComposeResult:
@@ -57,9 +60,16 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
             yield Field(id="output", tooltip="where t and o write; empty: the default named in grey")
         with FormRow():
             yield from labelled("evaluate on", Field(placeholder="the Pairs tab's saved set", id="eval-pairs"))
-        yield JobProgress("t trains, o optimizes; the artifact is what the Generate tab applies", id="progress")
+        yield JobProgress("t trains, o optimizes, c calibrates: the Generate tab applies the artifact", id="progress")
         yield Wrapped("", id="message")
         yield TrainResults(id="results")
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.calibrated: tuple[Path, dict[str, Any]] | None = None
+        """The calibrated artifact the calibration view shows, and the engine's summary of it."""
+        self.adopting: tuple[Any, FrontRow] | None = None
+        """The train job fitting another candidate of the front, and the row to adopt once it has."""
 
     def on_mount(self) -> None:
         self._default_output()
@@ -74,6 +84,26 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
 
     def action_optimize(self) -> None:
         self._fit("optimize")
+
+    def action_calibrate(self) -> None:
+        """The calibrate job on the app's model and pair set (the last 20% held out), within the engine's default
+        KL budget; a study an interrupted run left beside the artifact is resumed."""
+        if self.first_bad("layers"):
+            return
+        from ster.engine.steering.calibrate import study_path
+        from ster.tui.screens.dialogs import replace_or_keep
+
+        settings = self.app.settings  # type: ignore[attr-defined]
+        output = self._output("calibrate")
+        resume = study_path(output).exists()
+        fields = {"pairs": settings.pairs, "layers": self.query_one("#layers", Field).value.strip() or "all",
+                  "output": output, "resume": resume, **settings.model_fields()}
+        if resume:
+            self._run("calibrate", **fields)
+            self.add(f"resuming the study an interrupted run left at {shown(study_path(output))}", "yellow")
+            return
+        replace_or_keep(self.app, output, "steering artifact", "the new artifact",
+                        lambda: self._run("calibrate", **fields), self.say)
 
     def _fit(self, job: str, **extra: Any) -> None:
         if self.first_bad("layers"):
@@ -93,12 +123,14 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
 
     def _default_path(self, job: str) -> Path:
         settings = self.app.settings  # type: ignore[attr-defined]
-        method = str(self.query_one("#method", Select).value) if job == "train" else "optimized"
+        method = (str(self.query_one("#method", Select).value) if job == "train" else
+                  {"calibrate": "calibrated"}.get(job, "optimized"))
         return default_artifact(settings.trait, method, settings.model)
 
     def _default_output(self) -> None:
         self.query_one("#output", Field).placeholder = (f"{shown(self._default_path('train'))}, or "
-                                                        f"{self._default_path('optimize').name} for o")
+                                                        f"{self._default_path('optimize').name} for o, "
+                                                        f"{self._default_path('calibrate').name} for c")
 
     def on_select_changed(self) -> None:
         self._default_output()
@@ -157,6 +189,9 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
         handle, final = message.handle, message.final
         state = final_state(final)
         self.query_one(JobProgress).ended(handle, state, getattr(final, "message", ""))
+        if self.adopting is not None and self.adopting[0] is handle:
+            self._adopted_train(final)
+            return
         if final.type == "error":
             self.query_one(TrainResults).mark_old(f"the last {handle.name} was {state}")
             if final.kind != "cancelled":
@@ -174,6 +209,71 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
         self.query_one(TrainResults).optimized(request, data)
         self.say(f"wrote {shown(request.output)}; the Generate tab applies it now", "green")
 
+    def _calibrate(self, request: Any, data: dict[str, Any]) -> None:
+        self._use(request.output, data)
+        self._show_calibration(request.output, data, data["front"], loaded=False)
+        settings = self.app.settings  # type: ignore[attr-defined]
+        at = settings.calibrated()
+        steers = f"Generate steers at its calibrated {at}" if at else "no + strength moved behaviour within the budget"
+        self.say(f"wrote {shown(request.output)}; {steers}", "green")
+
+    def _show_calibration(self, path: Path, data: dict[str, Any], front: list[dict[str, Any]], loaded: bool) -> None:
+        self.calibrated = (path, data)
+        self.query_one(TrainResults).calibrated(path, data, front, loaded)
+        self.query_one(CalibrationView).query_one(DataTable).focus()
+
+    def on_calibration_view_adopt(self, message: CalibrationView.Adopt) -> None:
+        """Steer the Generate tab at a front point: the calibrated artifact itself when the row is its own
+        candidate, else a direction of the row's method and layers fitted by ``train`` (whose relative strength is
+        in the same unit, each layer's activation spread), adopted once it is written."""
+        row, settings = message.row, self.app.settings  # type: ignore[attr-defined]
+        if self.calibrated is None:
+            return
+        path, data = self.calibrated
+        own = [entry["layer"] for entry in data["layers"]] == list(row.layers) and data["method"] == row.method
+        if own:
+            if settings.vector != path:
+                self._use(path, data)
+            self._adopt(path, row)
+            return
+        if self.adopting is not None:
+            self.say("still fitting the last point's direction: wait for it, or cancel it with ctrl+x", "yellow")
+            return
+        layers = ",".join(map(str, row.layers))
+        output = default_artifact(settings.trait, f"{row.method}-{_span(row.layers)}", settings.model)
+        fields = {"pairs": settings.pairs, "layers": layers, "method": row.method, "output": output,
+                  **settings.model_fields()}
+        from ster.tui.screens.dialogs import replace_or_keep
+
+        def fit() -> None:
+            handle = self.app.start_job("train", fields, self)  # type: ignore[attr-defined]
+            if handle is not None:
+                self.adopting = (handle, row)
+                self.query_one(JobProgress).queued(handle, "train")
+                self.say(f"fitting {row.candidate()} to adopt it at {row.shown_strength()}…", "")
+
+        replace_or_keep(self.app, output, "steering artifact", "the new artifact", fit, self.say)
+
+    def _adopted_train(self, final: Any) -> None:
+        assert self.adopting is not None
+        (handle, row), self.adopting = self.adopting, None
+        if final.type == "error":
+            if final.kind != "cancelled":
+                self.say(in_our_words(final.message), "red")
+            else:
+                self.say(f"cancelled: {row.candidate()} was not fitted, nothing adopted", "magenta")
+            return
+        self._use(handle.request.output, final.data)
+        self._adopt(handle.request.output, row)
+
+    def _adopt(self, path: Path, row: FrontRow) -> None:
+        settings = self.app.settings  # type: ignore[attr-defined]
+        settings.strength = row.strength_text()
+        self.app.settings_changed("strength")  # type: ignore[attr-defined]
+        which = ", the calibrated strength" if row.chosen else ""
+        self.say(f"adopted: Generate steers at {row.shown_strength()}{which}, {row.candidate()} ({path.name})",
+                 "green")
+
     def _evaluate(self, request: Any, data: dict[str, Any]) -> None:
         settings = self.app.settings  # type: ignore[attr-defined]
         settings.chat_decision = data["chat_template"]
@@ -183,17 +283,31 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
     def _inspect(self, request: Any, data: dict[str, Any]) -> None:
         settings = self.app.settings  # type: ignore[attr-defined]
         self._use(request.artifact, data)
-        self.query_one(TrainResults).loaded(request, data)
+        if data.get("calibration"):
+            from ster.engine.steering.calibrate import pareto
+            from ster.engine.steering.calibration_record import Calibration
+
+            front = [point.model_dump() for point in pareto(Calibration.model_validate(data["calibration"]).trials)]
+            self._show_calibration(request.artifact, data, front, loaded=True)
+        else:
+            self.query_one(TrainResults).loaded(request, data)
         warnings = provenance_sentences(data["precision"], data["chat_template"], settings.precision,
                                         settings.chat_decision)
         if data["model"] != settings.model:
             warnings.insert(0, f'this artifact was trained for model "{data["model"]}" and the app uses '
                                f'"{settings.model}"; generate and evaluate refuse it unless the engine finds the '
                                "two are the same checkpoint")
-        self.say("\n".join(f"warning: {w}" for w in warnings) or f"loaded {shown(request.artifact)}",
+        at = settings.calibrated()
+        loaded = f"loaded {shown(request.artifact)}" + (f"; Generate steers at its calibrated {at}" if at else "")
+        self.say("\n".join(f"warning: {w}" for w in warnings) or loaded,
                  "yellow" if warnings else "green")
 
     def _use(self, path: Path, summary: dict[str, Any]) -> None:
         self.app.settings.use_artifact(path, summary)  # type: ignore[attr-defined]
         self.app.settings_changed("artifact")  # type: ignore[attr-defined]
 
+
+
+def _span(layers: tuple[int, ...]) -> str:
+    """A candidate's layers in a file name: ``l2``, ``l2-3``."""
+    return f"l{layers[0]}" if len(layers) == 1 else f"l{layers[0]}-{layers[-1]}"

@@ -11,6 +11,7 @@ says the rows are an older result and of what.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.text import Text
@@ -20,6 +21,7 @@ from textual.widgets import DataTable, Static
 
 from ster.tui.paths import shown
 from ster.tui.settings import layer_words
+from ster.tui.widgets.calibration_view import CalibrationView
 from ster.tui.widgets.layer_plot import LayerPlot
 from ster.tui.widgets.wrapped import Wrapped
 
@@ -38,7 +40,10 @@ class TrainResults(Vertical):
     TrainResults { height: 1fr; }
     TrainResults #results-title { height: auto; padding: 0 1; }
     TrainResults #results-title.-old { color: $text-muted; }
-    TrainResults Horizontal { height: 1fr; }
+    TrainResults #per-layer { height: 1fr; }
+    TrainResults.-calibration #per-layer { display: none; }
+    TrainResults CalibrationView { display: none; }
+    TrainResults.-calibration CalibrationView { display: block; }
     TrainResults DataTable { width: auto; min-width: 30; max-width: 60%; height: 1fr; margin-right: 2; }
     TrainResults #plot-box { width: 1fr; height: 1fr; }
     """
@@ -53,10 +58,11 @@ class TrainResults(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Wrapped(self.title, id="results-title")
-        with Horizontal():
+        with Horizontal(id="per-layer"):
             yield DataTable(cursor_type="row", zebra_stripes=True, id="candidates")
             with Vertical(id="plot-box"):
                 yield LayerPlot(id="plot")
+        yield CalibrationView(id="calibration")
 
     # --- one method per job that fills the results ------------------------------------------------
 
@@ -90,9 +96,28 @@ class TrainResults(Vertical):
                         f"{data['model']}")
         self._per_layer(data, ("train acc", "train margin"), ("train_accuracy", "train_margin"), data["method"])
 
+    def calibrated(self, where: Path, data: dict[str, Any], front: list[dict[str, Any]], loaded: bool) -> None:
+        """A calibration's front (after ``c``, or ``l`` of a calibrated artifact): the table and plot of the
+        calibration view in place of the per-layer ones."""
+        record = data["calibration"]
+        layers = [entry["layer"] for entry in data["layers"]]
+        what = f"loaded {shown(where)}" if loaded else "calibrate"
+        self._new_title(f"{what}: {data['method']} at {layer_words(layers)}, chosen over {len(record['trials'])} "
+                        f"trials within KL {record['kl_budget']:g}")
+        self.candidates = []
+        self.add_class("-calibration")
+        self.query_one("#candidates", DataTable).can_focus = False  # hidden: the tab's focus goes to the front
+        self.query_one(CalibrationView).show(record, front, data["method"], layers)
+
+    def unmark(self) -> None:
+        """The rows are current again (a job that added to them, not replaced them, has finished)."""
+        if self.old:
+            self.old = ""
+            self._show_title()
+
     def mark_old(self, why: str) -> None:
         """Keep the rows but say they are older than ``why`` (a job running, refused, or a setting changed)."""
-        if self.candidates or self.query_one(DataTable).row_count:
+        if self.candidates or self.query_one("#candidates", DataTable).row_count or self.has_class("-calibration"):
             self.old = why
             self._show_title()
 
@@ -105,6 +130,8 @@ class TrainResults(Vertical):
     # --- drawing ---------------------------------------------------------------------------------
 
     def _new_title(self, text: str) -> None:
+        self.remove_class("-calibration")
+        self.query_one("#candidates", DataTable).can_focus = True
         self.title, self.old, self.sort_note = Text(text), "", ""
         self._show_title()
 
@@ -116,7 +143,7 @@ class TrainResults(Vertical):
 
     def _per_layer(self, data: dict[str, Any], labels: tuple[str, str], keys: tuple[str, str], method: str) -> None:
         self.candidates = []
-        table = self.query_one(DataTable)
+        table = self.query_one("#candidates", DataTable)
         table.clear(columns=True)
         table.add_columns("layer", "method", *labels)
         rows = [(entry["layer"], entry[keys[0]], entry[keys[1]]) for entry in data["layers"]]
@@ -125,7 +152,7 @@ class TrainResults(Vertical):
         self.query_one(LayerPlot).plot("per layer", rows)
 
     def _fill_candidates(self) -> None:
-        table = self.query_one(DataTable)
+        table = self.query_one("#candidates", DataTable)
         table.clear(columns=True)
         table.add_columns("layer", "method", "holdout acc", "separation", "holdout margin", "selected")
         for row in self._sorted():
