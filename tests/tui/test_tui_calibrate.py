@@ -34,15 +34,16 @@ CALIBRATED_PATH = Path("/data/ster/artifacts/calm.calibrated.ster-toy.ster.json"
 
 
 class RecordingApp(SterApp):
-    """The app, recording the fields of every generate request instead of running it."""
+    """The app, recording the fields of every generate and calibrate request instead of running it."""
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
         self.generated: list[dict[str, Any]] = []
+        self.calibrations: list[dict[str, Any]] = []
 
     def start_job(self, job: str, fields: dict[str, Any], owner: Any) -> Any:
-        if job == "generate":
-            self.generated.append(fields)
+        if job in ("generate", "calibrate"):
+            (self.generated if job == "generate" else self.calibrations).append(fields)
             return None
         return super().start_job(job, fields, owner)
 
@@ -213,3 +214,27 @@ asyncio.run(main())
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert "NO TORCH" in proc.stdout, proc.stdout + proc.stderr
     assert f"ROWS {len(CALIBRATED['front']) + 2}" in proc.stdout and "CHOSEN 2" in proc.stdout, proc.stderr
+
+
+def test_c_calibrates_the_apps_model_and_pairs_into_the_default_artifact_and_resumes_a_left_study(
+        tmp_path: Path) -> None:
+    output = tmp_path / "ster" / "artifacts" / "calm.calibrated.ster-toy.ster.json"
+
+    async def scenario(app: RecordingApp, pilot: Pilot) -> None:
+        await pilot.press("2")
+        await pilot.pause()
+        app.query_one("#train-pane").query_one("#layers").value = "1..3"  # type: ignore[attr-defined]
+        await pilot.press("escape", "c")
+        await pilot.pause()
+        fields = app.calibrations[-1]
+        assert fields["output"] == output and fields["pairs"] == PAIRS and fields["layers"] == "1..3"
+        assert fields["model"] == "ster:toy" and fields["resume"] is False
+        build_job_request("calibrate", **fields)  # a request the engine takes
+        output.parent.mkdir(parents=True)
+        output.with_name("calm.calibrated.ster-toy.ster.study.json").write_text("{}")  # an interrupted run's trials
+        await pilot.press("c")
+        await pilot.pause()
+        assert app.calibrations[-1]["resume"] is True
+        assert "resuming the study" in message(app, "train")
+
+    drive(scenario)

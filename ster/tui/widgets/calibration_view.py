@@ -77,7 +77,8 @@ class CalibrationView(Vertical):
     CalibrationView { height: 1fr; }
     CalibrationView #calibration-note { height: auto; padding: 0 1; color: $text-muted; }
     CalibrationView Horizontal { height: 1fr; }
-    CalibrationView #front { width: auto; min-width: 30; max-width: 60%; height: 1fr; margin-right: 2; }
+    CalibrationView #front { width: auto; min-width: 30; max-width: 60%; height: 1fr; margin-right: 2;
+                             scrollbar-gutter: stable; }
     CalibrationView #front-plot-box { width: 1fr; height: 1fr; }
     CalibrationView #front-plot-title { height: auto; padding: 0 1; }
     CalibrationView #front-plot { height: 1fr; min-height: 6; }

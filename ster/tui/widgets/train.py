@@ -90,17 +90,16 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
         KL budget; a study an interrupted run left beside the artifact is resumed."""
         if self.first_bad("layers"):
             return
-        from ster.engine.steering.calibrate import study_path
         from ster.tui.screens.dialogs import replace_or_keep
 
         settings = self.app.settings  # type: ignore[attr-defined]
         output = self._output("calibrate")
-        resume = study_path(output).exists()
+        resume = _study(output).exists()
         fields = {"pairs": settings.pairs, "layers": self.query_one("#layers", Field).value.strip() or "all",
                   "output": output, "resume": resume, **settings.model_fields()}
         if resume:
             self._run("calibrate", **fields)
-            self.add(f"resuming the study an interrupted run left at {shown(study_path(output))}", "yellow")
+            self.add(f"resuming the study an interrupted run left at {shown(_study(output))}", "yellow")
             return
         replace_or_keep(self.app, output, "steering artifact", "the new artifact",
                         lambda: self._run("calibrate", **fields), self.say)
@@ -196,6 +195,9 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
             self.query_one(TrainResults).mark_old(f"the last {handle.name} was {state}")
             if final.kind != "cancelled":
                 self.say(in_our_words(final.message), "red")
+            elif handle.name == "calibrate" and _study(handle.request.output).exists():  # type: ignore[union-attr]
+                self.say(f"cancelled; the study at {shown(_study(handle.request.output))} keeps the finished "  # type: ignore
+                         f"trials, and c continues it", "magenta")
             return
         getattr(self, f"_{handle.name}")(handle.request, final.data)  # type: ignore[union-attr]
 
@@ -265,6 +267,10 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
             return
         self._use(handle.request.output, final.data)
         self._adopt(handle.request.output, row)
+        if final.data.get("strength_unit") != "spread":  # an engine that writes norm-unit artifacts from train
+            self.add(f"warning: {handle.request.output.name} measures a relative strength against each layer's "
+                     f"activation norm, not its spread, so {row.shown_strength()} is a larger push than the "
+                     "front's point", "yellow")
 
     def _adopt(self, path: Path, row: FrontRow) -> None:
         settings = self.app.settings  # type: ignore[attr-defined]
@@ -311,3 +317,10 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
 def _span(layers: tuple[int, ...]) -> str:
     """A candidate's layers in a file name: ``l2``, ``l2-3``."""
     return f"l{layers[0]}" if len(layers) == 1 else f"l{layers[0]}-{layers[-1]}"
+
+
+def _study(output: Path) -> Path:
+    """Where an interrupted calibrate run keeps its finished trials (the engine's own rule)."""
+    from ster.engine.steering.calibrate import study_path
+
+    return study_path(output)
