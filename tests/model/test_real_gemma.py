@@ -93,20 +93,21 @@ def test_the_direction_separates_held_out_pairs(gemma: Path, store: ModelStore, 
     assert [layer["accuracy"] >= 0.8 for layer in result["layers"]] == [True]
 
 
-def test_steering_moves_the_answers_both_ways_at_a_tenth_of_the_norm(gemma: Path, store: ModelStore,
+def test_steering_moves_the_answers_both_ways_at_the_default_strength(gemma: Path, store: ModelStore,
                                                                       calm: Path) -> None:
-    """Steered at ±0.1x, the model prefers the calm answer to each held-out question more (+) or less (−) than
+    """Steered at ±0.4x (the default, of the layer's activation spread, about a tenth of Gemma's norm, which its
+    massive activations inflate), the model prefers the calm answer to each held-out question more (+) or less (−) than
     unsteered, by the answers' summed log-probabilities; both steered greedy texts differ from the unsteered one."""
-    gaps = {strength: _calm_preference(gemma, store, calm, strength) for strength in (-0.1, 0.0, 0.1)}
-    assert gaps[-0.1] < gaps[0.0] < gaps[0.1], gaps
+    gaps = {strength: _calm_preference(gemma, store, calm, strength) for strength in (-0.4, 0.0, 0.4)}
+    assert gaps[-0.4] < gaps[0.0] < gaps[0.4], gaps
     texts = {strength: job(store, "generate", model=str(gemma), prompt=STEERED, vector=calm,
-                           strength=f"{strength}x", max_new_tokens=8)["text"] for strength in (-0.1, 0.0, 0.1)}
-    assert texts[-0.1] != texts[0.0] != texts[0.1], texts
+                           strength=f"{strength}x", max_new_tokens=8)["text"] for strength in (-0.4, 0.0, 0.4)}
+    assert texts[-0.4] != texts[0.0] != texts[0.4], texts
 
 
 def _calm_preference(gemma: Path, store: ModelStore, calm: Path, strength: float) -> float:
     """Mean over the first held-out pairs of log p(calm answer | question) − log p(alarmed answer | question),
-    steered at ``strength`` × the layer's activation norm (nats)."""
+    steered at ``strength`` × the layer's activation spread (nats)."""
     import torch
 
     from ster.engine.model.requests import ModelRequest
@@ -117,7 +118,8 @@ def _calm_preference(gemma: Path, store: ModelStore, calm: Path, strength: float
     ctx = JobContext(lambda event: None, models=store)
     checkpoint = store.open(ModelRequest(model=str(gemma), chat_template="off"), ctx)
     model, artifact = store.decoder(checkpoint, ctx), load_artifact(calm)
-    scales = {vector.layer: strength * vector.activation_norm for vector in artifact.vectors}
+    assert artifact.strength_unit == "spread"
+    scales = {layer: strength * (unit or 0.0) for layer, unit in artifact.unit_scales().items()}
 
     def answer(text: str) -> float:
         question = checkpoint.codec.encode_prompt(text[:text.index("\nAnswer:") + len("\nAnswer:")])

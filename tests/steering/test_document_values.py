@@ -111,14 +111,20 @@ def test_a_negative_norm_can_no_longer_steer_the_other_way(cli, tmp_path: Path, 
     assert run.code == 1 and "activation_norm is -" in run.err
 
 
-def test_a_null_norm_is_still_read_and_refuses_only_a_relative_strength(cli, tmp_path: Path, artifact: dict) -> None:
-    path = write(tmp_path / "old.json", {**artifact, "vectors": [{**v, "activation_norm": None}
-                                                                 for v in artifact["vectors"]]})
+@pytest.mark.parametrize("unit", ["norm", "spread"])
+def test_a_null_unit_is_still_read_and_refuses_only_a_relative_strength(cli, tmp_path: Path, artifact: dict,
+                                                                         unit: str) -> None:
+    """An older file (no strength_unit: the norm) with a null norm, or a spread-unit file with a null spread."""
+    key = f"activation_{unit}"
+    document = {**artifact, "vectors": [{**v, key: None} for v in artifact["vectors"]]}
+    if unit == "norm":
+        document.pop("strength_unit")
+    path = write(tmp_path / "old.json", document)
     assert cli("inspect", path).code == 0
     assert cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--vector", path, "--strength", "3",
                "--max-new-tokens", "2").code == 0
     relative = cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--vector", path, "--strength", "0.4x")
-    assert relative.code == 1 and "records no activation_norm for layer 1" in relative.err
+    assert relative.code == 1 and f"records no {key} for layer 1" in relative.err
 
 
 def test_a_layer_the_model_lacks_is_refused_against_the_model(cli, tmp_path: Path, artifact: dict) -> None:

@@ -339,8 +339,8 @@ def test_sweep_without_strengths_walks_the_default_relative_sweep(cli, tmp_path:
     assert result["strength_unit"] == "relative"
     expected = sorted({s.value for s in parse_strengths(DEFAULT_SWEEP)} | {0.0})
     assert [row["strength"] for row in result["rows"]] == expected
-    norm = json.loads(vector.read_text())["vectors"][0]["activation_norm"]
-    assert result["rows"][-1]["absolute_strength"] == {"2": pytest.approx(expected[-1] * norm)}
+    spread = json.loads(vector.read_text())["vectors"][0]["activation_spread"]
+    assert result["rows"][-1]["absolute_strength"] == {"2": pytest.approx(expected[-1] * spread)}
 
 
 def test_a_strength_past_ten_activation_norms_warns(cli, tmp_path: Path) -> None:
@@ -353,11 +353,12 @@ def test_a_strength_past_ten_activation_norms_warns(cli, tmp_path: Path) -> None
             f"times the norm the direction drowns out the residual stream and the text is noise rather than "
             f"steered") in run.err
     assert "activation norm" not in cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--vector", vector,
-                                        "--strength", "10x", "--max-new-tokens", "4").err
+                                        "--strength", "9x", "--max-new-tokens", "4").err
     swept = cli("sweep", "--model", "ster:toy", "--vector", vector, "--prompts", EXAMPLES_DIR / "prompts.json",
                 "--strengths=-11x,-1x,1x", "--max-new-tokens", "4")
     assert swept.code == 0 and swept.err.count("times layer 3's activation norm") == 1
-    assert "warning: strength -11x is 11 times layer 3's activation norm" in swept.err
+    spread = json.loads(vector.read_text())["vectors"][0]["activation_spread"]  # what 1x is: the spread
+    assert f"warning: strength -11x is {11 * spread / norm:.3g} times layer 3's activation norm" in swept.err
 
 
 def test_a_strength_without_a_vector_warns_and_the_default_strength_is_relative(cli, tmp_path: Path) -> None:
@@ -372,7 +373,9 @@ def test_a_strength_without_a_vector_warns_and_the_default_strength_is_relative(
     steered = cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--vector", vector, "--max-new-tokens", "8")
     default = Strength.model_validate(DEFAULT_STRENGTH)
     assert (steered.json["strength"], steered.json["strength_unit"]) == (default.value, default.unit)
-    assert steered.json["relative_strength"] == {"2": pytest.approx(default.value)}
+    layer = json.loads(vector.read_text())["vectors"][0]  # 1x is the layer's spread; relative is over its norm
+    assert steered.json["relative_strength"] == {"2": pytest.approx(default.value * layer["activation_spread"]
+                                                                    / layer["activation_norm"])}
     assert "no effect" not in steered.err
 
 

@@ -51,17 +51,20 @@ def test_a_sweep_takes_one_unit_and_always_includes_zero() -> None:
         SweepRequest.model_validate({**fields, "strengths": "0.4x,3"})
 
 
-def test_a_relative_strength_scales_each_layer_by_its_norm_and_0x_is_the_baseline(cli, tmp_path: Path) -> None:
+def test_a_relative_strength_scales_each_layer_by_its_spread_and_0x_is_the_baseline(cli, tmp_path: Path) -> None:
     vector = tmp_path / "calm.json"
     assert cli("train", "--model", "ster:toy", "--pairs", "ster/data/examples/pairs.json", "--output", vector,
                "--layers", "2,3").code == 0
-    norms = {v["layer"]: v["activation_norm"] for v in json.loads(vector.read_text())["vectors"]}
-    assert norms[2] != norms[3]
+    document = json.loads(vector.read_text())
+    assert document["strength_unit"] == "spread"
+    spreads = {v["layer"]: v["activation_spread"] for v in document["vectors"]}
+    norms = {v["layer"]: v["activation_norm"] for v in document["vectors"]}
+    assert spreads[2] != spreads[3]
     relative = cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--vector", vector,
                    "--strength", "0.3x").json
     assert relative["strength_unit"] == "relative"
-    assert relative["absolute_strength"] == {str(k): pytest.approx(0.3 * n) for k, n in norms.items()}
-    assert relative["relative_strength"] == {"2": pytest.approx(0.3), "3": pytest.approx(0.3)}
+    assert relative["absolute_strength"] == {str(k): pytest.approx(0.3 * s) for k, s in spreads.items()}
+    assert relative["relative_strength"] == {str(k): pytest.approx(0.3 * spreads[k] / n) for k, n in norms.items()}
     base = cli("generate", "--model", "ster:toy", "--prompt", PROMPT).json["text"]
     assert relative["text"] != base
     assert cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--vector", vector,

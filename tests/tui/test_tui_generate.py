@@ -2,7 +2,7 @@
 
 The toy is deterministic by construction, so its texts are pinned: unsteered, the town
 floods; steered with the calm direction ``optimize`` picks (logistic at layer 2) at 0.4x, about
-2.37 in the residual stream's units there, it is gentle.
+2.2 in the residual stream's units there, it is gentle.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def test_generate_runs_steered_first_then_unsteered_side_by_side(calm: Path) -> 
         # the baseline applies no artifact, so it carries no strength (the engine warns that one has no effect)
         assert [h.request.strength for h in generations(app)] == [Strength.model_validate(STRENGTH), None]
         assert steered.border_title == "steered 0.4x · calm (logistic, layer 2)"
-        assert steered.border_subtitle.startswith("= 2.37 absolute · 8 tokens")
+        assert steered.border_subtitle.startswith("= 2.2 absolute · 8 tokens")
         assert baseline.border_title == "unsteered"
         assert "artifact calm (logistic, layer 2)" in app.query_one(StatusLine).plain
         assert app.settings.chat_decision == "absent"
@@ -247,10 +247,10 @@ def test_a_sweep_of_a_prompt_set_judges_each_effect_against_its_noise_and_opens_
         assert list(rows) == ["-0.8x", "-0.4x", "0", "+0.4x", "+0.8x"]
         # strength, absolute, effect ± its noise band and a mark, changed, dist-2, run, tokens, judged, output
         assert rows["0"][2].strip() == "0" and rows["0"][7] == "baseline"
-        assert rows["+0.4x"][1] == "2.37" and rows["+0.4x"][2] == "+0.467 ±0.25 ✓"  # beyond its noise
+        assert rows["+0.4x"][1] == "2.2" and rows["+0.4x"][2] == "+0.467 ±0.25 ✓"  # beyond its noise
         assert rows["+0.4x"][3] == "5/6" and rows["+0.4x"][7] == "fluent ◀"  # the suggested strength
         assert rows["-0.4x"][2].strip() == "+0.108 ±0.19"  # within its noise: no mark
-        assert rows["-0.8x"][2] == "+0.448 ±0.26 ↺"  # beyond its noise, but toward calm: against the push
+        assert rows["-0.8x"][2] == "+0.334 ±0.23 ↺"  # beyond its noise, but toward calm: against the push
         assert rows["+0.8x"][7] == "not fluent"
         assert rows["+0.4x"][8].startswith(f"{CALM} | ")  # every prompt's output, joined
         assert pane.query_one(SweepTable).streamed("+0.4x").startswith(f"{CALM} | ")  # what the tokens carried
@@ -266,7 +266,7 @@ def test_a_sweep_of_a_prompt_set_judges_each_effect_against_its_noise_and_opens_
         await pilot.press("enter")
         assert isinstance(app.screen, SweepRowDialog)
         shown = screen_text(app)
-        assert "layer 2: 2.37" in shown and "+0.4672 (+0.0789 of the layers' activation norm)" in shown
+        assert "layer 2: 2.195" in shown and "+0.4672 (+0.0789 of the layers' activation norm)" in shown
         assert "the 95% band is ±0.253" in shown and "distinguishable from 0, on the side pushed" in shown
         assert "5 of 6 texts differ from their unsteered text" in shown and CALM in shown
         await pilot.press("u")

@@ -46,7 +46,8 @@ def _artifact(checkpoint: Checkpoint, pair_set: PairSet, method: str, vectors: l
                             model_fingerprint=checkpoint.fingerprint,
                             trait_name=pair_set.trait_name, method=method, hidden_size=checkpoint.config.hidden_size,
                             precision=checkpoint.request.precision, chat_template=checkpoint.codec.decision,
-                            adapter=str(adapter.path) if adapter else None, metadata=metadata or {}, vectors=vectors)
+                            adapter=str(adapter.path) if adapter else None, metadata=metadata or {}, vectors=vectors,
+                            strength_unit="spread" if all(v.activation_spread for v in vectors) else "norm")
 
 
 def train_job(request: TrainRequest, ctx: JobContext) -> ArtifactSummary:
@@ -84,8 +85,8 @@ class Candidate(BaseModel):
     (Fisher's criterion): how many spreads of trait-unrelated variation apart the two sides lie along the
     direction. Scale-free; null when the holdout cannot measure a spread (one pair, or no spread at all)."""
     relative_margin: float
-    """``holdout_margin`` over the layer's activation norm (over the fitting pairs): the gap in the unit of a
-    relative strength (``0.3x``); the tie-break when no separation can be measured."""
+    """``holdout_margin`` over the layer's activation norm (over the fitting pairs): scale-free, the tie-break
+    when no separation can be measured."""
     selected: bool
 
 
