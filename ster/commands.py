@@ -148,8 +148,9 @@ def _add_sweep(commands: Any) -> None:
     parser = _command(commands, "sweep", "find the strength where steering starts and where it breaks",
                       "Generate at each strength (0 always included) for each prompt; report per strength the "
                       "effect (how far the text moved along the direction, re-read unsteered: positive is toward "
-                      "the trait) with its noise, and degeneracy; suggest per sign the largest fluent strength whose "
-                      "effect is distinguishable from 0.")
+                      "the trait) with its noise, degeneracy, KL from the unsteered model on neutral prompts, "
+                      "fluency and (with --holdout) behaviour; suggest per sign the largest fluent strength whose "
+                      "effect is distinguishable from 0, and the largest within --kl-budget.")
     _model_flags(parser)
     parser.add_argument("--vector", required=True, metavar="FILE", help="the steering artifact")
     parser.add_argument("--prompts", required=True, metavar="FILE", help='JSON file {"prompts": ["...", ...]}')
@@ -157,6 +158,17 @@ def _add_sweep(commands: Any) -> None:
                         help="comma list, all relative to each layer's activation norm (--strengths=-0.4x,0.4x) or "
                              "all absolute (--strengths=-8,-4,4,8); write = before a leading minus; default "
                              "-0.8x,-0.4x,-0.2x,0.2x,0.4x,0.8x")
+    parser.add_argument("--neutral", metavar="FILE",
+                        help='JSON file {"prompts": [...]} of everyday requests each strength\'s KL from the unsteered '
+                             'model is measured on (default ster:neutral)')
+    parser.add_argument("--neutral-count", default=16, metavar="N",
+                        help="how many neutral prompts, spread through the set, the KL is measured on (default 16)")
+    parser.add_argument("--holdout", metavar="FILE",
+                        help="pair set whose behaviour (log p(positive side) - log p(negative side)) is measured at "
+                             "each strength (default: none)")
+    parser.add_argument("--kl-budget", default=0.25, metavar="B",
+                        help="the mean KL, in nats per token, a strength may cost to be suggested by the budget "
+                             "(default 0.25)")
     _apply_adapter_flag(parser, "generating the texts and re-reading them")
     _sampling_flags(parser, 48)
 

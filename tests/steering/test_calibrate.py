@@ -118,7 +118,7 @@ def test_the_plan_screens_every_layer_then_methods_then_ranges() -> None:
     (["--kl-budget", "nan"], "--kl-budget must be a number above 0"),
     (["--trials", "0"], "--trials"),
     (["--neutral", "{empty}"], "it contains no prompts"),
-    (["--neutral", "{long}"], "has 1001 prompts; calibrate measures at most 1000"),
+    (["--neutral", "{long}"], "has 1001 prompts; KL is measured on at most 1000"),
     (["--resume"], "--resume found no calibration study at"),
 ])
 def test_bad_input_gets_one_sentence_and_nothing_is_written(cli, tmp_path: Path, flags: list[str],

@@ -246,13 +246,14 @@ def test_a_sweep_of_a_prompt_set_judges_each_effect_against_its_noise_and_opens_
         rows = sweep_rows(pane)
         assert list(rows) == ["-0.8x", "-0.4x", "0", "+0.4x", "+0.8x"]
         # strength, absolute, effect ± its noise band and a mark, changed, dist-2, run, tokens, judged, output
-        assert rows["0"][2].strip() == "0" and rows["0"][7] == "baseline"
+        assert rows["0"][2].strip() == "0" and rows["0"][8] == "baseline"
+        assert rows["0"][3] == "0" and float(rows["+0.8x"][3]) > float(rows["+0.4x"][3]) > 0  # KL grows with the push
         assert rows["+0.4x"][1] == "2.2" and rows["+0.4x"][2] == "+0.467 ±0.25 ✓"  # beyond its noise
-        assert rows["+0.4x"][3] == "5/6" and rows["+0.4x"][7] == "fluent ◀"  # the suggested strength
+        assert rows["+0.4x"][4] == "5/6" and rows["+0.4x"][8] == "fluent ◀"  # the suggested strength
         assert rows["-0.4x"][2].strip() == "+0.108 ±0.19"  # within its noise: no mark
         assert rows["-0.8x"][2] == "+0.334 ±0.23 ↺"  # beyond its noise, but toward calm: against the push
-        assert rows["+0.8x"][7] == "not fluent"
-        assert rows["+0.4x"][8].startswith(f"{CALM} | ")  # every prompt's output, joined
+        assert rows["+0.8x"][8] == "not fluent"
+        assert rows["+0.4x"][9].startswith(f"{CALM} | ")  # every prompt's output, joined
         assert pane.query_one(SweepTable).streamed("+0.4x").startswith(f"{CALM} | ")  # what the tokens carried
         text = caption(pane)
         assert text.startswith(f"swept calm (logistic, layer 2) on ster:toy, 6 prompts of {prompts}: suggested +0.4x.")
@@ -267,7 +268,8 @@ def test_a_sweep_of_a_prompt_set_judges_each_effect_against_its_noise_and_opens_
         assert isinstance(app.screen, SweepRowDialog)
         shown = screen_text(app)
         assert "layer 2: 2.195" in shown and "+0.4672 (+0.0789 of the layers' activation norm)" in shown
-        assert "the 95% band is ±0.253" in shown and "distinguishable from 0, on the side pushed" in shown
+        assert "the 95% band is" in shown and "±0.253" in shown and "nats a token over each neutral prompt" in shown
+        assert "distinguishable from 0, on the side pushed" in shown
         assert "5 of 6 texts differ from their unsteered text" in shown and CALM in shown
         await pilot.press("u")
         assert pane.query_one("#strength", Input).value == "0.4x"
@@ -285,8 +287,8 @@ def test_a_sweep_of_the_one_prompt_says_why_it_suggests_nothing(calm: Path) -> N
         [sweep] = [h for h in app.runner.handles if h.name == "sweep"]
         assert sweep.request.prompt_texts == [PROMPT_TEXT] and sweep.request.prompts is None
         rows = sweep_rows(pane)
-        assert rows["+0.4x"][8] == CALM and rows["0"][8] == UNSTEERED
-        assert rows["+0.4x"][2].strip() == "+0.514" and rows["+0.4x"][7] == "fluent"  # no noise band, no mark
+        assert rows["+0.4x"][9] == CALM and rows["0"][9] == UNSTEERED
+        assert rows["+0.4x"][2].strip() == "+0.514" and rows["+0.4x"][8] == "fluent"  # no noise band, no mark
         assert rows["-0.4x"][2].strip() == "0"  # the text did not change
         text = caption(pane)
         assert text.startswith("swept calm (logistic, layer 2) on ster:toy, the prompt above: nothing suggested: one "

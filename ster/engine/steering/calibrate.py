@@ -210,12 +210,14 @@ def pareto(trials: list[Trial]) -> list[FrontPoint]:
     return front
 
 
-def _neutral(request: CalibrateRequest) -> tuple[list[str], str]:
-    path = request.neutral or example_path(NEUTRAL)
+def load_neutral(given: Path | None) -> tuple[list[str], str]:
+    """The neutral set's prompts (``ster:neutral`` when none is given) and their SHA-256; refuses an empty or
+    over-long set in one sentence."""
+    path = given or example_path(NEUTRAL)
     document = load_document(path, PromptSet, "neutral set")
     prompts = document.prompts
     if len(prompts) > MAX_NEUTRAL:
-        raise Refusal(f"neutral set {bundled_name(path)} has {len(prompts)} prompts; calibrate measures at most "
+        raise Refusal(f"neutral set {bundled_name(path)} has {len(prompts)} prompts; KL is measured on at most "
                       f"{MAX_NEUTRAL}, so give a smaller set")
     digest = hashlib.sha256("\n\x00".join(prompts).encode()).hexdigest()
     return prompts, digest
@@ -306,7 +308,7 @@ def _open_study(path: Path, resume: bool, identity: dict[str, Any]) -> list[Tria
 
 def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult:
     pair_set, fit, held = _split(request)
-    prompts, digest = _neutral(request)
+    prompts, digest = load_neutral(request.neutral)
     check_output_file(request.output, ARTIFACT, ctx.log)
     study = study_path(request.output)
     check_output_file(study, CALIBRATION_STUDY, what="calibration study")

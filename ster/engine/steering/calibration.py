@@ -53,8 +53,15 @@ def measure(model: Decoder, vectors: list[LayerVector], strengths: list[float], 
     behaviour over the pairs."""
     directions = {v.layer: v.vector for v in vectors}
     scales = [{v.layer: s * unit_of(v) for v in vectors} for s in strengths]
+    return measure_scales(model, directions, scales, strengths, probes, check_cancelled)
+
+
+def measure_scales(model: Decoder, directions: dict[int, list[float]], scales: list[dict[int, float]],
+                   strengths: list[float], probes: Probes, check_cancelled: Callable[[], None]) -> list[Point]:
+    """:func:`measure` with each row's scale per layer given (in the residual stream's units), ``strengths``
+    naming the rows; row 0 is unsteered."""
     rows = Rows.of(model, directions, scales)
-    assert strengths[0] == 0, "a ladder starts at 0: the row every KL is measured from"
+    assert not any(scales[0].values()), "a ladder starts at 0: the row every KL is measured from"
     kl = [0.0] * len(strengths)
     first = [0.0] * len(strengths)
     for cost in kl_costs(model, probes.neutral, rows, check_cancelled):

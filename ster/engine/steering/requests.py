@@ -100,6 +100,13 @@ class EvaluateRequest(AdaptedRequest):
     _batch = field_validator("batch_size")(lambda cls, v: at_least_one(v, "--batch-size"))
 
 
+def kl_budget(value: float) -> float:
+    """A KL budget: a finite number above 0."""
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"--kl-budget must be a number above 0 (nats per token); got {value:g}")
+    return value
+
+
 class SweepRequest(SampledRequest):
     """``ster sweep``: steered text, effect and degeneracy at each strength."""
 
@@ -117,7 +124,20 @@ class SweepRequest(SampledRequest):
     adapter: Path | None = None
     """A LoRA adapter attached while generating and re-reading the texts."""
 
+    neutral: Path | None = None
+    """Everyday prompts the cost (KL from the unsteered model) of each strength is measured on; None is
+    ``ster:neutral``. At most ``neutral_count`` of them, spread evenly through the set, are used."""
+    neutral_count: int = 16
+    """How many of the neutral prompts the KL is measured on: a sweep is a quick look (``calibrate`` uses all)."""
+    holdout: Path | None = None
+    """Held-out pairs whose behaviour (log p(positive side) − log p(negative side)) is measured per strength;
+    None measures no behaviour."""
+    kl_budget: float = DEFAULT_KL_BUDGET
+    """The mean KL a strength may cost to be suggested by the budget."""
+
+    _count = field_validator("neutral_count")(lambda cls, v: at_least_one(v, "--neutral-count"))
     _tokens = field_validator("max_new_tokens")(lambda cls, v: _budget(v))
+    _kl_budget = field_validator("kl_budget")(lambda cls, v: kl_budget(v))
 
     @field_validator("strengths", mode="before")
     @classmethod
@@ -169,12 +189,7 @@ class CalibrateRequest(AdaptedRequest):
     _batch = field_validator("batch_size")(lambda cls, v: at_least_one(v, "--batch-size"))
     _trials = field_validator("trials")(lambda cls, v: at_least_one(v, "--trials"))
 
-    @field_validator("kl_budget")
-    @classmethod
-    def _budget(cls, value: float) -> float:
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"--kl-budget must be a number above 0 (nats per token); got {value:g}")
-        return value
+    _kl_budget = field_validator("kl_budget")(lambda cls, v: kl_budget(v))
 
     _seed = field_validator("seed")(lambda cls, v: seed(v))
 

@@ -23,6 +23,17 @@ immediate end of text is over-steering too). The suggested strength for each sig
 the largest one reached walking out from 0 before the first strength that is not
 fluent whose effect is distinguishable from 0 and on its own side; null when there is
 none. When no strength moves the text distinguishably, a warning says so.
+
+Beside them, the measures ``calibrate`` chooses by (:mod:`ster.engine.steering.measures`), teacher-forced:
+
+* **cost**: the mean KL(unsteered ‖ steered) over the unsteered model's own 16-token continuation of each of
+  up to ``neutral_count`` neutral prompts (``kl``), and at its first position (``kl_first``);
+* **behaviour**, with ``--holdout``: the mean over held-out pairs of log p(positive side) − log p(negative
+  side) after their shared question, and the share of pairs whose positive side is the likelier;
+* **fluency**: the unsteered model's perplexity of the row's texts over its perplexity of the baseline's.
+
+``within_budget`` suggests per sign the largest strength, walking out from 0, before the first whose ``kl``
+is over ``kl_budget``.
 """
 
 from __future__ import annotations
@@ -36,10 +47,13 @@ from ster.engine.model.codec import TextCodec
 from ster.engine.model.context import encode_each, generation_budget
 from ster.engine.model.loading import model_store
 from ster.engine.model.sampling import Generation, Sampling, StopReason
+from ster.engine.pairs.model import load_pairs
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import first_error, load_document
 from ster.engine.protocol.jobs import JobContext
+from ster.engine.protocol.paths import bundled_name, example_path
 from ster.engine.steering.artifact import SteeringArtifact, open_artifact
+from ster.engine.steering.calibrate import CONTINUATION_TOKENS, NEUTRAL, answered_pairs, load_neutral
 from ster.engine.steering.effect import Judged, judge, paired, stillness, suggest
 from ster.engine.steering.extract import PromptSet
 from ster.engine.steering.generate import scales_for
@@ -91,6 +105,18 @@ class SweepRow(BaseModel):
     longest_run: int
     mean_tokens: float
     fluent: bool
+    kl: float | None = None
+    """Mean KL (nats a token) from the unsteered model over each neutral prompt's unsteered continuation."""
+    kl_first: float | None = None
+    """The same KL at the continuation's first position (heretic's measure)."""
+    behaviour: float | None = None
+    """Mean over the held-out pairs of log p(positive side) − log p(negative side); null without ``--holdout``."""
+    behaviour_shift: float | None = None
+    """``behaviour`` minus the baseline's: positive is toward the pairs' positive side."""
+    preferred: float | None = None
+    """Share of the held-out pairs whose positive side is the likelier; null without ``--holdout``."""
+    fluency: float | None = None
+    """The unsteered model's perplexity of this row's texts over its perplexity of the baseline's texts."""
     outputs: list[SweepOutput]
 
 
@@ -123,8 +149,16 @@ class SweepResult(BaseModel):
     temperature: float
     seed: int
     bound: DegeneracyBound
+    neutral: str
+    """The neutral set the KL is measured on (a bundled name or a path)."""
+    neutral_prompts: int
+    holdout_pairs: int | None
+    """Held-out pairs the behaviour is measured on; null without ``--holdout``."""
+    kl_budget: float
     rows: list[SweepRow]
     suggested: Suggested
+    within_budget: Suggested
+    """Per sign, the largest strength walking out from 0 before the first whose ``kl`` is over ``kl_budget``."""
     moved: bool
     """Whether any steered strength moved the text distinguishably from 0 (a warning says so when none did)."""
 
@@ -153,14 +187,25 @@ def _prompts(request: SweepRequest) -> list[str]:
     return load_document(request.prompts, PromptSet, "prompts").prompts
 
 
+def _neutral_prompts(request: SweepRequest) -> list[str]:
+    """At most ``neutral_count`` of the neutral set's prompts, spread evenly through it."""
+    prompts, _ = load_neutral(request.neutral)
+    count = min(request.neutral_count, len(prompts))
+    return [prompts[(i * len(prompts)) // count] for i in range(count)]
+
+
 def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
     prompts = _prompts(request)
+    neutral = _neutral_prompts(request)
+    held = load_pairs(request.holdout).pairs if request.holdout is not None else None
     checkpoint = model_store(ctx).open(request, ctx)
     artifact = open_artifact(ctx, request.vector, checkpoint)
     scales_for(artifact, max(request.strengths, key=lambda s: abs(s.value)), ctx)  # refuses or warns before loading
     adapter = check_adapter(ctx, request.adapter, checkpoint)
     codec = checkpoint.codec
     encoded = encode_each(codec, prompts, checkpoint.context, "sweep prompt")
+    neutral_ids = encode_each(codec, neutral, checkpoint.context, "neutral prompt")
+    held_ids = answered_pairs(codec, held, checkpoint.context)[0] if held is not None else []
     request = request.model_copy(update={"max_new_tokens": generation_budget(
         max(map(len, encoded)), request.max_new_tokens, request.default_max_new_tokens, checkpoint.context, ctx.log)})
     model = model_store(ctx).decoder(checkpoint, ctx)
@@ -169,11 +214,17 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
         generated = _generate(ctx, model, codec, artifact, request, encoded, directions)
         rows = [_measure(model, codec, artifact, request, prompts, [by_strength[step] for by_strength in generated],
                          directions, step) for step in range(len(request.strengths))]
+        rows = _costs(ctx, model, codec, artifact, request, rows, generated, encoded, neutral_ids,
+                      held_ids if held else None)
     rows = _judge(rows, _mean_norm(artifact))
     verdicts = [Judged(strength=r.strength, label=request.strengths[i].signed(), effect=r.effect,
                        threshold=r.threshold, distinguishable=r.distinguishable, fluent=r.fluent)
                 for i, r in enumerate(rows)]
     _summarise(ctx, rows, verdicts, artifact.trait_name, len(prompts))
+    budget = Suggested(positive=within_budget(rows, 1, request.kl_budget),
+                       negative=within_budget(rows, -1, request.kl_budget))
+    ctx.log(f"within the KL budget of {request.kl_budget:g} (mean over {len(neutral)} neutral prompts): "
+            f"{_reach(budget.positive, request)} toward the trait, {_reach(budget.negative, request)} away from it")
     sentence = stillness(verdicts, len(prompts))
     if sentence:
         ctx.warn(sentence)
@@ -183,8 +234,11 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
                        strength_unit=request.strengths[0].unit,
                        chat_template=codec.decision, precision=request.precision,
                        max_new_tokens=request.max_new_tokens, temperature=request.temperature, seed=request.seed,
-                       bound=DegeneracyBound(), rows=rows,
+                       bound=DegeneracyBound(), neutral=bundled_name(request.neutral or example_path(NEUTRAL)),
+                       neutral_prompts=len(neutral), holdout_pairs=len(held) if held is not None else None,
+                       kl_budget=request.kl_budget, rows=rows,
                        suggested=Suggested(positive=suggest(verdicts, 1), negative=suggest(verdicts, -1)),
+                       within_budget=budget,
                        moved=sentence is None)
 
 
@@ -235,6 +289,50 @@ def _measure(model: Decoder, codec: TextCodec, artifact: SteeringArtifact, reque
                     mean_tokens=sum(map(len, generated)) / len(generated), fluent=True, outputs=outputs)
 
 
+def _costs(ctx: JobContext, model: Decoder, codec: TextCodec, artifact: SteeringArtifact, request: SweepRequest,
+           rows: list[SweepRow], generated: list[list[Generation]], prompts: list[list[int]], neutral: list[list[int]],
+           held: list[tuple[list[int], list[int]]] | None) -> list[SweepRow]:
+    """Every row's KL on the neutral prompts, behaviour on the held-out pairs (with ``--holdout``) and fluency,
+    all strengths as the rows of one forward per packed group of texts."""
+    from ster.engine.steering.calibration import Probes, fluency, measure_scales
+    from ster.engine.steering.measures import greedy_continuations
+
+    what = f" and {len(held)} held-out pairs" if held else ""
+    ctx.progress("measure", f"measuring every strength's KL on {len(neutral)} neutral prompts{what}")
+    continuations = greedy_continuations(model, neutral, CONTINUATION_TOKENS, codec.eos_ids,
+                                         check_cancelled=ctx.check_cancelled)
+    values = [strength.value for strength in request.strengths]
+    order = sorted(range(len(values)), key=lambda i: values[i] != 0)  # the unsteered row first: KL is from it
+    scales = [scales_for(artifact, request.strengths[i]).absolute for i in order]
+    measured = measure_scales(model, artifact.by_layer(), scales, [values[i] for i in order],
+                              Probes(list(zip(neutral, continuations)), held or []), ctx.check_cancelled)
+    points = [measured[order.index(i)] for i in range(len(values))]
+    texts = {row.strength: [by_strength[step].ids for by_strength in generated] for step, row in enumerate(rows)}
+    ratios = fluency(model, prompts, texts)
+    base = next(point for point in points if point.strength == 0)
+    return [row.model_copy(update={
+        "kl": point.kl, "kl_first": point.kl_first, "fluency": ratios[row.strength],
+        **({"behaviour": point.behaviour, "behaviour_shift": point.behaviour - base.behaviour,
+            "preferred": point.preferred} if held else {})}) for row, point in zip(rows, points)]
+
+
+def within_budget(rows: list[SweepRow], sign: int, budget: float) -> float | None:
+    """Walking out from 0 on one side, the largest strength before the first whose KL is over ``budget``."""
+    chosen = None
+    for row in sorted((r for r in rows if r.strength * sign > 0), key=lambda r: abs(r.strength)):
+        if row.kl is None or row.kl > budget:
+            break
+        chosen = row.strength
+    return chosen
+
+
+def _reach(strength: float | None, request: SweepRequest) -> str:
+    if strength is None:
+        return "no strength"
+    unit = "x" if request.strengths[0].relative else ""
+    return f"up to {strength:+g}{unit}"
+
+
 def _summarise(ctx: JobContext, rows: list[SweepRow], verdicts: list[Judged], trait: str, prompts: int) -> None:
     """One log line saying what the effect is, then one line per strength, for a reader of the progress."""
     toward = f"toward {trait}" if trait else "toward the pairs' positive side"
@@ -251,8 +349,10 @@ def _summarise(ctx: JobContext, rows: list[SweepRow], verdicts: list[Judged], tr
         if row.distinguishable:
             against = (row.effect or 0.0) * row.strength < 0
             judged = "distinguishable, against the push" if against else "distinguishable"
+        cost = "" if row.kl is None else f"; KL {row.kl:.3g}"
+        moved = "" if row.behaviour_shift is None else f", behaviour {row.behaviour_shift:+.3g}"
         ctx.log(f"{verdict.label}: {effect}{relative}{noise}, {judged}; {row.changed}/{prompts} texts changed; "
-                f"{'fluent' if row.fluent else 'not fluent'}")
+                f"{'fluent' if row.fluent else 'not fluent'}{cost}{moved}")
 
 
 def _readings(model: Decoder, codec: TextCodec, texts: list[str],

@@ -92,6 +92,16 @@ def measures(row: dict[str, Any], trait: str) -> Table:
     distinct = "—" if row["distinct_2"] is None else f"{row['distinct_2']:.2f}"
     table.add_row("degeneracy", f"distinct-2 {distinct}, longest run {row['longest_run']}, mean tokens "
                                 f"{row['mean_tokens']:.1f}: {'fluent' if row['fluent'] else 'not fluent'}")
+    if row.get("kl") is not None:
+        table.add_row("KL", f"{row['kl']:.3g} nats a token over each neutral prompt's unsteered continuation, "
+                            f"{row['kl_first']:.3g} at its first token (what steering costs the model)")
+    if row.get("fluency") is not None:
+        table.add_row("perplexity", f"{row['fluency']:.3g}× the baseline texts' (the unsteered model reading "
+                                    "these texts against its own)")
+    if row.get("behaviour_shift") is not None:
+        table.add_row("behaviour", f"{row['behaviour_shift']:+.3g} nats toward {trait} on the held-out pairs "
+                                   f"(log p(positive) − log p(negative)); positive side likelier on "
+                                   f"{row['preferred']:.0%} of them")
     return table
 
 

@@ -72,8 +72,20 @@ def sweep_caption(data: dict[str, Any], artifact: str, source: str | None, adapt
         caption.append(f"; ± its noise band (95%), {TOWARD} beyond it")
         if any(verdict(row) == "against" for row in data["rows"]):
             caption.append(f", {AGAINST} beyond it against the push")
-    caption.append(".")
+    caption.append(". ")
+    caption.append_text(budget_words(data, unit))
+    caption.rstrip()
     return caption
+
+
+def budget_words(data: dict[str, Any], unit: str) -> Text:
+    """``within KL 0.25 on 16 neutral prompts: +0.4x, -0.4x.`` from the result's ``within_budget`` (nothing for an older result)."""
+    reach = data.get("within_budget")
+    if reach is None:
+        return Text()
+    picks = [f"{reach[sign]:+g}{unit}" for sign in ("positive", "negative") if reach[sign] is not None]
+    return Text.assemble(f"within KL {data['kl_budget']:g} on {data['neutral_prompts']} neutral prompts: ",
+                         (", ".join(picks) or "none", "bold"), ".")
 
 
 def fluent_rule(data: dict[str, Any]) -> Text:

@@ -16,10 +16,11 @@ from textual.widgets import DataTable
 
 from ster.tui.widgets.generate_parts import cell, mean, one_line
 
-SWEEP_COLUMNS = (("strength", 8), ("other", 8), ("effect", 15), ("changed", 7), ("dist-2", 6), ("run", 3),
-                 ("tokens", 6), ("judged", 10))
-"""The sweep table's short columns and widths; "other" is the strength in the other unit; the output takes the rest."""
-NARROW_COLUMNS = ("strength", "other", "effect", "judged")
+SWEEP_COLUMNS = (("strength", 8), ("other", 8), ("effect", 15), ("KL", 5), ("changed", 7), ("dist-2", 6),
+                 ("run", 3), ("tokens", 6), ("judged", 10))
+"""The sweep table's short columns and widths; "other" is the strength in the other unit, KL the mean KL from the
+unsteered model on the neutral prompts (over budget in yellow); the output takes the rest."""
+NARROW_COLUMNS = ("strength", "other", "effect", "KL", "judged")
 """The short columns kept below 100 cells, so the output stays readable (the row's dialog has every measure)."""
 OUTPUT = "output (enter: all of it)"
 TOWARD, AGAINST = "✓", "↺"
@@ -146,7 +147,7 @@ class SweepTable(DataTable):
             strength = Strength(value=row["strength"], unit=data["strength_unit"])
             key = strength.signed()
             self.rows_data[key], self.strengths[key] = row, str(strength)
-            cells = sweep_cells(row, strength, row["strength"] in suggested, self._rest())
+            cells = sweep_cells(row, strength, row["strength"] in suggested, self._rest(), data.get("kl_budget"))
             self.add_row(*(cells[str(column.value)] for column in self.columns), key=key)
         self.move_cursor(row=min(cursor, self.row_count - 1), animate=False)
 
@@ -164,8 +165,10 @@ def shown_signed(strength: Any) -> str:
     return "0" if strength.value == 0 else strength.signed()
 
 
-def sweep_cells(row: dict[str, Any], strength: Any, suggested: bool, width: int) -> dict[str, Text]:
-    """A result row's cells by column key (the table shows the columns its width allows)."""
+def sweep_cells(row: dict[str, Any], strength: Any, suggested: bool, width: int,
+                budget: float | None = None) -> dict[str, Text]:
+    """A result row's cells by column key (the table shows the columns its width allows); a KL over ``budget``
+    is in yellow."""
     style = "bold green" if suggested else ""
     other = mean(row["absolute_strength"]) if strength.relative else mean(row["relative_strength"])
     judged = ("baseline" if row["strength"] == 0 else "fluent ◀" if suggested else
@@ -175,10 +178,13 @@ def sweep_cells(row: dict[str, Any], strength: Any, suggested: bool, width: int)
                "changed": "—" if row["strength"] == 0 else f"{row.get('changed', 0)}/{prompts}",
                "dist-2": cell(row["distinct_2"], ".2f"), "run": str(row["longest_run"]),
                "tokens": f"{row['mean_tokens']:.1f}"}
+    kl = row.get("kl")
+    over = kl is not None and budget is not None and kl > budget
     output = one_line(" | ".join(o["text"] for o in row["outputs"]), width)
     effect = effect_cell(row)
     if style:
         effect.stylize(style)
     return {**{key: Text(n, style=style, justify="right") for key, n in numbers.items()}, "effect": effect,
+            "KL": Text("—" if kl is None else number(kl, 2), style=style or ("yellow" if over else ""), justify="right"),
             "judged": Text(judged, style=style or ("red" if not row["fluent"] else "")),
             OUTPUT: Text(output, style=style)}
