@@ -99,7 +99,7 @@ def _add_generate(commands: Any) -> None:
     parser.add_argument("--prompt", required=True, help="the prompt text")
     parser.add_argument("--vector", metavar="FILE", help="a steering artifact; omit it for the unsteered baseline")
     parser.add_argument("--strength", metavar="S",
-                        help="how far along the direction: a multiple of each layer's activation norm (0.4x), or a "
+                        help="how far along the direction: a multiple of each layer's activation spread (0.4x), or a "
                              "number in the residual stream's units (3); negative steers the other way (write "
                              "--strength=-0.4x); default 0.4x")
     _apply_adapter_flag(parser, "every generated token; combinable with --vector")
@@ -155,7 +155,7 @@ def _add_sweep(commands: Any) -> None:
     parser.add_argument("--vector", required=True, metavar="FILE", help="the steering artifact")
     parser.add_argument("--prompts", required=True, metavar="FILE", help='JSON file {"prompts": ["...", ...]}')
     parser.add_argument("--strengths", metavar="LIST",
-                        help="comma list, all relative to each layer's activation norm (--strengths=-0.4x,0.4x) or "
+                        help="comma list, all relative to each layer's activation spread (--strengths=-0.4x,0.4x) or "
                              "all absolute (--strengths=-8,-4,4,8); write = before a leading minus; default "
                              "-0.8x,-0.4x,-0.2x,0.2x,0.4x,0.8x")
     parser.add_argument("--neutral", metavar="FILE",

@@ -22,7 +22,7 @@ LABELS = {"strength": "strength", "strengths": "sweep", "max-new-tokens": "max t
           "pairs": "pair set", "count": "pairs to keep", "batch-size": "batch size", "prompt": "prompt",
           "trait": "trait", "model": "model", "prompts": "prompts"}
 """CLI flag (without its dashes) → the label of the form field that sets it."""
-STRENGTH_SPELLING = "a number such as 3, or a multiple of the layer's activation norm such as 0.4x"
+STRENGTH_SPELLING = "a number such as 3, or a multiple of the layer's activation spread such as 0.4x"
 PHRASES = (
     (re.compile(r"Input should be a valid number.*"), "give a number"),
     (re.compile(r"Input should be a valid integer.*"), "give a whole number"),

@@ -48,7 +48,7 @@ VALUES: dict[str, list[str]] = {
     "--targets": ["nope", "", ",", "q,zz"],
     "--loss": ["kto", "DPO", ""],
     "--group": [*WHOLE, "1"], "--iterations": WHOLE,
-    "--kl-budget": [*FINITE, "0", "-0.1"], "--trials": WHOLE,
+    "--kl-budget": [*FINITE, "0", "-0.1"], "--trials": WHOLE, "--neutral-count": WHOLE,
 }
 """Each flag whose value the request model checks, and values it must refuse."""
 
@@ -144,7 +144,7 @@ def test_a_bad_value_is_refused_in_one_sentence(cli, tmp_path: Path, command: st
     (["generate", "--model", "ster:toy", "--prompt", "x", "--temperature", "0.7", "--seed", "99999999999999999999999"],
      "--seed must be between 0 and 18446744073709551615"),
     (["generate", "--model", "ster:toy", "--prompt", "x", "--strength", "abc"],
-     '--strength must be a number such as 3 or a multiple of each layer\'s activation norm such as 0.4x; '
+     '--strength must be a number such as 3 or a multiple of each layer\'s activation spread such as 0.4x; '
      'got "abc"'),
     (["generate", "--model", "ster:toy", "--prompt", "x", "--max-new-tokens", "x"],
      '--max-new-tokens must be a whole number; got "x"'),
@@ -153,7 +153,7 @@ def test_a_bad_value_is_refused_in_one_sentence(cli, tmp_path: Path, command: st
     (["sweep", "--model", "ster:toy", "--vector", "v", "--prompts", "p", "--strengths=nan"],
      "--strengths must be a finite number; got nan"),
     (["sweep", "--model", "ster:toy", "--vector", "v", "--prompts", "p", "--strengths=1,x"],
-     '--strengths must be a number such as 3 or a multiple of each layer\'s activation norm such as 0.4x; '
+     '--strengths must be a number such as 3 or a multiple of each layer\'s activation spread such as 0.4x; '
      'got "x"'),
     (["train", "--model", "ster:toy", "--output", "o", "--layers", "x"],
      '--layers takes all, a comma list such as 2,5, or a half-open range such as 2..6, or a mix such as 1,4..7; '

@@ -191,7 +191,7 @@ def test_sweep_strengths_must_be_numbers() -> None:
     run = run_subprocess("sweep", "--model", "ster:toy", "--vector", "v.json", "--prompts", "p.json",
                          "--strengths", "1,x")
     assert run.code == 1 and run.err == ('error: --strengths must be a number such as 3 or a multiple of each '
-                                         'layer\'s activation norm such as 0.4x; got "x"\n')
+                                         'layer\'s activation spread such as 0.4x; got "x"\n')
 
 
 def test_the_chat_template_warning_says_what_each_command_does_with_the_direction(cli, tmp_path: Path,

@@ -45,6 +45,18 @@ def test_the_chosen_strengths_keep_the_budget_and_move_behaviour_their_way(calib
     assert not study_path(out).exists()  # the study is gone once the artifact is written
 
 
+def test_a_sweep_without_strengths_walks_around_the_calibrated_ones_and_says_so(cli, calibrated) -> None:
+    artifact, out = calibrated
+    run = cli("--json", "sweep", "--model", "ster:toy", "--vector", out, "--prompts", "ster/data/examples/prompts.json",
+              "--max-new-tokens", "2", "--neutral-count", "2")
+    assert run.code == 0, run.err
+    positive, negative = (round(artifact["calibration"][side]["strength"], 4) for side in ("positive", "negative"))
+    expected = sorted({round(step * s, 4) for s in (positive, negative) for step in (0.5, 1.0, 2.0)} | {0.0})
+    assert [row["strength"] for row in run.events[-1]["data"]["rows"]] == expected
+    assert any(e["type"] == "log" and e["message"].startswith("sweeping half, once and twice the artifact's "
+                                                              "calibrated strengths") for e in run.events)
+
+
 def test_generate_steers_at_the_calibrated_strength_and_says_so(cli, calibrated) -> None:
     artifact, out = calibrated
     run = cli("--json", "generate", "--model", "ster:toy", "--vector", out, "--prompt",

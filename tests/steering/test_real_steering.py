@@ -62,8 +62,10 @@ def test_the_default_sweep_moves_the_text_distinguishably(cli, smol: Path, calm:
     toward = rows[0.4]
     assert toward["changed"] == 6 and toward["fluent"]
     assert toward["distinguishable"] and toward["effect"] > toward["threshold"] > 0
-    assert not rows[0.8]["fluent"]  # twice the default breaks the text
-    assert result["suggested"]["positive"] == 0.4
+    # twice the default costs more than heretic's KL of damage, 0.5, and more than the budget the default keeps
+    assert rows[0.8]["kl"] > 0.5 > result["kl_budget"] >= rows[0.4]["kl"] > rows[0.2]["kl"] > 0
+    assert rows[0.8]["fluency"] > rows[0.4]["fluency"] > 1  # the unsteered model finds the texts less likely
+    assert result["within_budget"]["positive"] == 0.4 and result["suggested"]["positive"] in (0.4, 0.8)
     assert rows[-0.8]["effect"] < 0
 
 

@@ -374,7 +374,7 @@ def test_a_provenance_warning_shows_in_yellow_and_the_run_goes_on(calm: Path, tm
 
 @pytest.mark.parametrize(("field", "typed", "sentence"), [
     ("max-new-tokens", "0", "max tokens must be at least 1"),
-    ("strength", "abc", 'strength is a number such as 3, or a multiple of the layer\'s activation norm such as '
+    ("strength", "abc", 'strength is a number such as 3, or a multiple of the layer\'s activation spread such as '
                         '0.4x; "abc" is neither'),
     ("temperature", "warm", 'temp (temperature) is a number, 0 to decode greedily; "warm" is not'),
     ("strengths", "0.4x,3", "sweep mixes units: write every strength as a number (3) or every one with an x (0.4x)"),

@@ -115,9 +115,10 @@ class SweepRequest(SampledRequest):
     """A JSON document ``{"prompts": [...]}``."""
     prompt_texts: list[str] | None = None
     """The prompts themselves, instead of a file (exactly one of the two)."""
-    strengths: list[Strength] = Field(DEFAULT_SWEEP, validate_default=True)
+    strengths: list[Strength] | None = None
     """Absolute or relative (``0.4x``), all in one unit; 0 is always added, and they are swept in order.
-    None (not given) is ``DEFAULT_SWEEP``, relative, so it scales with the artifact's activation norm."""
+    None (not given) is half, once and twice a calibrated artifact's strength of each sign, or else
+    ``DEFAULT_SWEEP``: relative either way, so it scales with the artifact's activation spread."""
     max_new_tokens: int | None = None
     """Most tokens per text; None means up to ``default_max_new_tokens``, as the context allows."""
     default_max_new_tokens: ClassVar[int] = 48
@@ -141,20 +142,25 @@ class SweepRequest(SampledRequest):
 
     @field_validator("strengths", mode="before")
     @classmethod
-    def _parse(cls, raw: object) -> list[Strength]:
-        return parse_strengths(DEFAULT_SWEEP if raw is None else raw)
+    def _parse(cls, raw: object) -> list[Strength] | None:
+        return None if raw is None else parse_strengths(raw)
 
     @field_validator("strengths")
     @classmethod
-    def _strengths(cls, values: list[Strength]) -> list[Strength]:
-        if not values:
-            raise ValueError("--strengths needs at least one strength")
-        units = {value.unit for value in values if value.value != 0}
-        if len(units) > 1:
-            raise ValueError("--strengths mixes absolute and relative strengths; give all of them as numbers "
-                             "(3) or all as multiples of the activation norm (0.4x)")
-        unit = units.pop() if units else "absolute"
-        return [Strength(value=v, unit=unit) for v in sorted({value.value for value in values} | {0.0})]
+    def _strengths(cls, values: list[Strength] | None) -> list[Strength] | None:
+        return None if values is None else sweep_strengths(values)
+
+
+def sweep_strengths(values: list[Strength]) -> list[Strength]:
+    """A sweep's strengths in one unit, ascending, each once, with 0 added."""
+    if not values:
+        raise ValueError("--strengths needs at least one strength")
+    units = {value.unit for value in values if value.value != 0}
+    if len(units) > 1:
+        raise ValueError("--strengths mixes absolute and relative strengths; give all of them as numbers "
+                         "(3) or all as multiples of the activation spread (0.4x)")
+    unit = units.pop() if units else "absolute"
+    return [Strength(value=v, unit=unit) for v in sorted({value.value for value in values} | {0.0})]
 
 
 class CalibrateRequest(AdaptedRequest):

@@ -1,4 +1,4 @@
-"""A steering strength: in the residual stream's own units, or relative to each layer's activation norm.
+"""A steering strength: in the residual stream's own units, or relative to each layer's activation spread.
 
 Residual norms differ by orders of magnitude between models and between the layers of
 one model (about 30 to 900 across SmolLM2-135M's 30 layers), so an absolute strength
@@ -48,7 +48,7 @@ DEFAULT_TRIALS = 40
 """Candidates ``calibrate`` measures by default: every single layer of a 30-layer model with caa, then the other
 methods at the best layers, then layer ranges around the best."""
 
-SPELLING = "a number such as 3 or a multiple of each layer's activation norm such as 0.4x"
+SPELLING = "a number such as 3 or a multiple of each layer's activation spread such as 0.4x"
 
 EXCESSIVE = 10.0
 """A push past this many times a layer's activation norm drowns the residual stream: the text it gives is

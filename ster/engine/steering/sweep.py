@@ -56,9 +56,13 @@ from ster.engine.steering.artifact import SteeringArtifact, open_artifact
 from ster.engine.steering.calibrate import CONTINUATION_TOKENS, NEUTRAL, answered_pairs, load_neutral
 from ster.engine.steering.effect import Judged, judge, paired, stillness, suggest
 from ster.engine.steering.extract import PromptSet
-from ster.engine.steering.generate import scales_for
-from ster.engine.steering.requests import SweepRequest
-from ster.engine.steering.strength import Unit
+from ster.engine.steering.generate import calibrated_strength, scales_for
+from ster.engine.steering.requests import SweepRequest, sweep_strengths
+from ster.engine.steering.strength import DEFAULT_SWEEP, Strength, Unit, parse_strengths
+
+CALIBRATED_STEPS = (0.5, 1.0, 2.0)
+"""The multiples of a calibrated strength a sweep walks when no strengths are given: where it starts, the
+strength itself, and past it."""
 
 if TYPE_CHECKING:
     from ster.engine.model.llama import Decoder
@@ -187,6 +191,27 @@ def _prompts(request: SweepRequest) -> list[str]:
     return load_document(request.prompts, PromptSet, "prompts").prompts
 
 
+def _swept(request: SweepRequest) -> list[Strength]:
+    """The request's strengths, once the job has filled in the default."""
+    assert request.strengths is not None, "sweep_job resolves the default strengths first"
+    return request.strengths
+
+
+def _default_strengths(request: SweepRequest, artifact: SteeringArtifact, ctx: JobContext) -> list[Strength]:
+    """The given strengths; else half, once and twice each calibrated strength (said in a log line); else
+    ``DEFAULT_SWEEP``."""
+    if request.strengths is not None:
+        return request.strengths
+    calibrated = [s for s in (calibrated_strength(artifact, 1), calibrated_strength(artifact, -1)) if s is not None]
+    if not calibrated:
+        return sweep_strengths(parse_strengths(DEFAULT_SWEEP))
+    budget = artifact.calibration.kl_budget if artifact.calibration else request.kl_budget
+    ctx.log(f"sweeping half, once and twice the artifact's calibrated strengths "
+            f"({' and '.join(s.signed() for s in calibrated)}, calibrated to a KL budget of {budget:g})")
+    return sweep_strengths([Strength(value=round(step * s.value, 4), unit="relative")
+                            for s in calibrated for step in CALIBRATED_STEPS])
+
+
 def _neutral_prompts(request: SweepRequest) -> list[str]:
     """At most ``neutral_count`` of the neutral set's prompts, spread evenly through it."""
     prompts, _ = load_neutral(request.neutral)
@@ -200,7 +225,8 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
     held = load_pairs(request.holdout).pairs if request.holdout is not None else None
     checkpoint = model_store(ctx).open(request, ctx)
     artifact = open_artifact(ctx, request.vector, checkpoint)
-    scales_for(artifact, max(request.strengths, key=lambda s: abs(s.value)), ctx)  # refuses or warns before loading
+    request = request.model_copy(update={"strengths": _default_strengths(request, artifact, ctx)})
+    scales_for(artifact, max(_swept(request), key=lambda s: abs(s.value)), ctx)  # refuses or warns before loading
     adapter = check_adapter(ctx, request.adapter, checkpoint)
     codec = checkpoint.codec
     encoded = encode_each(codec, prompts, checkpoint.context, "sweep prompt")
@@ -213,11 +239,11 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
     with adapted(ctx, model, adapter, checkpoint):
         generated = _generate(ctx, model, codec, artifact, request, encoded, directions)
         rows = [_measure(model, codec, artifact, request, prompts, [by_strength[step] for by_strength in generated],
-                         directions, step) for step in range(len(request.strengths))]
+                         directions, step) for step in range(len(_swept(request)))]
         rows = _costs(ctx, model, codec, artifact, request, rows, generated, encoded, neutral_ids,
                       held_ids if held else None)
     rows = _judge(rows, _mean_norm(artifact))
-    verdicts = [Judged(strength=r.strength, label=request.strengths[i].signed(), effect=r.effect,
+    verdicts = [Judged(strength=r.strength, label=_swept(request)[i].signed(), effect=r.effect,
                        threshold=r.threshold, distinguishable=r.distinguishable, fluent=r.fluent)
                 for i, r in enumerate(rows)]
     _summarise(ctx, rows, verdicts, artifact.trait_name, len(prompts))
@@ -231,7 +257,7 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
     return SweepResult(model=checkpoint.source.model, model_revision=checkpoint.source.revision,
                        vector=str(request.vector), adapter=str(request.adapter) if adapter else None,
                        trait_name=artifact.trait_name, layers=sorted(directions),
-                       strength_unit=request.strengths[0].unit,
+                       strength_unit=_swept(request)[0].unit,
                        chat_template=codec.decision, precision=request.precision,
                        max_new_tokens=request.max_new_tokens, temperature=request.temperature, seed=request.seed,
                        bound=DegeneracyBound(), neutral=bundled_name(request.neutral or example_path(NEUTRAL)),
@@ -247,7 +273,7 @@ def _generate(ctx: JobContext, model: Decoder, codec: TextCodec, artifact: Steer
     """Per prompt, the text at every strength, decoded as one batch (each row steered at its own strength)."""
     from ster.engine.steering.runs import steered_rows_decode  # torch, once every input has been checked
 
-    strengths = request.strengths
+    strengths = _swept(request)
     scales = [scales_for(artifact, strength).absolute for strength in strengths]
     generated = []
     for index, ids in enumerate(encoded):
@@ -271,7 +297,7 @@ def _measure(model: Decoder, codec: TextCodec, artifact: SteeringArtifact, reque
              prompts: list[str], generations: list[Generation], directions: dict[int, list[float]],
              step: int) -> SweepRow:
     """One strength's row: the texts re-read unsteered, their projections and degeneracy."""
-    strength = request.strengths[step]
+    strength = _swept(request)[step]
     scales = scales_for(artifact, strength)
     generated = [generation.ids for generation in generations]
     texts = [codec.decode(ids) for ids in generated]
@@ -301,9 +327,9 @@ def _costs(ctx: JobContext, model: Decoder, codec: TextCodec, artifact: Steering
     ctx.progress("measure", f"measuring every strength's KL on {len(neutral)} neutral prompts{what}")
     continuations = greedy_continuations(model, neutral, CONTINUATION_TOKENS, codec.eos_ids,
                                          check_cancelled=ctx.check_cancelled)
-    values = [strength.value for strength in request.strengths]
+    values = [strength.value for strength in _swept(request)]
     order = sorted(range(len(values)), key=lambda i: values[i] != 0)  # the unsteered row first: KL is from it
-    scales = [scales_for(artifact, request.strengths[i]).absolute for i in order]
+    scales = [scales_for(artifact, _swept(request)[i]).absolute for i in order]
     measured = measure_scales(model, artifact.by_layer(), scales, [values[i] for i in order],
                               Probes(list(zip(neutral, continuations)), held or []), ctx.check_cancelled)
     points = [measured[order.index(i)] for i in range(len(values))]
@@ -329,7 +355,7 @@ def within_budget(rows: list[SweepRow], sign: int, budget: float) -> float | Non
 def _reach(strength: float | None, request: SweepRequest) -> str:
     if strength is None:
         return "no strength"
-    unit = "x" if request.strengths[0].relative else ""
+    unit = "x" if _swept(request)[0].relative else ""
     return f"up to {strength:+g}{unit}"
 
 

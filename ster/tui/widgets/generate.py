@@ -15,7 +15,7 @@ unsteered and steered. ``w`` sweeps the listed strengths (0 is always added) int
 of effect and degeneracy, on the model the steered text runs on (adapted or not), on the
 prompt above or on the prompt set named under "prompts": only several prompts give an
 effect a noise to be told apart from, so only they can suggest a strength. Enter on a row
-shows its outputs whole. Strengths are relative to each layer's activation norm by default
+shows its outputs whole. Strengths are relative to each layer's activation spread by default
 (``0.4x``); the step keys move in the field's own unit. ``c`` copies and ``s`` saves what
 the pane shows.
 
@@ -63,7 +63,7 @@ STEPS = {"relative": (0.1, 0.01), "absolute": (1.0, 0.1)}
 FIELDS = ("prompt", "strength", "max-new-tokens", "temperature", "seed", "adapter")
 PROMPTS_TIP = ("a prompt-set file, or ster:prompts; empty: the prompt above alone. Several prompts give the "
                "effect a noise to be judged against, so only they can suggest a strength")
-STRENGTH_TIP = ("0.4x: 0.4 × each layer's activation norm (its spread, for a calibrated artifact); 3: absolute; "
+STRENGTH_TIP = ("0.4x: 0.4 × each layer's activation spread (its norm, for an artifact older than the spread); 3: absolute; "
                 "empty: the artifact's calibrated strength, else 0.4x")
 ADAPTER_TIP = ("a: a LoRA adapter (.safetensors, its .json sidecar beside it) or a PEFT adapter directory, shown "
                "beside the base model; empty: none. Starts at the app's current adapter")
@@ -141,7 +141,7 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
                                                id="strengths", tooltip="strengths to sweep; 0 is always added"))
             yield from labelled(" prompts", Field(check=parse_prompt_set, width=19, grow=40, id="prompts",
                                                   placeholder="this prompt only", tooltip=PROMPTS_TIP),
-                                "x: × activation norm; 0 is always added")
+                                "x: × activation spread; 0 is always added")
         yield JobProgress("g generates, w sweeps", id="progress")
         yield Wrapped("", id="message")
         with Horizontal(id="panels"):
