@@ -27,23 +27,25 @@ from ster.engine.protocol.errors import Refusal
 Unit = Literal["absolute", "relative"]
 
 DEFAULT_STRENGTH = "0.4x"
-"""The strength a front end offers first. Measured on SmolLM2-135M-Instruct (``bench/steering_defaults.py``,
-six held-out prompts, at layer 21, which ``optimize`` picks, and at layer 23): 0.4x of the norm moves every
-text, its effect is distinguishable from 0, and the text stays fluent; broken at 0.8x. On an artifact whose
-``strength_unit`` is the spread (what ``calibrate`` writes) it is 0.4 times the spread: on SmolLM2 at layer 21
-(spread 0.72 of the norm) and on Gemma 3 270M at layer 7 (0.24 of the norm, which massive activations
-inflate) the alarmed prompts' answers turn calmer and stay fluent there, at a mean KL of about 0.22 and 0.24
-from the unsteered model, where 0.4x of Gemma's norm breaks its text."""
+"""The strength a front end offers first, for an artifact without a calibrated one: 0.4 of each layer's
+activation spread. Measured on SmolLM2-135M-Instruct at the layer ``optimize`` picks (21; spread 0.72 of the
+norm): every held-out answer changes, the effect is distinguishable from 0, the text stays fluent and the mean
+KL from the unsteered model is 0.20. On Gemma 3 270M (layer 7; spread 0.24 of the norm, which massive
+activations inflate) the text stays readable and held-out behaviour moves strongly, at a KL of 0.51: a
+default cannot fit every model, so ``calibrate`` chooses per model and the sweep reports each strength's KL.
+0.4 of the *norm*, the unit before the spread, breaks Gemma's text."""
 DEFAULT_SWEEP = "-0.8x,-0.4x,-0.2x,0.2x,0.4x,0.8x"
 """The strengths a sweep walks when none are given: half, once and twice the default strength, each way —
-where steering starts, where it works, and where it breaks on SmolLM2 — relative, so the sweep scales with
-the artifact's activation norm, and a factor of two either side of the default for a model that differs."""
+where steering starts, where it works, and where it costs more than the KL budget on SmolLM2 — relative, so the
+sweep scales with the artifact's activation spread, and a factor of two either side of the default for a model
+that differs."""
 
 DEFAULT_KL_BUDGET = 0.25
 """The mean KL (nats per token over the unsteered model's own continuation of a neutral prompt) a calibrated
-strength may cost by default: what the default strength, 0.4x of the spread, costs at the layer ``optimize``
-picks on SmolLM2-135M-Instruct (about 0.22 at layer 21) and on Gemma 3 270M (about 0.24 at layer 7), where the
-text is steered and stays fluent; at 0.1 SmolLM2's answers barely change. See the README's calibration tables."""
+strength may cost by default: about what the default strength, 0.4x of the spread, costs at the layer
+``optimize`` picks on SmolLM2-135M-Instruct (0.20 at layer 21), where the text is steered and stays fluent; at
+0.1 SmolLM2's answers barely change, and past 0.5 (heretic's warning) the text drifts. On Gemma 3 270M, where
+0.4x costs 0.43, the strengths calibrated to 0.25 keep the text readable. See the README's calibration tables."""
 DEFAULT_TRIALS = 40
 """Candidates ``calibrate`` measures by default: every single layer of a 30-layer model with caa, then the other
 methods at the best layers, then layer ranges around the best."""
