@@ -56,6 +56,18 @@ class Settings:
         side = ((self.artifact or {}).get("calibration") or {}).get("positive")
         return None if not side else f"{side['strength']:+.3g}x"
 
+    def calibrated_sweep(self) -> str | None:
+        """The strengths the engine sweeps a calibrated artifact at when none are given (half, once and twice each
+        sign's calibrated strength), as the sweep field writes them; None for an artifact without one."""
+        record = (self.artifact or {}).get("calibration") or {}
+        sides = [record[sign]["strength"] for sign in ("negative", "positive") if record.get(sign)]
+        if not sides:
+            return None
+        from ster.engine.steering.sweep import CALIBRATED_STEPS
+
+        values = sorted({round(step * round(side, 4), 4) for side in sides for step in CALIBRATED_STEPS})
+        return ",".join(f"{value:g}x" for value in values)
+
     def artifact_label(self) -> str:
         """The artifact as the status line and the steered panel name it: ``calm.caa.toy (caa, layer 3)``."""
         if self.vector is None:

@@ -142,10 +142,16 @@ def test_a_calibrated_artifact_with_no_typed_strength_sends_none_and_says_which_
         await pilot.pause()
         assert "strength" not in steered(app)
         assert build_job_request("generate", **steered(app)).strength is None  # the engine's calibrated strength
+        sweep = app.query_one("#generate-pane").query_one("#strengths")
+        record = CALIBRATED["calibration"]
+        sides = [round(record[sign]["strength"], 4) for sign in ("positive", "negative")]
+        walked = sorted({round(step * side, 4) for side in sides for step in (0.5, 1, 2)})  # what the engine walks
+        assert sweep.value == ",".join(f"{v:g}x" for v in walked)  # type: ignore[attr-defined]
         app.settings.use_artifact(Path("plain.json"), plain)  # an uncalibrated artifact: the default, sent
         app.settings_changed("artifact")
         await pilot.pause()
         assert field.value == "0.4x"  # type: ignore[attr-defined]
+        assert sweep.value == "-0.8x,-0.4x,-0.2x,0.2x,0.4x,0.8x"  # type: ignore[attr-defined]
         await pilot.press("g")
         await pilot.pause()
         assert steered(app)["strength"] == "0.4x"

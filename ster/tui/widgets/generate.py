@@ -119,6 +119,8 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         """The name of the adapter the last sweep ran through; None for the base model."""
         self.auto_strength = DEFAULT_STRENGTH
         """What the pane itself last put in the strength field (a value there other than it was typed)."""
+        self.auto_sweep = DEFAULT_SWEEP
+        """What the pane itself last put in the sweep field: the default, or around a calibrated strength."""
 
     def compose(self) -> ComposeResult:
         with FormRow():
@@ -169,6 +171,9 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         if adopted or field.value.strip() in (self.auto_strength, ""):  # not typed by the person
             wanted = settings.strength or ("" if calibrated else DEFAULT_STRENGTH)
             field.value = self.auto_strength = wanted
+        sweep = self.query_one("#strengths", Field)
+        if sweep.value.strip() in (self.auto_sweep, ""):  # the sweep walks around a calibrated strength too
+            sweep.value = self.auto_sweep = settings.calibrated_sweep() or DEFAULT_SWEEP
 
     def on_input_changed(self, event: Field.Changed) -> None:
         """A fixed field's sentence leaves the message line (as ``FieldErrors`` does: Textual calls each class's
