@@ -158,19 +158,23 @@ def _add_sweep(commands: Any) -> None:
                         help="comma list, all relative to each layer's activation spread (--strengths=-0.4x,0.4x) or "
                              "all absolute (--strengths=-8,-4,4,8); write = before a leading minus; default "
                              "-0.8x,-0.4x,-0.2x,0.2x,0.4x,0.8x")
-    parser.add_argument("--neutral", metavar="FILE",
-                        help='JSON file {"prompts": [...]} of everyday requests each strength\'s KL from the unsteered '
-                             'model is measured on (default ster:neutral)')
+    _cost_flags(parser, "each strength's KL from the unsteered model is measured on (default ster:neutral)",
+                "the mean KL, in nats per token, a strength may cost to be suggested by the budget")
     parser.add_argument("--neutral-count", default=16, metavar="N",
                         help="how many neutral prompts, spread through the set, the KL is measured on (default 16)")
     parser.add_argument("--holdout", metavar="FILE",
                         help="pair set whose behaviour (log p(positive side) - log p(negative side)) is measured at "
                              "each strength (default: none)")
-    parser.add_argument("--kl-budget", default=0.25, metavar="B",
-                        help="the mean KL, in nats per token, a strength may cost to be suggested by the budget "
-                             "(default 0.25)")
     _apply_adapter_flag(parser, "generating the texts and re-reading them")
     _sampling_flags(parser, 48)
+
+
+def _cost_flags(parser: Any, measured: str, budget: str) -> None:
+    """``--neutral`` and ``--kl-budget``, as sweep and calibrate take them; ``measured`` and ``budget`` end their
+    help."""
+    parser.add_argument("--neutral", metavar="FILE",
+                        help=f'JSON file {{"prompts": [...]}} of everyday requests {measured}')
+    parser.add_argument("--kl-budget", default=0.25, metavar="B", help=f"{budget} (default 0.25)")
 
 
 def _add_calibrate(commands: Any) -> None:
@@ -185,12 +189,8 @@ def _add_calibrate(commands: Any) -> None:
     parser.add_argument("--pairs", metavar="FILE", help="pair set to fit on (default: the workspace's active set)")
     parser.add_argument("--holdout", metavar="FILE",
                         help="pair set to measure behaviour on (default: the last 20%% of --pairs, held out from fitting)")
-    parser.add_argument("--neutral", metavar="FILE",
-                        help='JSON file {"prompts": [...]} of everyday requests the cost is measured on (default '
-                             'ster:neutral, 72 bundled requests)')
-    parser.add_argument("--kl-budget", default=0.25, metavar="B",
-                        help="most mean KL from the unsteered model, in nats per token, a chosen strength may cost "
-                             "(default 0.25)")
+    _cost_flags(parser, "the cost is measured on (default ster:neutral, 72 bundled requests)",
+                "most mean KL from the unsteered model, in nats per token, a chosen strength may cost")
     parser.add_argument("--trials", default=40, metavar="N", help="most candidates to measure (default 40)")
     parser.add_argument("--seed", default=0, metavar="N",
                         help="picks the prompts and pairs candidates are screened on (default 0)")

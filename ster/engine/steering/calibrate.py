@@ -48,7 +48,12 @@ from ster.engine.protocol.files import (
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.protocol.kinds import CALIBRATION_STUDY
 from ster.engine.protocol.paths import bundled_name, example_path
-from ster.engine.steering.artifact import ArtifactSummary, SteeringArtifact, save_artifact, summarize
+from ster.engine.steering.artifact import (
+    ArtifactSummary,
+    SteeringArtifact,
+    save_artifact,
+    summarize,
+)
 from ster.engine.steering.calibration_record import Calibration, Point, Side, Trial
 from ster.engine.steering.extract import PromptSet
 from ster.engine.steering.judge import question_for
@@ -272,7 +277,9 @@ def answered_pairs(codec: Any, pairs: list[Any], context: int) -> tuple[list[tup
 
 def _opening(pair: tuple[list[int], list[int]]) -> tuple[list[int], list[int]]:
     """A pair cut to the first ``SCREEN_ANSWER_TOKENS`` tokens of each answer after their shared prompt."""
-    from ster.engine.steering.activations import shared_prefix  # torch: called once the job has imported it
+    from ster.engine.steering.activations import (
+        shared_prefix,  # torch: called once the job has imported it
+    )
 
     positive, negative = pair
     shared = shared_prefix(positive, negative)
@@ -322,10 +329,13 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
     judge_checkpoint, question = _judge(ctx, request, checkpoint, pair_set.trait_name)
     neutral_ids = encode_each(codec, prompts, checkpoint.context, "neutral prompt")
     adapter = check_adapter(ctx, request.adapter, checkpoint)
-    from ster.engine.steering import calibration, fitting  # torch, once every input has been checked
+    from ster.engine.model.sampling import Sampling
+    from ster.engine.steering import (  # torch, once every input has been checked
+        calibration,
+        fitting,
+    )
     from ster.engine.steering.measures import greedy_continuations
     from ster.engine.steering.runs import steered_rows_decode
-    from ster.engine.model.sampling import Sampling
 
     spread = fitting.Spread(layers, checkpoint.config.hidden_size)
     positives, negatives = fitting.read_pairs(ctx, checkpoint, fit_ids, layers, request.batch_size, adapter, spread)

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
 from ster.engine.model.adapter import sidecar_path
 from ster.engine.model.requests import ModelRequest, SampledRequest
@@ -14,7 +14,12 @@ from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.paths import flag, same_file
 from ster.engine.protocol.requests import Request, at_least_one, seed
 from ster.engine.steering.layers import LayerSpec
-from ster.engine.steering.strength import DEFAULT_KL_BUDGET, DEFAULT_SWEEP, DEFAULT_TRIALS, Strength, parse_strengths
+from ster.engine.steering.strength import (
+    DEFAULT_KL_BUDGET,
+    DEFAULT_TRIALS,
+    Strength,
+    parse_strengths,
+)
 
 
 class GenerateRequest(SampledRequest):

@@ -53,7 +53,12 @@ from ster.engine.protocol.files import first_error, load_document
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.protocol.paths import bundled_name, example_path
 from ster.engine.steering.artifact import SteeringArtifact, open_artifact
-from ster.engine.steering.calibrate import CONTINUATION_TOKENS, NEUTRAL, answered_pairs, load_neutral
+from ster.engine.steering.calibrate import (
+    CONTINUATION_TOKENS,
+    NEUTRAL,
+    answered_pairs,
+    load_neutral,
+)
 from ster.engine.steering.effect import Judged, judge, paired, stillness, suggest
 from ster.engine.steering.extract import PromptSet
 from ster.engine.steering.generate import calibrated_strength, scales_for
@@ -271,7 +276,9 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
 def _generate(ctx: JobContext, model: Decoder, codec: TextCodec, artifact: SteeringArtifact, request: SweepRequest,
               encoded: list[list[int]], directions: dict[int, list[float]]) -> list[list[Generation]]:
     """Per prompt, the text at every strength, decoded as one batch (each row steered at its own strength)."""
-    from ster.engine.steering.runs import steered_rows_decode  # torch, once every input has been checked
+    from ster.engine.steering.runs import (
+        steered_rows_decode,  # torch, once every input has been checked
+    )
 
     strengths = _swept(request)
     scales = [scales_for(artifact, strength).absolute for strength in strengths]
