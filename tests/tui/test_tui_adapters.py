@@ -108,7 +108,7 @@ def test_a_tune_run_made_in_the_app_is_listed_and_becomes_the_current_adapter(tm
     drive(scenario, tab="4")
 
 
-def test_a_cancelled_run_is_listed_as_its_checkpoint_and_is_not_used(tmp_path: Path) -> None:
+def test_a_cancelled_run_is_listed_as_its_checkpoint_and_is_not_used(tmp_path: Path, paced_training: None) -> None:
     out = tmp_path / "a.safetensors"
 
     async def scenario(app: SterApp, pilot: Pilot, pane: AdaptersPane) -> None:

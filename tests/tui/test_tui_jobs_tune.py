@@ -75,7 +75,7 @@ def test_an_sft_runs_row_shows_its_last_loss_while_it_runs_and_once_it_ends(tmp_
     drive(scenario)
 
 
-def test_a_cancelled_runs_row_names_the_checkpoint_it_kept(tmp_path: Path) -> None:
+def test_a_cancelled_runs_row_names_the_checkpoint_it_kept(tmp_path: Path, paced_training: None) -> None:
     out = tmp_path / "cut" / "a.safetensors"
 
     async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:

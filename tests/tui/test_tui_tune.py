@@ -190,7 +190,7 @@ def test_a_dpo_run_on_the_apps_pair_set_starts_at_ln_2(tmp_path: Path) -> None:
     drive(scenario)
 
 
-def test_a_cancelled_run_leaves_a_checkpoint_and_r_resumes_it_to_the_uninterrupted_adapter(tmp_path: Path) -> None:
+def test_a_cancelled_run_leaves_a_checkpoint_and_r_resumes_it_to_the_uninterrupted_adapter(tmp_path: Path, paced_training: None) -> None:
     out, whole = tmp_path / "cut" / "a.safetensors", tmp_path / "whole" / "a.safetensors"
     common = {"model": "ster:toy", "examples": "ster:examples", "epochs": 30, "accumulation": 1,
               "learning_rate": 5e-3}
