@@ -44,7 +44,7 @@ from ster.engine.model import kernels
 from ster.engine.model.config import load_config
 from ster.engine.model.decoding import decode
 from ster.engine.model.group_decoding import decode_group
-from ster.engine.model.llama import Decoder
+from ster.engine.model.decoder import SterDecoder
 from ster.engine.model.loading import load_decoder
 from ster.engine.model.resolve import resolve_model
 from ster.engine.model.sampling import Sampling
@@ -107,7 +107,7 @@ def median_times(contenders: dict[str, Callable[[], object]], rounds: int) -> di
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def floor_pass(model: Decoder, rows: int = 1) -> Callable[[], None]:
+def floor_pass(model: SterDecoder, rows: int = 1) -> Callable[[], None]:
     """One pass of ``rows`` rows over every projection, through the kernel the decoder uses at its precision."""
     weights = model.projections()
     dtype = model.model.norm.weight.dtype  # the activations' dtype (f32 at int8)
@@ -121,12 +121,12 @@ def floor_pass(model: Decoder, rows: int = 1) -> Callable[[], None]:
     return run
 
 
-def weight_bytes(model: Decoder) -> int:
+def weight_bytes(model: SterDecoder) -> int:
     """The bytes of every projection a decode step reads (the output head included)."""
     return sum(kernels._nbytes(w) for w in model.projections())
 
 
-def choose_kernels(models: dict[str, Decoder]) -> None:
+def choose_kernels(models: dict[str, SterDecoder]) -> None:
     """Choose each precision's kernels as a load does (``STER_KERNELS``, ``measure`` unless set); print them."""
     how = os.environ.get("STER_KERNELS") or "measure"
     for precision, model in models.items():
@@ -139,7 +139,7 @@ def choose_kernels(models: dict[str, Decoder]) -> None:
                 f"{kernels.KERNEL_WORDS[name]} {seconds * 1e3:.1f} ms" for name, seconds in times.items()), flush=True)
 
 
-def greedy(model: Decoder, prompt: list[int], n: int) -> list[int]:
+def greedy(model: SterDecoder, prompt: list[int], n: int) -> list[int]:
     """Ster's greedy continuation of ``prompt``: ``n`` token ids, EOS ignored."""
     return decode(model, prompt, max_new_tokens=n, sampling=Sampling(), eos_ids=frozenset(),
                   on_token=lambda i, t: None, check_cancelled=lambda: None).ids

@@ -222,7 +222,7 @@ def ster_ceiling(model: Path) -> dict[str, Any]:
     import torch.nn.functional as F
 
     from ster.engine.model.loading import ModelStore
-    from ster.engine.model.lora import Adapter, attached
+    from ster.engine.model.adapters.lora import Adapter, attached
     from ster.engine.protocol.jobs import JobContext, build_job_request
 
     request = build_job_request("tune sft", model=str(model), examples=SFT_DATA,

@@ -129,7 +129,7 @@ def parse_adapter(text: str, local: bool = True) -> Path | None:
     ``.safetensors`` file with its ``.json`` sidecar beside it, or a PEFT adapter directory. With ``local``
     (the jobs run in this process, so on these files) the path is read here, so a wrong one is one sentence
     before anything runs; the engine checks the model and width it was trained for when the job starts."""
-    from ster.engine.model.adapter import read_sidecar
+    from ster.engine.model.adapters.artifact import read_sidecar
 
     typed = text.strip()
     if not typed or typed.lower() == "none":

@@ -21,9 +21,9 @@ from ster.engine.model.config import load_config
 from ster.engine.model.decoding import decode
 from ster.engine.model.generic import GenericDecoder
 from ster.engine.model.group_decoding import decode_group
-from ster.engine.model.llama import Decoder
+from ster.engine.model.decoder import SterDecoder
 from ster.engine.model.loading import load_decoder
-from ster.engine.model.lora import attached, load_adapter
+from ster.engine.model.adapters.lora import attached, load_adapter
 from ster.engine.model.resolve import TOY_DIR, resolve_model
 from ster.engine.model.sampling import Sampling
 from ster.engine.steering.apply import steer
@@ -64,7 +64,7 @@ def test_a_family_without_a_native_decoder_runs_through_transformers(gemma2) -> 
     config = load_config(path / "config.json")
     assert (config.model_type, config.native, config.num_hidden_layers, config.hidden_size) == ("gemma2", False, 3, 48)
     assert isinstance(loaded(path), GenericDecoder)
-    assert isinstance(loaded(TOY_DIR), Decoder)
+    assert isinstance(loaded(TOY_DIR), SterDecoder)
 
 
 def test_greedy_decoding_equals_transformers_generate(gemma2) -> None:

@@ -17,9 +17,10 @@ import torch.nn.functional as F
 
 from ster.commands import PRECISIONS
 from ster.engine.model.config import load_config
-from ster.engine.model.llama import _PLAIN, KVCache
+from ster.engine.model.decoder import KVCache
+from ster.engine.model.kernels import PLAIN
 from ster.engine.model.loading import DTYPES, load_decoder
-from ster.engine.model.lora import Adapter, attached
+from ster.engine.model.adapters.lora import Adapter, attached
 from ster.engine.model.kernels import matmul
 from ster.engine.model.quantize import int8_tensor_type, quantized_embedding
 from ster.engine.model.requests import Precision
@@ -56,7 +57,7 @@ def test_every_projection_the_head_and_the_embedding_are_per_row_int8(pair) -> N
     for name, weight in quantized.state_dict().items():
         reference = full.state_dict()[name]
         if weight.ndim == 1:  # norms stay f32
-            assert type(weight) in _PLAIN and weight.dtype == torch.float32 and torch.equal(weight, reference)
+            assert type(weight) in PLAIN and weight.dtype == torch.float32 and torch.equal(weight, reference)
             continue
         assert isinstance(weight, Int8Tensor) and weight.qdata.dtype == torch.int8, name
         # independently: symmetric per-row rounding with scale max|w| / 127

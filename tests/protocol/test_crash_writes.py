@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ster.engine.model.adapter import sidecar_path
+from ster.engine.model.adapters.artifact import sidecar_path
 from ster.engine.protocol import inflight
 from ster.engine.protocol.files import write_atomic
 from tests.conftest import REPO

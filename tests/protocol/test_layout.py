@@ -72,3 +72,15 @@ def test_no_module_import_cycle() -> None:
         if not state.get(module):
             visit(module, [module])
     assert cycles == []
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """A leading underscore says "only this module relies on it": a name another module needs is made public."""
+    package = ENGINE.parent
+    taken = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ster"):
+                taken += [f"{path.relative_to(package.parent)}: {node.module}.{alias.name}" for alias in node.names
+                          if alias.name.startswith("_") and not alias.name.startswith("__")]
+    assert taken == []

@@ -11,16 +11,16 @@ from typing import Any
 
 import torch
 
-from ster.engine.model.adapter import AdapterSidecar, factor_names, sidecar_path
-from ster.engine.model.config import LlamaConfig, load_config
+from ster.engine.model.adapters.artifact import AdapterSidecar, factor_names, sidecar_path
+from ster.engine.model.config import DecoderConfig, load_config
 from ster.engine.model.fingerprint import checkpoint_fingerprint
-from ster.engine.model.lora import Adapter, save_adapter
+from ster.engine.model.adapters.lora import Adapter, save_adapter
 from ster.engine.model.resolve import resolve_model
 
 PROMPT = "question : how many legs does a cat have ? answer :"
 
 
-def toy_config(model: str = "ster:toy") -> tuple[LlamaConfig, str]:
+def toy_config(model: str = "ster:toy") -> tuple[DecoderConfig, str]:
     source = resolve_model(model)
     config = load_config(source.config)
     return config, checkpoint_fingerprint(config, source.weights)

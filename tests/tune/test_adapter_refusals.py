@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ster.engine.model.adapter import sidecar_path
+from ster.engine.model.adapters.artifact import sidecar_path
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.jobs import JobContext
 from tests.conftest import REPO
@@ -114,7 +114,7 @@ def test_a_reward_model_without_its_head_is_refused(cli, tmp_path: Path) -> None
 
 
 def test_a_generation_adapter_is_not_a_reward_model(adapter: Path) -> None:
-    from ster.engine.model.adapters_open import open_adapter
+    from ster.engine.model.adapters.apply import open_adapter
     from ster.engine.model.loading import model_store
     from ster.engine.model.requests import ModelRequest
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from ster.engine.model.adapter import sidecar_path
+from ster.engine.model.adapters.artifact import sidecar_path
 from ster.engine.protocol.errors import Refusal
 from tests.tune.adapter_files import (
     PROMPT,
@@ -189,8 +189,8 @@ def test_an_alpha_that_overflows_f32_is_refused(cli, tmp_path: Path) -> None:
 def test_the_writer_refuses_what_a_reader_would(tmp_path: Path) -> None:
     path = tmp_path / "a.safetensors"
     with pytest.raises(Refusal, match=r"holds 3e\+30, beyond 1e\+24, .*, so the adapter is not written$"):
-        from ster.engine.model.adapter import AdapterSidecar
-        from ster.engine.model.lora import save_adapter
+        from ster.engine.model.adapters.artifact import AdapterSidecar
+        from ster.engine.model.adapters.lora import save_adapter
         from tests.tune.adapter_files import toy_config
 
         config, _ = toy_config()

@@ -191,7 +191,7 @@ def test_a_reward_model_is_the_reward(cli, tmp_path: Path) -> None:
 
 def test_the_reward_model_leaves_the_policy_attached() -> None:
     """Scoring swaps the reward model's factors in and puts the policy's back."""
-    from ster.engine.model.lora import Adapter, attached
+    from ster.engine.model.adapters.lora import Adapter, attached
 
     decoder, checkpoint = _toy()
     config = checkpoint.config
@@ -210,7 +210,7 @@ def test_the_reward_model_leaves_the_policy_attached() -> None:
 def test_sampling_reads_the_policy_folded_into_the_weights_and_puts_everything_back() -> None:
     """folded: every adapted projection (fused q/k/v and gate/up, or alone, as o and down are) computes what
     the attached factors compute, with no factors attached; afterwards weights and factors are as they were."""
-    from ster.engine.model.lora import Adapter, attached, folded
+    from ster.engine.model.adapters.lora import Adapter, attached, folded
 
     decoder, checkpoint = _toy()
     policy = Adapter.fresh(checkpoint.config, 4, 8.0, ["query", "value", "output", "up", "down"], [0, 2], 1,

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from ster.cli import main
-from ster.engine.model.adapter import AdapterSidecar
+from ster.engine.model.adapters.artifact import AdapterSidecar
 from ster.engine.model.config import load_config
 from ster.engine.model.loading import load_decoder
-from ster.engine.model.lora import Adapter, attached, load_adapter, save_adapter
-from ster.engine.model.peft_format import peft_key, peft_model_note, read_peft_dir
+from ster.engine.model.adapters.lora import Adapter, attached, load_adapter, save_adapter
+from ster.engine.model.adapters.peft_format import peft_key, peft_model_note, read_peft_dir
 from ster.engine.model.resolve import TOY_DIR, resolve_model
 from ster.engine.protocol.errors import Refusal
 from tests.tune.adapter_files import record_hash

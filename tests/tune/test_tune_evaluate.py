@@ -16,8 +16,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from ster.engine.model.adapter import factor_names
-from ster.engine.model.lora import Adapter
+from ster.engine.model.adapters.artifact import factor_names
+from ster.engine.model.adapters.lora import Adapter
 from ster.engine.model.resolve import EXAMPLES_DIR, TOY_DIR
 from ster.engine.tune.merge import weight_name
 from tests.tune.adapter_files import write_adapter

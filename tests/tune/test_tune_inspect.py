@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ster.engine.model.adapter import sidecar_path
+from ster.engine.model.adapters.artifact import sidecar_path
 from tests.conftest import REPO
 from tests.tune.adapter_files import rewrite_tensors, write_adapter
 

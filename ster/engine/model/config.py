@@ -4,7 +4,7 @@ This module reads JSON only. It runs before any weight is opened, so a checkpoin
 a family Ster does not run, or one with a setting the decoder does not implement, is
 refused before a byte of weights is read.
 
-One decoder runs every family (:mod:`ster.engine.model.llama`); what differs between
+One decoder runs every family (:mod:`ster.engine.model.decoder`); what differs between
 families is stated here as data: a :class:`Family` says which structural options the
 family's blocks have (q/k norms, Gemma's ``1 + w`` norm weights and extra norms, the
 embedding scale, biases, fused projections), and its small normalising function turns the
@@ -316,10 +316,6 @@ def _size(name: str, value: int, bound: int = MAX_SIZE) -> None:
 def _positive_real(name: str, value: float) -> None:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} {value} must be a finite number above 0")
-
-
-LlamaConfig = DecoderConfig
-"""The name the config had when Llama was the only family."""
 
 
 def fused_rows(config: DecoderConfig, projection: str) -> int:

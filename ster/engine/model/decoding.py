@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ster.engine.model.llama import Decoder
+from ster.engine.model.contract import Decoder
 from ster.engine.model.sampling import Generation, Sampling
 
 

@@ -1,6 +1,6 @@
 """Any other causal language model, run through transformers' own model class.
 
-Ster's own decoder (:mod:`ster.engine.model.llama`) runs the families it knows. A causal LM
+Ster's own decoder (:mod:`ster.engine.model.decoder`) runs the families it knows. A causal LM
 of another family that transformers can load runs here instead, behind the same interface
 the jobs call (``forward`` with a cache, a key mask, a depth, a vocabulary choice and a packed
 layout; ``blocks``; ``final_norm``; ``project``; ``lm_head``; ``new_cache``), so reading,
@@ -34,7 +34,9 @@ import torch
 from torch import Tensor, nn
 
 from ster.engine.model.config import FULL, SLIDING, DecoderConfig, fused_rows
-from ster.engine.model.llama import ForwardOutput, Layout, Vocab, _positions, add_piece_updates
+from ster.engine.model.adapters.factors import add_piece_updates
+from ster.engine.model.contract import ForwardOutput, Layout, Vocab
+from ster.engine.model.contract import positions as positions_of
 from ster.engine.protocol.errors import Refusal, first_sentence
 
 LORA_MODULES = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
@@ -66,7 +68,7 @@ class GenericCache:
 
 
 class GenericDecoder(nn.Module):
-    """A transformers causal LM behind the interface of Ster's :class:`~ster.engine.model.llama.Decoder`."""
+    """A transformers causal LM behind the interface of Ster's :class:`~ster.engine.model.decoder.SterDecoder`."""
 
     def __init__(self, config: DecoderConfig, model: nn.Module) -> None:
         super().__init__()
@@ -146,7 +148,7 @@ class GenericDecoder(nn.Module):
         adapters: bool = True,
         start: tuple[int, Tensor] | None = None,
     ) -> ForwardOutput:
-        """As :meth:`ster.engine.model.llama.Decoder.forward`; ``start`` is only a saving there, so transformers'
+        """As :meth:`ster.engine.model.decoder.SterDecoder.forward`; ``start`` is only a saving there, so transformers'
         model, which cannot begin at a block, runs every block again and gives the same stream."""
         count = len(self.blocks)
         depth = count if depth is None else depth
@@ -156,7 +158,7 @@ class GenericDecoder(nn.Module):
         if layout is not None:
             positions, mask = layout.positions, self._layout_mask(layout)
         else:
-            positions = _positions(ids, past, key_mask)
+            positions = positions_of(ids, past, key_mask)
             mask = None if key_mask is None else key_mask.long()
         stop = vocab == "none" and cache is None  # no logits wanted: nothing after the block is run
         seen: dict[str, Tensor] = {}

@@ -173,9 +173,9 @@ def _complete_config(config: Any, header: GgufHeader, tokenizer: Any) -> Any:
     scaling, Llama's and Qwen 3's biases, and the end-of-turn stop ids."""
     arch = header.architecture
     if arch == "llama" and config.model_type != "llama":  # transformers' reader makes a file named "mistral" one
-        from transformers import LlamaConfig
+        from transformers import DecoderConfig
 
-        config = LlamaConfig(**{name: value for name, value in config.to_dict().items() if name != "model_type"})
+        config = DecoderConfig(**{name: value for name, value in config.to_dict().items() if name != "model_type"})
     key_length = header.value(f"{arch}.attention.key_length")
     if key_length is not None and hasattr(config, "head_dim"):
         config.head_dim = int(key_length)
@@ -209,13 +209,13 @@ def llama3_scaling(header: GgufHeader) -> dict[str, Any] | None:
     """Llama 3's rope scaling whose per-frequency divisors are the GGUF's ``rope_freqs`` (llama.cpp stores the
     divisors, not the parameters), or None when no setting reproduces them. The factor is the largest divisor;
     the low/high frequency factors are Llama 3's 1 and 4; the original context is searched. Checked through
-    Ster's own rotary code (``_scale_frequencies``), to 1e-5."""
+    Ster's own rotary code (``scale_frequencies``), to 1e-5."""
     if header.rope_freqs is None:
         return None
     import torch
 
     from ster.engine.model.config import RopeScaling
-    from ster.engine.model.llama import _scale_frequencies
+    from ster.engine.model.decoder import scale_frequencies
 
     arch = header.architecture
     dim = 2 * len(header.rope_freqs)
@@ -226,7 +226,7 @@ def llama3_scaling(header: GgufHeader) -> dict[str, Any] | None:
     for context in LLAMA3_CONTEXTS:
         scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                    "original_max_position_embeddings": context}
-        scaled = _scale_frequencies(inv_freq, RopeScaling(**scaling))
+        scaled = scale_frequencies(inv_freq, RopeScaling(**scaling))
         if torch.allclose(inv_freq / scaled, divisors, rtol=1e-5, atol=1e-6):
             return scaling
     return None

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 
 from ster.engine.model.decoding import choose
-from ster.engine.model.llama import Decoder
+from ster.engine.model.contract import Decoder
 from ster.engine.model.sampling import Generation, Sampling
 
 

@@ -192,7 +192,8 @@ def shape_class(rows: int) -> ShapeClass:
     return "one" if rows == 1 else "few" if rows <= FEW_ROWS else "many"
 
 
-_PLAIN = (torch.nn.Parameter, torch.Tensor)
+PLAIN = (torch.nn.Parameter, torch.Tensor)
+"""The types of a plain (not quantized) weight: anything else is a torchao tensor."""
 
 
 def matmul(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -204,7 +205,7 @@ def matmul(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     if x.device.type != "cpu" or x.numel() == 0:
         return F.linear(x, weight, bias)
     rows = x.numel() // x.shape[-1]
-    if type(weight) not in _PLAIN:
+    if type(weight) not in PLAIN:
         if x.requires_grad and torch.is_grad_enabled():
             return F.linear(x, weight, bias)
         return table().kernel("int8", shape_class(rows))(x, weight, bias)

@@ -27,7 +27,7 @@ from ster.engine.model.chat import (
     special_tokens,
 )
 from ster.engine.model.codec import TextCodec, eos_ids, load_tokenizer
-from ster.engine.model.config import LlamaConfig, decoder_name, fused_rows, load_config
+from ster.engine.model.config import DecoderConfig, decoder_name, fused_rows, load_config
 from ster.engine.model.fingerprint import checkpoint_fingerprint
 from ster.engine.model.requests import ChatMode, ModelRequest
 from ster.engine.model.resolve import ModelSource, resolve_model
@@ -37,7 +37,7 @@ from ster.engine.protocol.files import read_json
 if TYPE_CHECKING:
     import torch
 
-    from ster.engine.model.llama import Decoder
+    from ster.engine.model.contract import Decoder
     from ster.engine.protocol.jobs import JobContext
 
 
@@ -46,7 +46,7 @@ class Checkpoint:
     """A resolved checkpoint with its config and text codec; no weights yet."""
 
     source: ModelSource
-    config: LlamaConfig
+    config: DecoderConfig
     codec: TextCodec
     request: ModelRequest
     fingerprint: str
@@ -106,7 +106,7 @@ class ModelStore:
             return decoder
 
 
-def _generic_sentence(config: LlamaConfig) -> str:
+def _generic_sentence(config: DecoderConfig) -> str:
     """What the progress stream says, once, of a model that runs through transformers' own model."""
     why = (f"it uses {config.unimplemented}" if config.unimplemented is not None
            else f'model_type "{config.model_type}" has no decoder of Ster\'s own')
@@ -121,7 +121,7 @@ def model_store(ctx: JobContext) -> ModelStore:
     return ctx.models  # type: ignore[no-any-return]
 
 
-def _codec(source: ModelSource, config: LlamaConfig, mode: ChatMode) -> TextCodec:
+def _codec(source: ModelSource, config: DecoderConfig, mode: ChatMode) -> TextCodec:
     tokenizer = load_tokenizer(source.tokenizer)
     tokenizer_config = read_tokenizer_config(source.tokenizer_config)
     template_text = find_template(tokenizer_config, source.chat_template_file)
@@ -156,12 +156,12 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_decoder(source: ModelSource, config: LlamaConfig, precision: str, device: torch.device) -> Decoder:
+def load_decoder(source: ModelSource, config: DecoderConfig, precision: str, device: torch.device) -> Decoder:
     """Build the decoder with no initialisation cost and map the checkpoint's weights into it."""
     import torch
     from safetensors import SafetensorError, safe_open
 
-    from ster.engine.model.llama import Decoder
+    from ster.engine.model.decoder import SterDecoder
 
     dtype = getattr(torch, DTYPES[precision])
     if not config.native:
@@ -170,10 +170,10 @@ def load_decoder(source: ModelSource, config: LlamaConfig, precision: str, devic
                           "runs through transformers")
         from ster.engine.model.generic import load_generic
 
-        return load_generic(source.root, config, dtype, device)  # type: ignore[return-value]
+        return load_generic(source.root, config, dtype, device)
     quantize = _quantizer(precision)
     with torch.device("meta"):
-        decoder = Decoder(config)
+        decoder = SterDecoder(config)
     state: dict[str, torch.Tensor] = {}
     for path in source.weights:
         try:
@@ -200,7 +200,7 @@ def load_decoder(source: ModelSource, config: LlamaConfig, precision: str, devic
     return decoder.prepare()
 
 
-def split_fused(tensors: Iterator[tuple[str, torch.Tensor]], config: LlamaConfig) -> Iterator[tuple[str, torch.Tensor]]:
+def split_fused(tensors: Iterator[tuple[str, torch.Tensor]], config: DecoderConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors under the decoder's names: a family's fused projection (Phi-3's ``qkv_proj``,
     ``gate_up_proj``) becomes the projections it stacks, as views of its rows; every other tensor as it is."""
     fused = config.family.fused

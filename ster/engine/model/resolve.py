@@ -160,7 +160,7 @@ def _from_hub(repo_id: str, revision: str | None) -> ModelSource:
     from huggingface_hub.utils import disable_progress_bars
 
     disable_progress_bars()
-    with _hub_errors(repo_id, revision):
+    with hub_errors(repo_id, revision):
         config = Path(huggingface_hub.hf_hub_download(repo_id, "config.json", revision=revision))
         check_model_type(config, f"{repo_id} config.json")
         snapshot = Path(huggingface_hub.snapshot_download(repo_id, revision=revision, allow_patterns=_HUB_FILES))
@@ -168,7 +168,7 @@ def _from_hub(repo_id: str, revision: str | None) -> ModelSource:
 
 
 @contextmanager
-def _hub_errors(repo_id: str, revision: str | None) -> Iterator[None]:
+def hub_errors(repo_id: str, revision: str | None) -> Iterator[None]:
     """Turn huggingface_hub's exceptions into one-sentence refusals."""
     from huggingface_hub import constants, errors
 

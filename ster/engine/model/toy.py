@@ -163,13 +163,13 @@ def train(words: list[str], texts: list[str], steps: int, seed: int) -> dict[str
     import torch
     import torch.nn.functional as F
 
-    from ster.engine.model.config import LlamaConfig
-    from ster.engine.model.llama import Decoder, Rotary
+    from ster.engine.model.config import DecoderConfig
+    from ster.engine.model.decoder import Rotary, SterDecoder
 
     torch.manual_seed(seed)
     torch.set_num_threads(1)
-    config = LlamaConfig.model_validate({**CONFIG, "vocab_size": len(words)})
-    model = Decoder(config)
+    config = DecoderConfig.model_validate({**CONFIG, "vocab_size": len(words)})
+    model = SterDecoder(config)
     for name, param in model.named_parameters():
         if not name.endswith("norm.weight"):
             torch.nn.init.normal_(param, std=0.05)

@@ -88,11 +88,6 @@ def features(word_list: list[str]) -> list[str]:
     return [*word_list, *map(" ".join, zip(word_list, word_list[1:]))]
 
 
-def feature_hash(feature: str) -> int:
-    """The feature's 64-bit BLAKE2b hash, read big-endian."""
-    return int.from_bytes(hashlib.blake2b(feature.encode("utf-8"), digest_size=8).digest(), "big")
-
-
 @lru_cache(maxsize=1 << 16)
 def lanes(feature: str) -> int:
     """The feature's hash spread out, bit *j* at the bottom of lane *j*. Cached: vocabularies repeat."""

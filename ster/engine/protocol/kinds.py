@@ -70,7 +70,7 @@ def file_kind(path: Path) -> str | None:
 
 
 def adapter_sidecar_of(path: Path) -> Path:
-    """Where the sidecar of an adapter file at ``path`` lies (the rule of :func:`ster.engine.model.adapter.sidecar_path`)."""
+    """Where the sidecar of an adapter file at ``path`` lies (the rule of :func:`ster.engine.model.adapters.artifact.sidecar_path`)."""
     return path.with_suffix(".json")
 
 

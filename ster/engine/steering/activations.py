@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ster.engine.model.llama import Decoder, Layout
+from ster.engine.model.contract import Decoder, Layout
 from ster.engine.steering.hooks import record_blocks
 
 

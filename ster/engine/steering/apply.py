@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager, contextmanager
 import torch
 from torch import Tensor, nn
 
-from ster.engine.model.llama import Decoder
+from ster.engine.model.contract import Decoder
 
 
 def plan(model: Decoder, vectors: dict[int, list[float]], scales: dict[int, float]) -> dict[int, Tensor]:

@@ -34,9 +34,9 @@ from pydantic import (
     model_validator,
 )
 
-from ster.engine.model.adapter import sidecar_path
+from ster.engine.model.adapters.artifact import sidecar_path
 from ster.engine.model.config import MAX_LAYERS
-from ster.engine.model.fingerprint import SCHEME, short
+from ster.engine.model.fingerprint import check_identity
 from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import first_error, read_json, write_json
@@ -307,30 +307,14 @@ def check_against_model(artifact: SteeringArtifact, model: str, fingerprint: str
                         layers: int) -> str | None:
     """Refuse applying the artifact to a model it was not fitted for; the log line when only its
     fingerprint, not its name, says it is the same model."""
-    note = _check_identity(artifact, model, fingerprint)
+    note = check_identity("artifact", artifact.model, artifact.model_fingerprint, model, fingerprint,
+                          "the direction was fitted")
     if artifact.hidden_size != hidden_size:
         raise Refusal(f"artifact width {artifact.hidden_size} does not match model width {hidden_size}")
     for entry in artifact.vectors:
         if not 0 <= entry.layer < layers:
             raise Refusal(f"artifact has a vector for layer {entry.layer}, but this model has layers 0..{layers - 1}")
     return note
-
-
-def _check_identity(artifact: SteeringArtifact, model: str, fingerprint: str) -> str | None:
-    recorded, same_name = artifact.model_fingerprint, artifact.model == model
-    if recorded is None or not recorded.startswith(f"{SCHEME}:"):
-        if not same_name:
-            raise Refusal(f'artifact was trained for model "{artifact.model}", current model is "{model}"')
-        return None
-    if recorded == fingerprint:
-        return None if same_name else (f'artifact was trained for model "{artifact.model}"; "{model}" has the same '
-                                       f"checkpoint fingerprint ({short(fingerprint)}), so it is the same model")
-    if same_name:
-        raise Refusal(f'artifact was trained for model "{model}" with checkpoint fingerprint {short(recorded)}, but '
-                      f"the checkpoint now at \"{model}\" has fingerprint {short(fingerprint)}: its weights or "
-                      f"architecture changed since the direction was fitted")
-    raise Refusal(f'artifact was trained for model "{artifact.model}", current model is "{model}", and their '
-                  f"checkpoint fingerprints differ too ({short(recorded)} and {short(fingerprint)})")
 
 
 def open_artifact(ctx: JobContext, path: Path, checkpoint: Checkpoint) -> SteeringArtifact:

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from ster.engine.model.adapters_open import adapted, check_adapter
+from ster.engine.model.adapters.apply import adapted, check_adapter
 from ster.engine.model.context import encode_each, encode_pairs
 from ster.engine.model.loading import model_store
 from ster.engine.pairs.model import load_pairs

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from ster.engine.model.llama import Decoder
+from ster.engine.model.contract import Decoder
 from ster.engine.steering.artifact import LayerVector
 from ster.engine.steering.calibration_record import Point
 from ster.engine.steering.directions import Method

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from ster.engine.model.adapters_open import adapted, check_adapter
+from ster.engine.model.adapters.apply import adapted, check_adapter
 from ster.engine.model.config import MAX_LAYERS
 from ster.engine.model.context import encode_each
 from ster.engine.model.loading import model_store

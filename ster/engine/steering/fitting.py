@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor
 
-from ster.engine.model.adapters_open import CheckedAdapter, adapted
+from ster.engine.model.adapters.apply import CheckedAdapter, adapted
 from ster.engine.model.loading import Checkpoint, model_store
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.steering.activations import Spread, read_pair_states

@@ -6,7 +6,7 @@ import time
 
 from pydantic import BaseModel
 
-from ster.engine.model.adapters_open import adapted, check_adapter
+from ster.engine.model.adapters.apply import adapted, check_adapter
 from ster.engine.model.context import encode_within, generation_budget
 from ster.engine.model.loading import model_store
 from ster.engine.model.sampling import Sampling, StopReason

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 from torch import Tensor, nn
 
-from ster.engine.model.llama import Decoder
+from ster.engine.model.contract import Decoder
 
 
 @contextmanager

@@ -17,7 +17,7 @@ from ster.engine.protocol.errors import Refusal
 
 if TYPE_CHECKING:
     from ster.engine.model.codec import TextCodec
-    from ster.engine.model.llama import Decoder
+    from ster.engine.model.contract import Decoder
 
 QUESTION = 'Here is a reply someone wrote:\n\n"{text}"\n\nIs this reply {trait}? Answer with yes or no.'
 YES = ("yes", "Yes", " yes", " Yes", "YES")

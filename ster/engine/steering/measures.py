@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ster.engine.model.llama import Decoder, Layout
+from ster.engine.model.contract import Decoder, Layout
 from ster.engine.steering.activations import shared_prefix
 from ster.engine.steering.apply import RowSteering
 

@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 
 from pydantic import field_validator, model_validator
 
-from ster.engine.model.adapter import sidecar_path
+from ster.engine.model.adapters.artifact import sidecar_path
 from ster.engine.model.requests import ModelRequest, SampledRequest
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.paths import flag, same_file

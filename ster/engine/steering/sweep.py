@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ValidationError
 
-from ster.engine.model.adapters_open import adapted, check_adapter
+from ster.engine.model.adapters.apply import adapted, check_adapter
 from ster.engine.model.codec import TextCodec
 from ster.engine.model.context import encode_each, generation_budget
 from ster.engine.model.loading import model_store
@@ -70,7 +70,7 @@ CALIBRATED_STEPS = (0.5, 1.0, 2.0)
 strength itself, and past it."""
 
 if TYPE_CHECKING:
-    from ster.engine.model.llama import Decoder
+    from ster.engine.model.contract import Decoder
 
 DISTINCT_RATIO = 0.75
 RUN_SLACK = 2

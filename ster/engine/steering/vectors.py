@@ -12,7 +12,7 @@ import math
 
 from pydantic import BaseModel
 
-from ster.engine.model.adapters_open import CheckedAdapter, check_adapter
+from ster.engine.model.adapters.apply import CheckedAdapter, check_adapter
 from ster.engine.model.context import encode_pairs
 from ster.engine.model.loading import Checkpoint, model_store
 from ster.engine.pairs.model import PairSet

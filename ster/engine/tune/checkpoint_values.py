@@ -8,7 +8,7 @@ A resumed run trusts nothing it reads. In two steps, each refusing in one senten
   step), every number finite, the reference scores, and every tensor: a name Ster writes, F32,
   finite, AdamW's second moments not negative, each tensor's step count equal to the loop's, its
   three moments together, and factors no larger than an adapter may hold
-  (:data:`~ster.engine.model.adapter_file.LIMIT`);
+  (:data:`~ster.engine.model.adapters.file.LIMIT`);
 * :func:`check_fits`, once the run has drawn its adapter and built its loop: the same tensors with
   the same shapes, optimizer state for exactly the trained tensors, a step within the run's steps,
   as many per-unit numbers and history entries as that step implies, the numbers the objective
@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ster.engine.model.adapter import REWARD_HEAD, TARGETS
-from ster.engine.model.adapter_file import check_factors, check_largest
+from ster.engine.model.adapters.artifact import REWARD_HEAD, TARGETS
+from ster.engine.model.adapters.file import check_factors, check_largest
 from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import DuplicateKey, unique_keys

@@ -23,10 +23,14 @@ of one user turn encodes exactly as the same prompt given as text, in both modes
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ster.engine.model.codec import TextCodec
 from ster.engine.protocol.errors import Refusal
 from ster.engine.tune.data import Example, Prompt
+
+if TYPE_CHECKING:
+    from ster.engine.protocol.jobs import JobContext
 
 
 @dataclass(frozen=True)
@@ -79,3 +83,18 @@ def side_sequence(codec: TextCodec, side: str, prompt: Prompt | None = None) -> 
 def encode_side(codec: TextCodec, side: str, prompt: Prompt | None = None) -> list[int]:
     """Ids of one side of a preference pair: an assistant turn under a template, raw text otherwise."""
     return side_sequence(codec, side, prompt).ids
+
+
+def within_limit(lengths: list[int], limit: int, unit: str, purpose: str, ctx: JobContext, new: int = 0) -> list[int]:
+    """Indices of the units whose longest encoded row (``lengths``), with ``new`` tokens still to generate, fits
+    ``limit``; each one over it is skipped with a line, never cut, and a set with none left is refused."""
+    usable = []
+    for index, length in enumerate(lengths):
+        if length + new > limit:
+            tokens = f"{length} tokens and {new} new tokens" if new else f"{length} tokens"
+            ctx.progress("skip", f"skipping {unit} {index + 1}: {tokens} exceed the {limit} token limit")
+        else:
+            usable.append(index)
+    if not usable:
+        raise Refusal(f"every {unit} is longer than the sequence limit, so there is nothing to {purpose}")
+    return usable

@@ -24,12 +24,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from ster.engine.model.adapters_open import adapted, check_adapter, load_checked
+from ster.engine.model.adapters.apply import adapted, check_adapter, load_checked
 from ster.engine.model.loading import Checkpoint, model_store
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.tune.data import Message, load_examples, load_preferences
-from ster.engine.tune.encoding import encode_example, encode_side
+from ster.engine.tune.encoding import encode_example, encode_side, within_limit
 from ster.engine.tune.requests import TuneEvaluateRequest
 
 
@@ -113,7 +113,8 @@ def evaluate_job(request: TuneEvaluateRequest, ctx: JobContext) -> EvaluateRepor
     assert request.examples is not None
     examples = load_examples(request.examples)
     sequences = [encode_example(checkpoint.codec, example) for example in examples.examples]
-    usable = _within(request, checkpoint, [len(seq.ids) for seq in sequences], ctx)
+    usable = within_limit([len(seq.ids) for seq in sequences], _limit(request, checkpoint), request.unit,
+                          "evaluate", ctx)
     adapter = check_adapter(ctx, request.adapter, checkpoint)
     # torch, once every input has been checked
     from ster.engine.tune.scoring import completion_nlls
@@ -152,18 +153,8 @@ def _exp(loss: float) -> float:
     return math.exp(loss) if loss < 709.0 else 1.7976931348623157e308
 
 
-def _within(request: TuneEvaluateRequest, checkpoint: Checkpoint, lengths: list[int], ctx: JobContext) -> list[int]:
-    """Indices of the sequences within the limit; each one over it is skipped with a line, never cut."""
-    limit = min(request.max_sequence, checkpoint.context)
-    usable = []
-    for index, length in enumerate(lengths):
-        if length > limit:
-            ctx.progress("skip", f"skipping {request.unit} {index + 1}: {length} tokens exceed the {limit} token limit")
-        else:
-            usable.append(index)
-    if not usable:
-        raise Refusal(f"every {request.unit} is longer than the sequence limit, so there is nothing to evaluate")
-    return usable
+def _limit(request: TuneEvaluateRequest, checkpoint: Checkpoint) -> int:
+    return min(request.max_sequence, checkpoint.context)
 
 
 def _pair_rows(checkpoint: Checkpoint, chosen: str, rejected: str, prompt: Any, number: int) -> tuple[list[int], ...]:
@@ -181,11 +172,12 @@ def _evaluate_pairs(request: TuneEvaluateRequest, ctx: JobContext, checkpoint: C
     preferences = load_preferences(request.pairs)
     rows = [_pair_rows(checkpoint, p.chosen, p.rejected, p.prompt, number)
             for number, p in enumerate(preferences.pairs, start=1)]
-    usable = _within(request, checkpoint, [max(map(len, sides)) for sides in rows], ctx)
+    usable = within_limit([max(map(len, sides)) for sides in rows], _limit(request, checkpoint), request.unit,
+                          "evaluate", ctx)
     checked = check_adapter(ctx, request.adapter, checkpoint, want=None)
     assert checked is not None
     # torch, once every input has been checked
-    from ster.engine.model.lora import attached
+    from ster.engine.model.adapters.lora import attached
     from ster.engine.tune import scoring
     from ster.engine.tune.objectives import Unit
 

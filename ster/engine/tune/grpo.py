@@ -22,18 +22,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from ster.engine.model.group_decoding import decode_group
-from ster.engine.model.llama import Decoder
-from ster.engine.model.lora import Adapter, attached, folded
+from ster.engine.model.contract import Decoder
+from ster.engine.model.adapters.lora import Adapter, attached, folded
 from ster.engine.model.sampling import Sampling
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.jobs import JobContext
-from ster.engine.tune.objectives import ONE_PROCESS, Objective, Stats, Unit
+from ster.engine.tune.objectives import ONE_PROCESS, Objective, Report, Stats, Unit, mean
 from ster.engine.tune.parallel import Parallel
 from ster.engine.tune.rows import forward_tree, tree_last_states, tree_logprobs
 
@@ -55,9 +54,9 @@ class RewardModel:
 
 def advantages(rewards: list[float]) -> list[float]:
     """``(r − mean) / std`` with the population std and no epsilon; all 0 when the rewards are equal."""
-    mean = math.fsum(rewards) / len(rewards)
-    std = math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / len(rewards))
-    return [0.0] * len(rewards) if std == 0 else [(r - mean) / std for r in rewards]
+    centre = mean(rewards)
+    std = math.sqrt(math.fsum((r - centre) ** 2 for r in rewards) / len(rewards))
+    return [0.0] * len(rewards) if std == 0 else [(r - centre) / std for r in rewards]
 
 
 @dataclass
@@ -127,41 +126,30 @@ class Grpo(Objective):
             per_completion.append(-((ratio - 1) * advantage[i] - self.beta * k3).mean())
             kls.append(float(k3.detach().mean()))
         loss = torch.stack(per_completion).mean()
-        mean_reward = math.fsum(rewards) / len(rewards)
+        mean_reward = mean(rewards)
         spread = math.sqrt(math.fsum((r - mean_reward) ** 2 for r in rewards) / len(rewards))
         generated = sum(len(g.ids) for g in drawn)
         return loss, {"loss": float(loss.detach()), "reward": mean_reward, "reward_spread": spread,
-                      "kl": math.fsum(kls) / len(kls), "completion_tokens": generated / len(drawn),
+                      "kl": mean(kls), "completion_tokens": generated / len(drawn),
                       "tokens": float(generated + sum(len(row) for row in rows))}
 
     def step_tokens(self, units: list[Unit], stats: list[Stats]) -> int:
         return int(sum(s["tokens"] for s in stats))
 
-    def progress_extra(self, stats: list[Stats]) -> dict[str, float]:
-        return {"reward": _mean(s["reward"] for s in stats), "kl": _mean(s["kl"] for s in stats),
-                "reward_spread": _mean(s["reward_spread"] for s in stats),
-                "policy_loss": _mean(s["loss"] for s in stats),
-                "completion_tokens": _mean(s["completion_tokens"] for s in stats)}
+    step_line = ("iteration {epoch}/{epochs} step {within}/{steps} loss {loss:.4f} reward {reward:.4f} "
+                 "kl {kl:.4f}")
+    epoch_line = ("iteration {epoch}/{epochs} mean reward {mean_reward:.4f} spread {reward_spread:.4f} "
+                  "mean kl {mean_kl:.4f} policy loss {policy_loss:.4f}")
+    period = "iteration"
 
-    def step_message(self, epoch: int, epochs: int, within: int, steps: int, done: int, units: int, loss: float,
-                     extra: dict[str, float]) -> str:
-        return (f"iteration {epoch + 1}/{epochs} step {within + 1}/{steps} loss {loss:.4f} "
-                f"reward {extra['reward']:.4f} kl {extra['kl']:.4f}")
+    def report(self, stats: list[Stats]) -> Report:
+        """The mean reward, its spread, the KL, the policy loss and the completions' length, on every line."""
+        reward, kl = mean(s["reward"] for s in stats), mean(s["kl"] for s in stats)
+        spread, policy = mean(s["reward_spread"] for s in stats), mean(s["loss"] for s in stats)
+        length = mean(s["completion_tokens"] for s in stats)
+        summary = {"mean_reward": reward, "reward_spread": spread, "mean_kl": kl, "policy_loss": policy,
+                   "mean_completion_tokens": length}
+        return Report(shown={"reward": reward, "kl": kl, "reward_spread": spread, "policy_loss": policy,
+                             "completion_tokens": length}, summary=summary,
+                      epoch={"groups": len(stats), "completions": len(stats) * self.group, **summary})
 
-    def summary(self, stats: list[Stats]) -> dict[str, Any]:
-        extra = self.progress_extra(stats)
-        return {"mean_reward": extra["reward"], "reward_spread": extra["reward_spread"], "mean_kl": extra["kl"],
-                "policy_loss": extra["policy_loss"], "mean_completion_tokens": extra["completion_tokens"]}
-
-    def epoch_report(self, epoch: int, epochs: int, stats: list[Stats]) -> tuple[dict[str, Any], str]:
-        summary = self.summary(stats)
-        entry = {"iteration": epoch + 1, "groups": len(stats), "completions": len(stats) * self.group, **summary}
-        line = (f"iteration {epoch + 1}/{epochs} mean reward {summary['mean_reward']:.4f} spread "
-                f"{summary['reward_spread']:.4f} mean kl {summary['mean_kl']:.4f} policy loss "
-                f"{summary['policy_loss']:.4f}")
-        return entry, line
-
-
-def _mean(values: Any) -> float:
-    values = list(values)
-    return math.fsum(values) / len(values) if values else 0.0

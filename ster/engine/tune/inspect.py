@@ -16,13 +16,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ster.engine.model.adapter import (
+from ster.engine.model.adapters.artifact import (
     REWARD_HEAD,
     AdapterSidecar,
     check_tensors,
     factor_names,
 )
-from ster.engine.model.adapters_open import read_document
+from ster.engine.model.adapters.apply import read_document
 from ster.engine.protocol import confine
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.tune.requests import TuneInspectRequest
@@ -80,7 +80,7 @@ def inspect_job(request: TuneInspectRequest, ctx: JobContext) -> InspectResult:
 
 def _peft(path: Path) -> InspectResult:
     """A PEFT directory: its config and factors as the adapter Ster applies (no fingerprint, no report)."""
-    from ster.engine.model.peft_format import peft_document
+    from ster.engine.model.adapters.peft_format import peft_document
 
     sidecar, tensors = peft_document(path)
     fields = sidecar.model_dump(exclude={"train"})

@@ -30,9 +30,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ster.engine.model.llama import Decoder
+from ster.engine.model.contract import Decoder
 from ster.engine.protocol.jobs import JobContext
-from ster.engine.tune.objectives import Objective, Stats, Unit, rows_of
+from ster.engine.tune.objectives import Objective, Place, Stats, Unit, rows_of
 from ster.engine.tune.parallel import Parallel
 from ster.engine.tune.rows import fuse
 
@@ -176,12 +176,13 @@ class Loop:
     def _report_step(self, epoch: int, within: int, loss: float, rate: float, speed: float,
                      stats: list[Stats]) -> None:
         done = min((within + 1) * self.per_step, len(self.units))
-        extra = self.objective.progress_extra(stats)
-        message = self.objective.step_message(epoch, self.settings.epochs, within, self.steps_per_epoch, done,
-                                              len(self.units), loss, extra)
-        self.ctx.progress("train", message, self.state.step, self.total,
+        place = Place(epoch + 1, self.settings.epochs, within + 1, self.steps_per_epoch,
+                      epoch * self.steps_per_epoch + within + 1, self.settings.epochs * self.steps_per_epoch,
+                      done, len(self.units))
+        report = self.objective.report(stats)
+        self.ctx.progress("train", self.objective.step_message(place, loss, report), self.state.step, self.total,
                           {"epoch": epoch + 1, "loss": loss, "learning_rate": rate, "tokens_per_second": speed,
-                           **extra, **self.objective.progress_data(stats)})
+                           **report.shown, **report.data})
 
     def _report_epoch(self, epoch: int) -> None:
         entry, line = self.objective.epoch_report(epoch, self.settings.epochs, self.state.epoch_stats)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from ster.engine.model.adapter import (
+from ster.engine.model.adapters.artifact import (
     ATTENTION,
     TARGETS,
     AdapterSidecar,
@@ -32,8 +32,8 @@ from ster.engine.model.adapter import (
     factor_names,
     projection_shape,
 )
-from ster.engine.model.adapters_open import read_document, read_peft
-from ster.engine.model.config import LlamaConfig, decoder_name, fused_rows, load_config
+from ster.engine.model.adapters.apply import read_document, read_peft
+from ster.engine.model.config import DecoderConfig, decoder_name, fused_rows, load_config
 from ster.engine.model.fingerprint import checkpoint_fingerprint
 from ster.engine.model.resolve import ModelSource, resolve_model
 from ster.engine.protocol import confine
@@ -43,7 +43,7 @@ from ster.engine.protocol.jobs import JobContext
 from ster.engine.tune.requests import MergeRequest
 
 if TYPE_CHECKING:
-    from ster.engine.model.lora import Adapter
+    from ster.engine.model.adapters.lora import Adapter
 
 WEIGHTS = "model.safetensors"
 
@@ -83,7 +83,7 @@ def weight_name(layer: int, target: str) -> str:
     return f"model.layers.{layer}.{module}.{TARGETS[target]}.weight"
 
 
-def weight_rows(config: LlamaConfig, layer: int, target: str) -> tuple[str, int, int, int]:
+def weight_rows(config: DecoderConfig, layer: int, target: str) -> tuple[str, int, int, int]:
     """The checkpoint tensor a target's adapter updates, the rows of it that are the target's, and its row count:
     all of a tensor of its own, a slice of a family's fused projection (Phi-3's ``qkv_proj``, ``gate_up_proj``)."""
     projection = TARGETS[target]
@@ -131,7 +131,7 @@ def merge_job(request: MergeRequest, ctx: JobContext) -> MergeResult:
 
 
 def _check_adapter(ctx: JobContext, sidecar: AdapterSidecar, source: ModelSource, fingerprint: str,
-                   config: LlamaConfig) -> None:
+                   config: DecoderConfig) -> None:
     note = check_for_model(sidecar, source.model, fingerprint, config.hidden_size, config.num_hidden_layers)
     if note is not None:
         ctx.log(note)
@@ -163,7 +163,7 @@ def _header(path: Path) -> dict[str, Any]:
 
 
 def _check_weights(sidecar: AdapterSidecar, shards: dict[str, tuple[Path, dict[str, Any]]],
-                   config: LlamaConfig) -> None:
+                   config: DecoderConfig) -> None:
     """Every weight the adapter updates is in the checkpoint, shaped as the adapter's factors multiply to."""
     in_checkpoint = {decoder_name(config, name): name for name in shards}
     for layer in sidecar.layers:
@@ -179,20 +179,20 @@ def _check_weights(sidecar: AdapterSidecar, shards: dict[str, tuple[Path, dict[s
 
 
 def _read_adapter(ctx: JobContext, path: Path, sidecar: AdapterSidecar | None, source: ModelSource,
-                  config: LlamaConfig, device: Any,
+                  config: DecoderConfig, device: Any,
                   shards: dict[str, tuple[Path, dict[str, Any]]]) -> tuple[AdapterSidecar, Adapter]:
     """The factors of a checked Ster adapter, or of a PEFT directory (read, then checked)."""
     if sidecar is None:
         sidecar, adapter = read_peft(ctx, path, source.model, config, device)
         _check_weights(sidecar, shards, config)
         return sidecar, adapter
-    from ster.engine.model.lora import load_adapter
+    from ster.engine.model.adapters.lora import load_adapter
 
     return load_adapter(path, config, device)
 
 
 def _write_weights(ctx: JobContext, source: ModelSource, shards: dict[str, tuple[Path, dict[str, Any]]],
-                   adapter: Adapter, target: Path, device: Any, config: LlamaConfig) -> tuple[list[str], set[str], int]:
+                   adapter: Adapter, target: Path, device: Any, config: DecoderConfig) -> tuple[list[str], set[str], int]:
     """Write every tensor of the source into one file, the adapted projections with their update folded in;
     return the merged names, the merged weights' dtypes and the parameter count."""
     import torch

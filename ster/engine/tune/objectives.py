@@ -17,6 +17,7 @@ optimizer, so a new objective (GRPO) adds a class here rather than a loop.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ster.engine.model.llama import Decoder
+from ster.engine.model.contract import Decoder
 from ster.engine.protocol.errors import Cancelled
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.tune.parallel import Parallel
@@ -58,6 +59,39 @@ Stats = dict[str, float]
 ONE_PROCESS = Parallel()
 
 
+@dataclass(frozen=True)
+class Report:
+    """What an objective's per-unit numbers come to, over a step or an epoch."""
+
+    shown: dict[str, float] = field(default_factory=dict)
+    """On a step's line and in its progress data (dpo: accuracy)."""
+    data: dict[str, float] = field(default_factory=dict)
+    """In a step's progress data only (dpo: the reward margin)."""
+    summary: dict[str, Any] = field(default_factory=dict)
+    """The objective's own fields of the run's report, from its final epoch."""
+    epoch: dict[str, Any] = field(default_factory=dict)
+    """An epoch's history entry, besides its number."""
+    tail: str = ""
+    """What an epoch's log line says after its mean loss."""
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a step stands in the run, 1-based, for its progress line."""
+
+    epoch: int
+    epochs: int
+    within: int
+    """The step's number within its epoch."""
+    steps: int
+    """Steps per epoch."""
+    step: int
+    total: int
+    done: int
+    """Units done in this epoch, of ``units``."""
+    units: int
+
+
 def rows_of(units: list[Unit]) -> list[list[int]]:
     """Every row of ``units``, in order."""
     return [row for unit in units for row in unit.rows]
@@ -87,18 +121,28 @@ class Objective:
         """Tokens a step processed, for its tokens/s: every row's, by default."""
         return sum(unit.tokens for unit in units)
 
-    def step_message(self, epoch: int, epochs: int, within: int, steps: int, done: int, units: int, loss: float,
-                     extra: dict[str, float]) -> str:
-        """The progress line of a step (``within`` counts from 0 in its epoch; ``done`` units of ``units``)."""
-        tail = "".join(f" {name} {value:.3f}" for name, value in extra.items())
-        return (f"epoch {epoch + 1}/{epochs} step {epoch * steps + within + 1}/{epochs * steps} "
-                f"{self.unit} {done}/{units} loss {loss:.4f}{tail}")
+    step_line = "epoch {epoch}/{epochs} step {step}/{total} {unit} {done}/{units} loss {loss:.4f}{shown}"
+    """A step's progress line: the contract's words, filled from :class:`Place` and the report's ``shown``."""
+    epoch_line = "epoch {epoch}/{epochs} mean loss {mean_loss:.4f}{tail}"
+    """An epoch's log line, filled from its history entry and the report's ``tail``."""
+    period = "epoch"
+    """What a history entry is numbered by (GRPO: the iteration)."""
+
+    def report(self, stats: list[Stats]) -> Report:
+        """The one reporting hook: what a step's or an epoch's per-unit numbers come to. The default reports
+        the mean loss alone."""
+        return Report(epoch={"mean_loss": mean(s["loss"] for s in stats)})
+
+    def step_message(self, place: Place, loss: float, report: Report) -> str:
+        """The progress line of a step, from its place in the run and its report."""
+        shown = "".join(f" {name} {value:.3f}" for name, value in report.shown.items())
+        return self.step_line.format(**vars(place), unit=self.unit, loss=loss, shown=shown, **report.shown)
 
     def epoch_report(self, epoch: int, epochs: int, stats: list[Stats]) -> tuple[dict[str, Any], str]:
         """The report's history entry of a finished epoch, and its log line."""
-        mean = _mean(s["loss"] for s in stats)
-        return ({"epoch": epoch + 1, "mean_loss": mean, **self.summary(stats)},
-                f"epoch {epoch + 1}/{epochs} mean loss {mean:.4f}" + self.epoch_line(stats))
+        report = self.report(stats)
+        entry = {self.period: epoch + 1, **report.epoch}
+        return entry, self.epoch_line.format(epoch=epoch + 1, epochs=epochs, tail=report.tail, **report.epoch)
 
     def prepare(self, decoder: Decoder, shares: list[list[list[Unit]]], ctx: JobContext,
                 parallel: Parallel = ONE_PROCESS) -> None:
@@ -108,22 +152,6 @@ class Objective:
     def losses(self, decoder: Decoder, units: list[Unit]) -> tuple[Tensor, list[Stats]]:
         """The [n] f32 loss of each unit, and its numbers for the report."""
         raise NotImplementedError
-
-    def progress_extra(self, stats: list[Stats]) -> dict[str, float]:
-        """What a step's line shows besides the loss (dpo: accuracy)."""
-        return {}
-
-    def progress_data(self, stats: list[Stats]) -> dict[str, float]:
-        """What a step's progress data carries besides its line's values (dpo: the mean reward margin),
-        from the numbers the step already has; the line itself stays as the contract writes it."""
-        return {}
-
-    def summary(self, stats: list[Stats]) -> dict[str, Any]:
-        """The report's objective-specific fields, from the final epoch's per-unit numbers."""
-        return {}
-
-    def epoch_line(self, stats: list[Stats]) -> str:
-        return ""
 
 
 class Sft(Objective):
@@ -192,22 +220,17 @@ class Preference(Objective):
                           "correct": float(reward_c > reward_r)})
         return torch.stack(losses), stats
 
-    def progress_extra(self, stats: list[Stats]) -> dict[str, float]:
-        return {"accuracy": _mean(s["correct"] for s in stats)}
-
-    def progress_data(self, stats: list[Stats]) -> dict[str, float]:
-        """The step's mean reward margin, β·(chosen log-ratio − rejected log-ratio) over its pairs."""
-        return {"reward_margin": _mean(s["chosen_reward"] - s["rejected_reward"] for s in stats)}
-
-    def summary(self, stats: list[Stats]) -> dict[str, Any]:
-        chosen = _mean(s["chosen_reward"] for s in stats)
-        rejected = _mean(s["rejected_reward"] for s in stats)
-        return {"accuracy": _mean(s["correct"] for s in stats), "mean_reward_margin": chosen - rejected,
-                "mean_chosen_reward": chosen, "mean_rejected_reward": rejected}
-
-    def epoch_line(self, stats: list[Stats]) -> str:
-        summary = self.summary(stats)
-        return f" accuracy {summary['accuracy']:.3f} reward margin {summary['mean_reward_margin']:.4f}"
+    def report(self, stats: list[Stats]) -> Report:
+        """Accuracy on the step's line; the mean reward margin, β·(chosen log-ratio − rejected log-ratio), in its
+        progress data; both and the mean rewards in the run's report."""
+        chosen = mean(s["chosen_reward"] for s in stats)
+        rejected = mean(s["rejected_reward"] for s in stats)
+        accuracy, margin = mean(s["correct"] for s in stats), chosen - rejected
+        summary = {"accuracy": accuracy, "mean_reward_margin": margin, "mean_chosen_reward": chosen,
+                   "mean_rejected_reward": rejected}
+        return Report(shown={"accuracy": accuracy}, data={"reward_margin": margin}, summary=summary,
+                      epoch={"mean_loss": mean(s["loss"] for s in stats), **summary},
+                      tail=f" accuracy {accuracy:.3f} reward margin {margin:.4f}")
 
 
 class Reward(Objective):
@@ -232,24 +255,20 @@ class Reward(Objective):
         """The f32 score [N] of final-normed states [N, D]: the head read at its own f32."""
         return (states.float() @ self.head.T)[:, 0]
 
-    def progress_extra(self, stats: list[Stats]) -> dict[str, float]:
-        return {"accuracy": _mean(s["correct"] for s in stats)}
-
-    def progress_data(self, stats: list[Stats]) -> dict[str, float]:
-        """The step's mean score margin, the head's chosen score − rejected score over its pairs."""
-        return {"score_margin": _mean(s["chosen_score"] - s["rejected_score"] for s in stats)}
-
-    def summary(self, stats: list[Stats]) -> dict[str, Any]:
-        chosen = _mean(s["chosen_score"] for s in stats)
-        rejected = _mean(s["rejected_score"] for s in stats)
-        return {"accuracy": _mean(s["correct"] for s in stats), "tied_pairs": int(sum(s["tied"] for s in stats)),
-                "mean_chosen_score": chosen, "mean_rejected_score": rejected, "mean_score_margin": chosen - rejected}
-
-    def epoch_line(self, stats: list[Stats]) -> str:
-        summary = self.summary(stats)
-        return f" accuracy {summary['accuracy']:.3f} score margin {summary['mean_score_margin']:.4f}"
+    def report(self, stats: list[Stats]) -> Report:
+        """Accuracy on the step's line; the mean score margin, the head's chosen − rejected score, in its progress
+        data; both, the tied pairs and the mean scores in the run's report."""
+        chosen = mean(s["chosen_score"] for s in stats)
+        rejected = mean(s["rejected_score"] for s in stats)
+        accuracy, margin = mean(s["correct"] for s in stats), chosen - rejected
+        summary = {"accuracy": accuracy, "tied_pairs": int(sum(s["tied"] for s in stats)),
+                   "mean_chosen_score": chosen, "mean_rejected_score": rejected, "mean_score_margin": margin}
+        return Report(shown={"accuracy": accuracy}, data={"score_margin": margin}, summary=summary,
+                      epoch={"mean_loss": mean(s["loss"] for s in stats), **summary},
+                      tail=f" accuracy {accuracy:.3f} score margin {margin:.4f}")
 
 
-def _mean(values: Any) -> float:
+def mean(values: Iterable[float]) -> float:
+    """The mean of ``values`` summed exactly (math.fsum); 0 for none."""
     values = list(values)
     return math.fsum(values) / len(values) if values else 0.0

@@ -5,7 +5,7 @@ against each other (every factor of a target the same shape on every layer, each
 its A's, the widths the sidecar and the projections imply) before torch is imported. Only the
 trained model's config.json is read, for the projections transformers' model fuses (Phi-3's
 ``qkv_proj``, ``gate_up_proj``), which PEFT must name instead of the pieces. The directory
-format is :mod:`ster.engine.model.peft_format`'s, which also reads such directories back for
+format is :mod:`ster.engine.model.adapters.peft_format`'s, which also reads such directories back for
 ``--adapter``.
 """
 
@@ -16,13 +16,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ster.engine.model.adapter import (
+from ster.engine.model.adapters.artifact import (
     AdapterSidecar,
     check_tensors,
     factor_names,
 )
-from ster.engine.model.adapter_file import AdapterFile
-from ster.engine.model.adapters_open import open_document
+from ster.engine.model.adapters.file import AdapterFile
+from ster.engine.model.adapters.apply import open_document
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import check_output_directory
 from ster.engine.protocol.jobs import JobContext
@@ -61,7 +61,7 @@ def export_job(request: ExportPeftRequest, ctx: JobContext) -> ExportPeftResult:
         raise Refusal("adapter artifact is a reward model, not a generation adapter")
     check_factor_shapes(sidecar, document.header, request.adapter)
     base_model = request.base_model or sidecar.model
-    from ster.engine.model.peft_format import model_layout, peft_modules, write_peft_dir
+    from ster.engine.model.adapters.peft_format import model_layout, peft_modules, write_peft_dir
 
     try:
         layout = model_layout(sidecar.model, sidecar.model_revision)  # Phi-3's fused projections: config.json only

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from pydantic import field_validator, model_validator
 
-from ster.engine.model.adapter import check_spec, parse_targets, sidecar_path
+from ster.engine.model.adapters.artifact import check_spec, parse_targets, sidecar_path
 from ster.engine.model.requests import Device, ModelRequest
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.paths import flag, same_file

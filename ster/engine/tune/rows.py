@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ster.engine.model.llama import Decoder, Layout
+from ster.engine.model.contract import Decoder, Layout
 
 T = TypeVar("T")
 
@@ -55,13 +55,6 @@ def token_logprobs(decoder: Decoder, hidden: Tensor, rows: list[list[int]], star
     targets = torch.cat([torch.tensor(row[start:], device=device) for row, start in zip(rows, starts)])  # [N]
     logp = -F.cross_entropy(decoder.project(states), targets, reduction="none")  # [N] f32
     return list(logp.split([len(row) - start for row, start in zip(rows, starts)]))
-
-
-def last_states(decoder: Decoder, hidden: Tensor, rows: list[list[int]]) -> Tensor:
-    """The final-normed state [B, D] at each row's last real token: what a reward head reads."""
-    last = torch.tensor([len(row) - 1 for row in rows], device=hidden.device)
-    picked = hidden[torch.arange(len(rows), device=hidden.device), last]
-    return decoder.final_norm(picked)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor
 
-from ster.engine.model.llama import Decoder
+from ster.engine.model.contract import Decoder
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.tune.encoding import Sequence
 from ster.engine.tune.objectives import Objective, Preference, Reward, Stats, Unit

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from ster.engine.model.adapter import AdapterSidecar
+from ster.engine.model.adapters.artifact import AdapterSidecar
 from ster.engine.model.loading import Checkpoint, model_store, resolve_device
-from ster.engine.model.lora import Adapter, attached, save_adapter
+from ster.engine.model.adapters.lora import Adapter, attached, save_adapter
 from ster.engine.protocol import confine
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.tune.checkpoint import (
@@ -94,10 +94,9 @@ def _expected(adapter: Adapter, loop: Loop, objective: Any) -> Expected:
     per-unit numbers its objective reads, and (dpo, ipo) a reference score for every unit it trains on."""
 
     def read_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
-        objective.progress_extra(stats)
-        objective.progress_data(stats)
         objective.step_tokens([], stats)
-        return objective.epoch_report(0, 1, stats)[0]  # type: ignore[no-any-return]
+        entry, _ = objective.epoch_report(0, 1, stats)
+        return entry
 
     reference = {unit.index for unit in loop.units} if hasattr(objective, "reference") else None
     return Expected({name: tuple(t.shape) for name, t in adapter.tensors.items()}, loop.total, loop.steps_per_epoch,
@@ -129,7 +128,7 @@ def _report(request: TuneRequest, checkpoint: Checkpoint, units: list[Any], trai
         "trainable_parameters": adapter.parameter_count(), "first_loss": state.first_loss,
         "final_loss": state.final_loss, "mean_final_epoch_loss": math.fsum(s["loss"] for s in stats) / len(stats),
     })
-    report.update(objective.summary(stats))
+    report.update(objective.report(stats).summary)
     report.update(rank=request.rank, alpha=float(request.alpha), targets=request.target_names, layers=layers,
                   learning_rate=request.learning_rate, accumulation=request.accumulation, batch=request.batch_size,
                   chat_template=checkpoint.codec.decision, precision=request.precision, seed=request.seed,
@@ -142,7 +141,7 @@ def _grpo_report(request: GrpoRequest, checkpoint: Checkpoint, units: list[Any],
                  objective: Any, adapter: Adapter, layers: list[int]) -> dict[str, Any]:
     """The contract's GRPO report; the top-level mean_* fields are the last iteration's."""
     state = loop.state
-    last = objective.summary(state.epoch_stats)
+    last = objective.report(state.epoch_stats).summary
     return {
         "reward": "length" if request.reward_path is None else f"reward:{request.reward_path}",
         "prompts": len(units), "trained_prompts": len(trained), "skipped_long": len(units) - len(trained),

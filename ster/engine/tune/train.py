@@ -16,9 +16,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ster.engine.model.adapter import projection_shape, sidecar_path
-from ster.engine.model.adapters_open import CheckedAdapter, check_adapter
-from ster.engine.model.config import LlamaConfig
+from ster.engine.model.adapters.artifact import projection_shape, sidecar_path
+from ster.engine.model.adapters.apply import CheckedAdapter, check_adapter
+from ster.engine.model.config import DecoderConfig
 from ster.engine.model.loading import Checkpoint, model_store
 from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
@@ -34,7 +34,7 @@ from ster.engine.tune.checkpoint import (
     run_identity,
 )
 from ster.engine.tune.data import PreferenceSet, load_examples, load_preferences
-from ster.engine.tune.encoding import encode_example, side_sequence
+from ster.engine.tune.encoding import encode_example, side_sequence, within_limit
 from ster.engine.tune.requests import (
     AdapterSpecRequest,
     DpoRequest,
@@ -85,7 +85,7 @@ def grpo_job(request: GrpoRequest, ctx: JobContext) -> TrainResult:
 
         reward_model = None
         if reward is not None:
-            from ster.engine.model.adapters_open import load_checked
+            from ster.engine.model.adapters.apply import load_checked
 
             _, frozen = load_checked(ctx, reward, checkpoint, adapter.tensors[next(iter(adapter.tensors))].device)
             reward_model = RewardModel(frozen)
@@ -133,20 +133,10 @@ def _objective(request: TuneRequest, adapter: Any) -> Any:
 
 
 def _usable(request: TuneRequest, checkpoint: Checkpoint, units: list[Any], ctx: JobContext) -> list[int]:
-    """Indices of the units within the sequence limit; each one over it is skipped with a line, never cut."""
-    limit = min(request.max_sequence, checkpoint.context)
+    """Indices of the units within the sequence limit, counting a GRPO prompt's new tokens too."""
     new = request.max_new_tokens if isinstance(request, GrpoRequest) else 0
-    usable = []
-    for index, (rows, _) in enumerate(units):
-        longest = max(len(row) for row in rows) + new
-        if longest > limit:
-            tokens = f"{longest - new} tokens and {new} new tokens" if new else f"{longest} tokens"
-            ctx.progress("skip", f"skipping {request.unit} {index + 1}: {tokens} exceed the {limit} token limit")
-        else:
-            usable.append(index)
-    if not usable:
-        raise Refusal(f"every {request.unit} is longer than the sequence limit, so there is nothing to train on")
-    return usable
+    return within_limit([max(len(row) for row in rows) for rows, _ in units], min(request.max_sequence,
+                        checkpoint.context), request.unit, "train on", ctx, new)
 
 
 def _check_outputs(request: TuneRequest, ctx: JobContext) -> None:
@@ -156,7 +146,7 @@ def _check_outputs(request: TuneRequest, ctx: JobContext) -> None:
     check_output_file(sidecar_path(request.output), ADAPTER_SIDECAR, ctx.log, what="the adapter's sidecar")
 
 
-def check_rank(request: AdapterSpecRequest, config: LlamaConfig) -> None:
+def check_rank(request: AdapterSpecRequest, config: DecoderConfig) -> None:
     """Refuse a rank above the smaller side of a targeted projection, read from config.json before any weight:
     such a factor pair spans nothing a full update would not, and only costs memory (10^5 on a 64-wide model is a
     358 MB adapter)."""

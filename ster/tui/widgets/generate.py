@@ -372,9 +372,6 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
             return DEFAULT_STRENGTH
         return f"calibrated {calibrated}" if named else calibrated
 
-    def _steered_title(self, strength: str | None = None) -> str:
-        return self.title("steered", strength)
-
     def _busy(self, *roles: str) -> bool:
         """Whether one of these roles still runs; a second press would only queue behind it."""
         if any(role in self.jobs for role in roles):

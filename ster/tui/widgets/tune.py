@@ -124,7 +124,7 @@ CHECKS: dict[str, Any] = {
 
 
 def check_targets(text: str) -> str:
-    from ster.engine.model.adapter import parse_targets
+    from ster.engine.model.adapters.artifact import parse_targets
     from ster.engine.protocol.errors import Refusal
 
     try:

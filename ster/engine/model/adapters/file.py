@@ -10,7 +10,7 @@ one sentence, in this order:
   records (an adapter written before Ster recorded it has none, and is read without this check);
 * a tensor the sidecar does not declare, or one it declares missing or shaped otherwise than its
   rank, targets and layers imply (the widths are judged where the sidecar's width and the model's
-  projections are: :func:`ster.engine.model.adapter.check_tensors` with the model, ``tune inspect``
+  projections are: :func:`ster.engine.model.adapters.artifact.check_tensors` with the model, ``tune inspect``
   and ``export-peft`` with the sidecar's ``hidden_size``);
 * a value that is not a floating-point number, not finite, or so large that applying it could
   overflow f32 (:data:`LIMIT`).
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ster.engine.model.adapter import (
+from ster.engine.model.adapters.artifact import (
     REWARD_HEAD,
     AdapterSidecar,
     check_tensors,

@@ -29,7 +29,7 @@ A PEFT directory carries no checkpoint fingerprint, only the name of the base mo
 trained on (usually a Hub id, where a Ster user often gives a local directory), so the model's
 identity cannot be checked: :func:`read_peft_dir` checks every factor's shape against the
 model instead, and :func:`peft_model_note` says in a warning when the names differ rather than
-refusing, which :func:`ster.engine.model.adapter.check_for_model` would do.
+refusing, which :func:`ster.engine.model.adapters.artifact.check_for_model` would do.
 
 peft, torch and safetensors are imported lazily, after the directory's files and JSON are checked.
 """
@@ -44,14 +44,14 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ster.engine.model.adapter import (
+from ster.engine.model.adapters.artifact import (
     ATTENTION,
     TARGETS,
     AdapterSidecar,
     factor_names,
     projection_shape,
 )
-from ster.engine.model.adapter_file import check_factors, check_float, parse_file
+from ster.engine.model.adapters.file import check_factors, check_float, parse_file
 from ster.engine.model.config import FAMILIES
 from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
@@ -67,8 +67,8 @@ if TYPE_CHECKING:
     import torch
     from torch import Tensor
 
-    from ster.engine.model.config import LlamaConfig
-    from ster.engine.model.lora import Adapter
+    from ster.engine.model.config import DecoderConfig
+    from ster.engine.model.adapters.lora import Adapter
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -108,7 +108,7 @@ def module_key(layer: int, module: str, factor: Literal["a", "b"]) -> str:
 # Reading ----------------------------------------------------------------------------------------------------
 
 
-def read_peft_dir(path: Path, config: LlamaConfig, device: torch.device) -> tuple[AdapterSidecar, Adapter]:
+def read_peft_dir(path: Path, config: DecoderConfig, device: torch.device) -> tuple[AdapterSidecar, Adapter]:
     """The LoRA adapter in a PEFT directory as a Ster sidecar and adapter, every factor checked against the model.
 
     The sidecar names the PEFT config's base model (empty when it names none), with no fingerprint
@@ -129,7 +129,7 @@ def read_peft_dir(path: Path, config: LlamaConfig, device: torch.device) -> tupl
                              rank=rank, alpha=alpha, targets=targets, layers=layers,
                              hidden_size=config.hidden_size, train=None)
     pieces = _split(_tensors(file), names, config, rank, layers, modules)
-    from ster.engine.model.lora import Adapter
+    from ster.engine.model.adapters.lora import Adapter
 
     tensors = {name: pieces[name] for layer in layers for target in targets for name in factor_names(layer, target)}
     return sidecar, Adapter(sidecar.rank, sidecar.alpha, targets, layers, tensors).to(device)
@@ -359,7 +359,7 @@ def _rank_and_alpha(path: Path, settings: dict[tuple[int, str], tuple[int, float
     return rank, alpha
 
 
-def _check_shapes(path: Path, names: Names, config: LlamaConfig, settings: dict[tuple[int, str], tuple[int, float]],
+def _check_shapes(path: Path, names: Names, config: DecoderConfig, settings: dict[tuple[int, str], tuple[int, float]],
                   layers: list[int]) -> None:
     """Every factor shaped as its rank and the model's projection imply; a fused module only on its family."""
     beyond = [layer for layer in layers if layer >= config.num_hidden_layers]
@@ -421,7 +421,7 @@ def _tensors(file: TensorFile) -> dict[str, Tensor]:
     return {name: torch.from_numpy(np.array(file.floats(name), dtype=np.float32)) for name in file.tensors}
 
 
-def _split(loaded: dict[str, Tensor], names: Names, config: LlamaConfig, rank: int, layers: list[int],
+def _split(loaded: dict[str, Tensor], names: Names, config: DecoderConfig, rank: int, layers: list[int],
            modules: list[str]) -> dict[str, Tensor]:
     """Ster's factors of every module: f32, padded to ``rank``, a fused module's A given to each piece and its
     B cut by the pieces' rows (their values were checked when the file was read)."""
@@ -456,21 +456,21 @@ def model_layout(model: str, revision: str | None = None) -> Layout:
 
 
 def _config_file(model: str, revision: str | None) -> Path:
-    from ster.engine.model.resolve import RESERVED, _hub_errors, resolve_model
+    from ster.engine.model.resolve import RESERVED, hub_errors, resolve_model
 
     if model in RESERVED or confine.readable(Path(model).expanduser()).exists():
         return resolve_model(model, revision).config
     import huggingface_hub
     from huggingface_hub.errors import HFValidationError
 
-    with _hub_errors(model, revision):
+    with hub_errors(model, revision):
         try:
             return Path(huggingface_hub.hf_hub_download(model, "config.json", revision=revision))
         except HFValidationError:
             raise Refusal(f"model directory {model} does not exist") from None
 
 
-def fused_layout(config: LlamaConfig) -> Layout:
+def fused_layout(config: DecoderConfig) -> Layout:
     """The model's fused projections, each piece's Ster target with its rows (empty for most families)."""
     return {module: [(SHORT_NAMES[part], projection_shape(config, SHORT_NAMES[part])[0]) for part in parts]
             for module, parts in config.family.fused.items()}

@@ -4,7 +4,7 @@ Every command that reads an adapter (``generate``, ``extract``, ``train``, ``opt
 ``evaluate``, ``sweep`` with ``--adapter``, and ``tune evaluate``) goes through here, in two
 steps so that a bad adapter is refused before torch is imported:
 
-* :func:`check_adapter` reads the adapter wholly (:func:`ster.engine.model.adapter_file.read_adapter`:
+* :func:`check_adapter` reads the adapter wholly (:func:`ster.engine.model.adapters.file.read_adapter`:
   the sidecar's own refusals — missing, another product or schema, a field no adapter has, a
   steering artifact given instead —, the file's bytes against its header, the pair's hash, every
   tensor's presence, shape and values), then the kind (a reward model is not a generation
@@ -14,7 +14,7 @@ steps so that a bad adapter is refused before torch is imported:
   decoder's device and attaches them for the length of a ``with`` block.
 
 A directory is a PEFT adapter (``adapter_config.json`` and ``adapter_model.safetensors``,
-trained elsewhere with PEFT or TRL): :mod:`ster.engine.model.peft_format` reads it into the
+trained elsewhere with PEFT or TRL): :mod:`ster.engine.model.adapters.peft_format` reads it into the
 same sidecar and factors, checking each factor's shape against the model once it is read.
 Nothing here imports torch at module level.
 """
@@ -27,24 +27,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from ster.engine.model.adapter import (
+from ster.engine.model.adapters.artifact import (
     AdapterSidecar,
     adapter_provenance,
     check_for_model,
     check_tensors,
     sidecar_path,
 )
-from ster.engine.model.adapter_file import AdapterFile, read_adapter
+from ster.engine.model.adapters.file import AdapterFile, read_adapter
 from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 
 if TYPE_CHECKING:
     import torch
 
-    from ster.engine.model.config import LlamaConfig
-    from ster.engine.model.llama import Decoder
+    from ster.engine.model.config import DecoderConfig
+    from ster.engine.model.contract import Decoder
     from ster.engine.model.loading import Checkpoint
-    from ster.engine.model.lora import Adapter
+    from ster.engine.model.adapters.lora import Adapter
     from ster.engine.protocol.jobs import JobContext
 
 Want = Literal["adapter", "reward"]
@@ -75,7 +75,7 @@ def open_document(path: Path) -> AdapterFile:
     the adapter file, naming the file to give instead.
     """
     if sidecar_path(path) == path:
-        from ster.engine.model.adapter import read_sidecar
+        from ster.engine.model.adapters.artifact import read_sidecar
 
         read_sidecar(path)  # a steering artifact is named as one first
         raise Refusal(f"{path} is an adapter's sidecar; give the adapter file beside it, "
@@ -118,19 +118,19 @@ def load_checked(ctx: JobContext, checked: CheckedAdapter, checkpoint: Checkpoin
     """The sidecar and factors (f32, finite, on ``device``) of an adapter :func:`check_adapter` passed."""
     if checked.document is None:
         return read_peft(ctx, checked.path, checkpoint.source.model, checkpoint.config, device, checked.want)
-    from ster.engine.model.lora import adapter_of
+    from ster.engine.model.adapters.lora import adapter_of
 
     return checked.document.sidecar, adapter_of(checked.document, checkpoint.config, device)
 
 
-def read_peft(ctx: JobContext, path: Path, model: str, config: LlamaConfig, device: torch.device,
+def read_peft(ctx: JobContext, path: Path, model: str, config: DecoderConfig, device: torch.device,
               want: Want = "adapter") -> tuple[AdapterSidecar, Adapter]:
     """A PEFT adapter directory as a sidecar and factors, every factor's shape checked against ``config``.
 
     It records no fingerprint and no training run, so a base model of another name is said in a warning
     rather than refused, and there is nothing to warn about its provenance.
     """
-    from ster.engine.model.peft_format import peft_model_note, read_peft_dir
+    from ster.engine.model.adapters.peft_format import peft_model_note, read_peft_dir
 
     sidecar, adapter = read_peft_dir(path, config, device)
     note = peft_model_note(sidecar, model, want)
@@ -153,7 +153,7 @@ def open_adapter(ctx: JobContext, path: Path, checkpoint: Checkpoint, want: Want
 def adapted(ctx: JobContext, decoder: Decoder, checked: CheckedAdapter | None,
             checkpoint: Checkpoint) -> Iterator[Decoder]:
     """The decoder with the checked adapter's factors on its projections for the block; as it is when None."""
-    from ster.engine.model.lora import attached
+    from ster.engine.model.adapters.lora import attached
 
     adapter = None
     if checked is not None:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ster.engine.model.adapter import (
+from ster.engine.model.adapters.artifact import (
     REWARD_HEAD,
     TARGETS,
     AdapterSidecar,
@@ -32,14 +32,15 @@ from ster.engine.model.adapter import (
     projection_shape,
     sidecar_path,
 )
-from ster.engine.model.adapter_file import (
+from ster.engine.model.adapters.file import (
     AdapterFile,
     check_values,
     digest,
     read_adapter,
 )
-from ster.engine.model.config import LlamaConfig
-from ster.engine.model.llama import Decoder, LoraFactors
+from ster.engine.model.config import DecoderConfig
+from ster.engine.model.adapters.factors import LoraFactors
+from ster.engine.model.contract import Decoder
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import dumps_pretty, write_atomic_together
 from ster.engine.protocol.tensorfile import parse
@@ -65,7 +66,7 @@ class Adapter:
         return self.tensors.get(REWARD_HEAD)
 
     @classmethod
-    def fresh(cls, config: LlamaConfig, rank: int, alpha: float, targets: list[str], layers: list[int],
+    def fresh(cls, config: DecoderConfig, rank: int, alpha: float, targets: list[str], layers: list[int],
               seed: int, device: torch.device, reward: bool = False) -> Adapter:
         """A drawn from N(0, (1/rank)²) by a generator seeded with ``seed``, B zero: the identity."""
         generator = torch.Generator().manual_seed(seed)
@@ -193,13 +194,13 @@ def _folded_weight(weight: Tensor, lora: LoraFactors) -> Tensor:
     return (weight.float() + lora.scale * (lora.b.detach() @ lora.a.detach())).to(weight.dtype)
 
 
-def load_adapter(path: Path, config: LlamaConfig, device: torch.device) -> tuple[AdapterSidecar, Adapter]:
+def load_adapter(path: Path, config: DecoderConfig, device: torch.device) -> tuple[AdapterSidecar, Adapter]:
     """Read an adapter artifact wholly (:func:`read_adapter`) and check it against the model's shapes."""
     document = read_adapter(path)
     return document.sidecar, adapter_of(document, config, device)
 
 
-def adapter_of(document: AdapterFile, config: LlamaConfig, device: torch.device) -> Adapter:
+def adapter_of(document: AdapterFile, config: DecoderConfig, device: torch.device) -> Adapter:
     """The factors of a checked adapter file as f32 tensors on ``device``, every tensor shaped as the
     sidecar and the model imply (the values were checked when the file was read)."""
     sidecar = document.sidecar
@@ -220,7 +221,7 @@ def adapter_bytes(adapter: Adapter) -> bytes:
     return save(state)
 
 
-def save_adapter(path: Path, sidecar: AdapterSidecar, adapter: Adapter, config: LlamaConfig) -> None:
+def save_adapter(path: Path, sidecar: AdapterSidecar, adapter: Adapter, config: DecoderConfig) -> None:
     """Validate the pair as a reader would, then write both files atomically, together, the sidecar
     recording the hash of the tensors' bytes.
 

@@ -13,7 +13,7 @@ This module reads the sidecar, refusing a field no adapter has (a rank below 1, 
 is not a positive finite number, a layer below 0 or beyond any model's, an unknown or repeated
 target, a width outside what Ster reads), and checks a safetensors header against it.
 Reading the file wholly (its bytes against its header, the hash, every value) is
-:mod:`ster.engine.model.adapter_file`; building factors is :mod:`ster.engine.model.lora`.
+:mod:`ster.engine.model.adapters.file`; building factors is :mod:`ster.engine.model.adapters.lora`.
 None of it imports torch, so ``ster tune inspect`` and every refusal come before torch is imported.
 """
 
@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ster.engine.model.config import MAX_LAYERS, MAX_SIZE
-from ster.engine.model.fingerprint import SCHEME, short
+from ster.engine.model.fingerprint import check_identity
 from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import first_error
 
 if TYPE_CHECKING:
-    from ster.engine.model.config import LlamaConfig
+    from ster.engine.model.config import DecoderConfig
 
 SCHEMA_VERSION = 1
 TARGETS: dict[str, str] = {
@@ -79,7 +79,7 @@ def check_spec(rank: int, alpha: float) -> None:
         raise Refusal(f"adapter alpha {alpha} is not a positive finite number")
 
 
-def projection_shape(config: LlamaConfig, target: str) -> tuple[int, int]:
+def projection_shape(config: DecoderConfig, target: str) -> tuple[int, int]:
     """(out, in) of the projection a target names."""
     hidden, inner = config.hidden_size, config.intermediate_size
     attention, kv = config.num_attention_heads * config.head_size, config.kv_heads * config.head_size
@@ -118,7 +118,7 @@ class AdapterSidecar(BaseModel):
     def scale(self) -> float:
         return self.alpha / self.rank
 
-    def expected_shapes(self, config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    def expected_shapes(self, config: DecoderConfig) -> dict[str, tuple[int, ...]]:
         """Every tensor the safetensors file must hold, with its shape."""
         shapes: dict[str, tuple[int, ...]] = {}
         for layer in self.layers:
@@ -227,27 +227,14 @@ def check_for_model(sidecar: AdapterSidecar, model: str, fingerprint: str, hidde
         raise Refusal("adapter artifact is a reward model, not a generation adapter")
     if want == "reward" and sidecar.kind != "reward":
         raise Refusal("adapter artifact is a generation adapter, not a reward model")
-    note = _check_identity(sidecar, model, fingerprint)
+    note = check_identity("adapter", sidecar.model, sidecar.model_fingerprint, model, fingerprint,
+                          "the adapter was trained", both_prints=False)
     if sidecar.hidden_size != hidden_size:
         raise Refusal(f"adapter width {sidecar.hidden_size} does not match model width {hidden_size}")
     beyond = [layer for layer in sidecar.layers if not 0 <= layer < layers]
     if beyond:
         raise Refusal(f"adapter spec names layer {beyond[0]}, but the model has {layers} layers")
     return note
-
-
-def _check_identity(sidecar: AdapterSidecar, model: str, fingerprint: str) -> str | None:
-    recorded, same_name = sidecar.model_fingerprint, sidecar.model == model
-    if recorded is None or not recorded.startswith(f"{SCHEME}:"):
-        if not same_name:
-            raise Refusal(f'adapter was trained for model "{sidecar.model}", current model is "{model}"')
-        return None
-    if recorded == fingerprint:
-        return None if same_name else (f'adapter was trained for model "{sidecar.model}"; "{model}" has the same '
-                                       f"checkpoint fingerprint ({short(fingerprint)}), so it is the same model")
-    raise Refusal(f'adapter was trained for model "{sidecar.model}", current model is "{model}"'
-                  + ("" if not same_name else f", whose checkpoint fingerprint changed from {short(recorded)} to "
-                                              f"{short(fingerprint)}"))
 
 
 def adapter_provenance(sidecar: AdapterSidecar, precision: str, chat_template: str | None) -> list[str]:

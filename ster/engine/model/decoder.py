@@ -1,4 +1,4 @@
-"""The decoder, written for reading and steering: Llama, and the families that differ from it in details.
+"""Ster's own decoder, written for reading and steering: Llama, and the families that differ from it in details.
 
 Ster owns its decoder loop instead of calling a generic inference API because the
 loop needs exact operations those APIs do not offer: stop after the deepest layer a
@@ -18,15 +18,16 @@ else: each block's q/k/v projections run as one matmul and its gate/up projectio
 another (``prepare`` lays the separate weights out as views of one fused tensor, so the
 parameter names and the memory are unchanged), queries and keys rotate together, and a
 projection runs on the CPU kernel timed fastest on this machine for its precision and row count
-(:mod:`ster.engine.model.kernels`). Weights quantized to int8 (``--precision int8``) are torchao tensors;
-:mod:`ster.engine.model.quantize` runs them.
+(:mod:`ster.engine.model.linear` on :mod:`ster.engine.model.kernels`), with attached LoRA
+factors (:mod:`ster.engine.model.adapters.factors`) added to its output. Weights quantized to int8
+(``--precision int8``) are torchao tensors; :mod:`ster.engine.model.quantize` runs them.
 
 Other families (Qwen2, Qwen3, Mistral, Phi-3, Gemma 3) run through the same classes: what differs is
 data on the config (:class:`ster.engine.model.config.Family` and the fields it normalises), read once
 when a block is built — biases, q/k norms, Gemma's ``1 + w`` norms and extra norms around attention
 and MLP, the embedding scale, the activation, sliding-window layers with their own rotary base and
 mask (:func:`_window_inputs`), the attention scale, final logit soft-capping, partial rotation.
-The module keeps its name from when Llama was the only family.
+The jobs see it through :class:`ster.engine.model.contract.Decoder`, which transformers' path satisfies too.
 """
 
 from __future__ import annotations
@@ -34,18 +35,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ster.engine.model.config import LlamaConfig, RopeScaling
-from ster.engine.model.kernels import matmul
-
-Vocab = Literal["none", "last", "all"]
-"""How much of the vocabulary projection a forward computes: none, the last position, every position."""
-
+from ster.engine.model.adapters.factors import NO_FACTORS, LoraFactors
+from ster.engine.model.config import DecoderConfig, RopeScaling
+from ster.engine.model.contract import ForwardOutput, Layout, Vocab
+from ster.engine.model.contract import positions as positions_of
+from ster.engine.model.linear import embed, fuse, fused_linear, linear
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """Llama's RMSNorm: normalise in f32, cast back, then scale by the weight."""
@@ -85,13 +84,13 @@ class Rotary:
     Nothing is cached per position, so nothing grows with ``max_position_embeddings``.
     """
 
-    def __init__(self, config: LlamaConfig, device: torch.device, local: bool = False) -> None:
+    def __init__(self, config: DecoderConfig, device: torch.device, local: bool = False) -> None:
         """The rotation of full-attention layers, or with ``local`` that of sliding layers (their own base,
         no scaling; Gemma 3). Only the first ``config.rotary_size`` dimensions of a head rotate."""
         dim = config.rotary_size
         theta = config.rope_local_theta if local and config.rope_local_theta is not None else config.rope_theta
         inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
-        self.inv_freq = _scale_frequencies(inv_freq, None if local else config.rope_scaling)  # [rot/2] f32
+        self.inv_freq = scale_frequencies(inv_freq, None if local else config.rope_scaling)  # [rot/2] f32
 
     def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos and sin for ``positions`` [B, T], shaped [B, 1, T, hd] to broadcast over heads."""
@@ -100,7 +99,7 @@ class Rotary:
         return freqs.cos(), freqs.sin()
 
 
-def _scale_frequencies(inv_freq: Tensor, scaling: RopeScaling | None) -> Tensor:
+def scale_frequencies(inv_freq: Tensor, scaling: RopeScaling | None) -> Tensor:
     """Apply a checkpoint's rope scaling (``linear`` or ``llama3``) to the base frequencies."""
     if scaling is None or scaling.rope_type == "default":
         return inv_freq
@@ -131,7 +130,7 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 class KVCache:
     """Keys and values of every layer, preallocated for the whole generation, at the weights' dtype."""
 
-    def __init__(self, config: LlamaConfig, batch: int, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, config: DecoderConfig, batch: int, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
         shape = (config.num_hidden_layers, batch, config.kv_heads, max_len, config.head_size)
         self.keys = torch.empty(shape, dtype=dtype, device=device)
         self.values = torch.empty(shape, dtype=dtype, device=device)
@@ -179,7 +178,7 @@ ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 class Attention(nn.Module):
     """Grouped-query self-attention with f32 scores."""
 
-    def __init__(self, config: LlamaConfig, index: int = 0) -> None:
+    def __init__(self, config: DecoderConfig, index: int = 0) -> None:
         super().__init__()
         width, hd, family = config.hidden_size, config.head_size, config.family
         bias = config.attention_bias
@@ -205,9 +204,9 @@ class Attention(nn.Module):
     def attend(self, x: Tensor, step: StepInputs, layer: int) -> Tensor:
         batch, length, _ = x.shape
         heads, kv_heads, hd = self.heads, self.kv_heads, self.head_dim
-        lora = self.lora if step.adapters else _NONE
+        lora = self.lora if step.adapters else NO_FACTORS
         # q, k and v in one matmul: [B, T, (H + 2·kv)·hd] → [B, H + 2·kv, T, hd]
-        qkv = _fused_linear(x, self, ("q_proj", "k_proj", "v_proj"), lora)
+        qkv = fused_linear(x, self, ("q_proj", "k_proj", "v_proj"), lora)
         qkv = qkv.view(batch, length, heads + 2 * kv_heads, hd)
         if self.qk_norm:  # each query and key head normalised before the rotation (Qwen3, Gemma 3)
             q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=2)
@@ -225,7 +224,7 @@ class Attention(nn.Module):
                 q, k.float(), v.float(), attn_mask=view.mask, is_causal=view.causal, enable_gqa=True, scale=self.scale
             )  # [B, H, T, hd] f32
         out = out.to(x.dtype).transpose(1, 2).reshape(batch, length, heads * hd)
-        return _linear(out, self.o_proj, lora.get("o_proj"))
+        return linear(out, self.o_proj, lora.get("o_proj"))
 
 
 def _one_query(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> Tensor:
@@ -247,7 +246,7 @@ def _one_query(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> T
 class MLP(nn.Module):
     """The gated feed-forward: down(act(gate(x)) * up(x)), act silu (SwiGLU) or Gemma's tanh-approximated gelu."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
         width, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
         self.gate_proj = nn.Linear(width, inner, bias=bias)
@@ -261,73 +260,9 @@ class MLP(nn.Module):
         """Adapter factors attached to this block's projections, by projection name (see :mod:`lora`)."""
 
     def feed(self, x: Tensor, step: StepInputs) -> Tensor:
-        lora = self.lora if step.adapters else _NONE
-        gate, up = _fused_linear(x, self, ("gate_proj", "up_proj"), lora).chunk(2, dim=-1)
-        return _linear(self.act(gate) * up, self.down_proj, lora.get("down_proj"))
-
-
-@dataclass(frozen=True)
-class LoraFactors:
-    """One projection's low-rank update ``scale · B (A x)``: A [rank, in] and B [out, rank], f32 parameters."""
-
-    a: Tensor
-    b: Tensor
-    scale: float
-
-
-_NONE: dict[str, LoraFactors] = {}
-
-
-def _linear(x: Tensor, layer: nn.Linear, lora: LoraFactors | None = None) -> Tensor:
-    # Called directly rather than through nn.Module.__call__: at batch 1 a decode step
-    # is a few hundred small ops, and the module call overhead would be a visible share.
-    # The factors stay f32 parameters and are cast to the activations' dtype for the two
-    # matmuls, so gradients flow back to f32; with B zero the update adds exactly 0.
-    y = _matmul(x, layer.weight, layer.bias)
-    if lora is None:
-        return y
-    return y + _lora_update(x, lora)
-
-
-def _lora_update(x: Tensor, lora: LoraFactors) -> Tensor:
-    return lora.scale * F.linear(F.linear(x, lora.a.to(x.dtype)), lora.b.to(x.dtype))
-
-
-def _fused_linear(x: Tensor, module: nn.Module, names: tuple[str, ...], lora: dict[str, LoraFactors]) -> Tensor:
-    """The projections ``names`` of ``module`` as one matmul over their fused weight, outputs concatenated.
-
-    ``prepare`` made each projection's weight a view of ``module.fused_weight``, so this reads
-    the same numbers as the separate projections would. Attached LoRA updates are added to
-    their own projection's share of the output.
-    """
-    fused = module.fused_weight
-    if fused is None:  # a decoder built without prepare(): the projections one by one
-        return torch.cat([_linear(x, getattr(module, name), lora.get(name)) for name in names], dim=-1)
-    y = _matmul(x, fused, module.fused_bias)
-    if not lora or not any(name in lora for name in names):
-        return y
-    return add_piece_updates(x, y, names, [getattr(module, name).out_features for name in names], lora)
-
-
-def add_piece_updates(x: Tensor, y: Tensor, names: tuple[str, ...] | list[str], widths: list[int],
-                      lora: dict[str, LoraFactors]) -> Tensor:
-    """``y``, the output of projections ``names`` stacked along its last dimension (``widths`` each), with each
-    attached projection's LoRA update of ``x`` added to its own share."""
-    if len(names) == 1:
-        return y + _lora_update(x, lora[names[0]])
-    parts = list(y.split(widths, dim=-1))
-    for i, name in enumerate(names):
-        if name in lora:
-            parts[i] = parts[i] + _lora_update(x, lora[name])
-    return torch.cat(parts, dim=-1)
-
-
-_PLAIN = (nn.Parameter, Tensor)
-
-
-def _matmul(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``x @ weight.T + bias`` on the kernel chosen for this machine (see :mod:`ster.engine.model.kernels`)."""
-    return matmul(x, weight, bias)
+        lora = self.lora if step.adapters else NO_FACTORS
+        gate, up = fused_linear(x, self, ("gate_proj", "up_proj"), lora).chunk(2, dim=-1)
+        return linear(self.act(gate) * up, self.down_proj, lora.get("down_proj"))
 
 
 class Block(nn.Module):
@@ -340,7 +275,7 @@ class Block(nn.Module):
     ``post_attention_layernorm`` (the attention's output), ``pre_feedforward_layernorm``,
     ``post_feedforward_layernorm``."""
 
-    def __init__(self, config: LlamaConfig, index: int) -> None:
+    def __init__(self, config: DecoderConfig, index: int) -> None:
         super().__init__()
         width, eps, family = config.hidden_size, config.rms_norm_eps, config.family
         offset = family.norm_offset
@@ -367,39 +302,17 @@ class Block(nn.Module):
 class Trunk(nn.Module):
     """Embedding, the blocks and the final norm (``model.*`` in a checkpoint)."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_hidden_layers))
         self.norm = Norm(config.hidden_size, config.rms_norm_eps, config.family.norm_offset)
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Explicit positions and attention for a packed forward, overriding the causal default.
-
-    Used to run several sequences that share a prefix as one row: each token carries its
-    own position, and the mask says which keys it may see.
-    """
-
-    positions: Tensor
-    """[B, T] rotary position of every token."""
-    mask: Tensor
-    """[B, 1, T, T] boolean: may query i see key j."""
-
-
-@dataclass(frozen=True)
-class ForwardOutput:
-    hidden: Tensor
-    """[B, T, D] residual stream after the last block run (before the final norm)."""
-    logits: Tensor | None
-    """f32 logits: [B, V] for ``last``, [B, T, V] for ``all``, None for ``none``."""
-
-
-class Decoder(nn.Module):
+class SterDecoder(nn.Module):
     """A causal language model of any family the config names (see :mod:`ster.engine.model.config`)."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
         self.config = config
         self.model = Trunk(config)
@@ -408,14 +321,14 @@ class Decoder(nn.Module):
         self.local_rotary: Rotary | None = None
         """Sliding layers' rotation when their base differs (Gemma 3); built by ``prepare``."""
 
-    def prepare(self) -> Decoder:
+    def prepare(self) -> SterDecoder:
         """Tie the output head when the config says so, fuse each block's q/k/v and gate/up weights,
         build the rotary table, freeze."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         for block in self.blocks:
-            _fuse(block.self_attn, ("q_proj", "k_proj", "v_proj"))
-            _fuse(block.mlp, ("gate_proj", "up_proj"))
+            fuse(block.self_attn, ("q_proj", "k_proj", "v_proj"))
+            fuse(block.mlp, ("gate_proj", "up_proj"))
         device = self.model.embed_tokens.weight.device
         self.rotary = Rotary(self.config, device)
         if self.config.rope_local_theta is not None:
@@ -479,7 +392,7 @@ class Decoder(nn.Module):
         if layout is not None:
             positions, mask, causal = layout.positions, layout.mask, False
         else:
-            positions = _positions(ids, past, key_mask)
+            positions = positions_of(ids, past, key_mask)
             mask, causal = _attention_mask(ids.shape[1], past, key_mask, positions.device)
         cos, sin = self.rotary.angles(positions)
         step = StepInputs(cos, sin, mask, causal, cache, adapters)
@@ -487,7 +400,7 @@ class Decoder(nn.Module):
             step = replace(step, local=self._window_inputs(step, positions, past, key_mask, layout))
         if start is None:
             first = 0
-            h = _embed(ids, self.model.embed_tokens.weight)  # [B, T, D]
+            h = embed(ids, self.model.embed_tokens.weight)  # [B, T, D]
             if self.config.family.embed_scale:  # Gemma: × sqrt(hidden_size), rounded to the weights' dtype
                 h = h * torch.tensor(self.config.hidden_size ** 0.5, dtype=h.dtype)
         else:
@@ -536,56 +449,9 @@ class Decoder(nn.Module):
         Training calls it on the positions a loss reads only (``vocab="none"`` first), so the
         vocabulary projection, the widest matmul of the model, is computed nowhere else.
         """
-        logits = _linear(self.final_norm(h), self.lm_head).float()
+        logits = linear(self.final_norm(h), self.lm_head).float()
         cap = self.config.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
-
-
-def _fuse(module: nn.Module, names: tuple[str, ...]) -> None:
-    """Lay the projections' weights (and biases) out as one tensor and make each a view of it."""
-    layers = [getattr(module, name) for name in names]
-    if len({layer.bias is None for layer in layers}) > 1:
-        return  # some with a bias and some without: no fused bias to add, so they stay separate
-    weights = [layer.weight for layer in layers]
-    if type(weights[0]) not in _PLAIN:
-        from ster.engine.model.quantize import concatenate
-
-        fused = concatenate(weights)
-    else:
-        fused = torch.cat([w.detach() for w in weights])
-    _share(layers, "weight", fused)
-    module.fused_weight = fused
-    if layers[0].bias is not None:
-        bias = torch.cat([layer.bias.detach() for layer in layers])
-        _share(layers, "bias", bias)
-        module.fused_bias = bias
-
-
-def _share(layers: list[nn.Linear], name: str, fused: Tensor) -> None:
-    """Make each layer's ``name`` (weight or bias) the view of its own rows of ``fused``."""
-    start = 0
-    for layer in layers:
-        end = start + layer.out_features
-        setattr(layer, name, nn.Parameter(fused[start:end], requires_grad=False))
-        start = end
-
-
-def _embed(ids: Tensor, table: Tensor) -> Tensor:
-    """The embedding rows of ``ids``; a quantized table dequantizes just those rows."""
-    if type(table) not in _PLAIN:
-        from ster.engine.model.quantize import quantized_embedding
-
-        return quantized_embedding(ids, table)
-    return F.embedding(ids, table)
-
-
-def _positions(ids: Tensor, past: int, key_mask: Tensor | None) -> Tensor:
-    """Position of every new token [B, T]: its index among the real tokens before it."""
-    batch, length = ids.shape
-    if key_mask is None:
-        return torch.arange(past, past + length, device=ids.device).expand(batch, length)
-    real_before = key_mask.long().cumsum(dim=1) - 1  # [B, S]
-    return real_before[:, past:past + length].clamp(min=0)
 
 
 def _attention_mask(length: int, past: int, key_mask: Tensor | None, device: torch.device) -> tuple[Tensor | None, bool]:

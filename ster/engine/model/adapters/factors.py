@@ -1,0 +1,45 @@
+"""One projection's LoRA update and how it is added to that projection's output, on either decoder.
+
+Ster's decoder adds it inside its own linear layers (:mod:`ster.engine.model.linear`);
+transformers' model adds it from a forward hook on each projection (:mod:`ster.engine.model.generic`).
+Both go through :func:`add_piece_updates`, so the two produce the same numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class LoraFactors:
+    """One projection's low-rank update ``scale · B (A x)``: A [rank, in] and B [out, rank], f32 parameters."""
+
+    a: Tensor
+    b: Tensor
+    scale: float
+
+
+NO_FACTORS: dict[str, LoraFactors] = {}
+"""What a forward with ``adapters=False`` reads in place of a module's attached factors."""
+
+
+def lora_update(x: Tensor, lora: LoraFactors) -> Tensor:
+    """``scale · B (A x)``, the factors cast to the activations' dtype so gradients still flow back to f32."""
+    return lora.scale * F.linear(F.linear(x, lora.a.to(x.dtype)), lora.b.to(x.dtype))
+
+
+def add_piece_updates(x: Tensor, y: Tensor, names: tuple[str, ...] | list[str], widths: list[int],
+                      lora: dict[str, LoraFactors]) -> Tensor:
+    """``y``, the output of projections ``names`` stacked along its last dimension (``widths`` each), with each
+    attached projection's LoRA update of ``x`` added to its own share."""
+    if len(names) == 1:
+        return y + lora_update(x, lora[names[0]])
+    parts = list(y.split(widths, dim=-1))
+    for i, name in enumerate(names):
+        if name in lora:
+            parts[i] = parts[i] + lora_update(x, lora[name])
+    return torch.cat(parts, dim=-1)
