@@ -187,7 +187,7 @@ COMMON = {"vocab_size": VOCAB_SIZE, "hidden_size": 48, "intermediate_size": 80, 
           "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD}
 FAMILIES: dict[str, tuple[str, str, str, dict[str, Any]]] = {
     # Llama: a head width that is not hidden / heads, biases on the attention and the MLP, linear rope scaling.
-    "llama": ("DecoderConfig", "LlamaForCausalLM", "llama",
+    "llama": ("LlamaConfig", "LlamaForCausalLM", "llama",
               {"head_dim": 16, "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": False,
                "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0}}),
     # Mistral: written as a llama GGUF, as llama.cpp writes it (no window: a GGUF of it states none).

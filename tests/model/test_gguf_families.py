@@ -165,7 +165,7 @@ def test_llama_3_rope_scaling_comes_back_from_its_rope_divisors(tmp_path: Path) 
 
     rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
-    config = transformers.DecoderConfig(**{**TINY, "head_dim": 16, "tie_word_embeddings": False,
+    config = transformers.LlamaConfig(**{**TINY, "head_dim": 16, "tie_word_embeddings": False,
                                          "rope_parameters": rope})
     torch.manual_seed(0)
     original = transformers.LlamaForCausalLM(config).float().eval()

@@ -84,6 +84,16 @@ def test_import_pairs_completes_it_and_a_replay_says_so_without_the_screens(cli,
     assert unchanged.json["imported"]["status"] == "unchanged" and unchanged.json["how"] == "imported mine"
 
 
+def test_import_pairs_with_reset_starts_the_record_over_and_completes_it(cli, tmp_path: Path) -> None:
+    source = write_set(tmp_path / "calm.json")
+    first = cli("onboarding", "--import-pairs", source, "--name", "first")
+    assert first.code == 0, first.err
+    run = cli("onboarding", "--import-pairs", source, "--reset")
+    assert run.code == 0, run.err
+    assert run.json["status"] == "complete" and run.json["how"] == f"imported {run.json['imported']['id']}"
+    assert saved()["completed"] is True and saved()["completed_at"] == run.json["completed_at"]
+
+
 def test_import_refusals_are_the_workspace_ones_and_write_nothing(cli, tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"trait_name": "calm", "pairs": []}')

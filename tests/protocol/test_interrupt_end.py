@@ -44,7 +44,7 @@ ZYGOTE = r'''
 import json, os, runpy, sys
 import torch, transformers  # noqa: F401  the seconds each command spends importing, spent once here
 import ster.cli, ster.console, ster.serve.request  # noqa: F401
-import ster.engine.steering.vectors, ster.engine.steering.generate, ster.engine.tune.train  # noqa: F401
+import ster.engine.steering.direction_jobs, ster.engine.steering.generate, ster.engine.tune.train  # noqa: F401
 
 def child(order):
     """Become ``python -m ster ARGS`` with the order's files as stdin, stdout and stderr."""

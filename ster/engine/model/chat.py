@@ -90,8 +90,8 @@ class _TemplateUndefined(jinja2.Undefined):
         self._fail_with_undefined_error()
         return ""
 
-    __iter__ = jinja2.StrictUndefined.__iter__  # type: ignore[assignment]
-    __len__ = jinja2.StrictUndefined.__len__  # type: ignore[assignment]
+    __iter__ = jinja2.StrictUndefined.__iter__
+    __len__ = jinja2.StrictUndefined.__len__
 
 
 def _raise_exception(message: str) -> None:

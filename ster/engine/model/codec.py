@@ -80,6 +80,7 @@ def eos_ids(tokenizer: Tokenizer, tokenizer_config: dict[str, Any], *id_sources:
     token = tokenizer_config.get("eos_token")
     if isinstance(token, dict):
         token = token.get("content")
-    if isinstance(token, str) and tokenizer.token_to_id(token) is not None:
-        found.add(tokenizer.token_to_id(token))
+    named = tokenizer.token_to_id(token) if isinstance(token, str) else None
+    if named is not None:
+        found.add(named)
     return frozenset(found)

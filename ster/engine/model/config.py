@@ -123,7 +123,7 @@ GEMMA3_DEFAULTS = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_siz
                    "max_position_embeddings": 131_072, "tie_word_embeddings": True, "query_pre_attn_scalar": 256,
                    "sliding_window": 4096, "rms_norm_eps": 1e-6}
 """transformers' Gemma3TextConfig defaults: the text_config of a multimodal Gemma 3 checkpoint omits many."""
-GEMMA3 = {"qk_norm": True, "norm_offset": 1.0, "embed_scale": True, "sandwich_norms": True, "normalise": _gemma3}
+GEMMA3: dict[str, Any] = {"qk_norm": True, "norm_offset": 1.0, "embed_scale": True, "sandwich_norms": True, "normalise": _gemma3}
 
 FAMILIES: dict[str, Family] = {family.model_type: family for family in (
     Family("llama", normalise=_no_sliding),
@@ -363,10 +363,10 @@ def generic_config(raw: dict[str, Any], where: str) -> Any:
     not one (an encoder, an encoder-decoder, a classifier, a type transformers does not know, remote code) is
     refused in one sentence, before any weight is read."""
     model_type = str(raw.get("model_type"))
-    from transformers.models.auto.configuration_auto import (
-        CONFIG_MAPPING,
-        CONFIG_MAPPING_NAMES,
-    )
+    from transformers.models.auto import configuration_auto
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    CONFIG_MAPPING_NAMES: dict[str, str] = getattr(configuration_auto, "CONFIG_MAPPING_NAMES")  # (not in its __all__)
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     if model_type not in CONFIG_MAPPING_NAMES:

@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 import torch
 from torch import Tensor, nn
 
+from ster.engine.model.adapters.factors import FactorHost
 from ster.engine.model.config import DecoderConfig
 
 Vocab = Literal["none", "last", "all"]
@@ -43,6 +44,12 @@ class ForwardOutput:
     logits: Tensor | None
     """f32 logits: [B, V] for ``last``, [B, T, V] for ``all``, None for ``none``."""
 
+    def require_logits(self) -> Tensor:
+        """The logits of a forward that computed them (``vocab`` other than ``none``)."""
+        if self.logits is None:
+            raise ValueError("this forward computed no logits (vocab='none')")
+        return self.logits
+
 
 def positions(ids: Tensor, past: int, key_mask: Tensor | None) -> Tensor:
     """Position of every new token [B, T]: its index among the real tokens before it."""
@@ -51,6 +58,14 @@ def positions(ids: Tensor, past: int, key_mask: Tensor | None) -> Tensor:
         return torch.arange(past, past + length, device=ids.device).expand(batch, length)
     real_before = key_mask.long().cumsum(dim=1) - 1  # [B, S]
     return real_before[:, past:past + length].clamp(min=0)
+
+
+def checked_depth(count: int, depth: int | None, vocab: Vocab) -> int:
+    """How many of ``count`` blocks a forward runs (all when ``depth`` is None); logits need every block."""
+    depth = count if depth is None else depth
+    if depth < count and vocab != "none":
+        raise ValueError("a forward that stops before the last block computes no logits")
+    return depth
 
 
 class Cache(Protocol):
@@ -79,7 +94,8 @@ class Decoder(Protocol):
     def blocks(self) -> nn.ModuleList: ...
 
     @property
-    def lm_head(self) -> nn.Module: ...
+    def lm_head(self) -> nn.Linear:
+        """The output head, whose weight says the model's dtype and device."""
 
     def __call__(self, ids: Tensor, *, cache: Any = None, key_mask: Tensor | None = None, depth: int | None = None,
                  vocab: Vocab = "last", layout: Layout | None = None, adapters: bool = True,
@@ -95,7 +111,7 @@ class Decoder(Protocol):
     def project(self, h: Tensor) -> Tensor:
         """f32 logits [..., V] of residual states taken before the final norm."""
 
-    def lora_module(self, layer: int, projection: str) -> nn.Module:
+    def lora_module(self, layer: int, projection: str) -> FactorHost:
         """The module of ``layer`` that holds ``projection`` and its attached LoRA factors."""
 
     def prepare(self) -> Decoder:

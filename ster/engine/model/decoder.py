@@ -35,14 +35,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ster.engine.model.adapters.factors import NO_FACTORS, LoraFactors
+from ster.engine.model.adapters.factors import NO_FACTORS, FactorHost, LoraFactors
 from ster.engine.model.config import DecoderConfig, RopeScaling
-from ster.engine.model.contract import ForwardOutput, Layout, Vocab
+from ster.engine.model.contract import ForwardOutput, Layout, Vocab, checked_depth
 from ster.engine.model.contract import positions as positions_of
 from ster.engine.model.linear import embed, fuse, fused_linear, linear
 
@@ -121,7 +122,7 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate f32 ``x`` [B, H, T, hd] by the angles (the half-split form HF checkpoints use); with angles for
     fewer dimensions than hd (a partial rotation), only those leading dimensions turn."""
     if cos.shape[-1] < x.shape[-1]:
-        turned, kept = x.split([cos.shape[-1], x.shape[-1] - cos.shape[-1]], dim=-1)
+        turned, kept = torch.split(x, [cos.shape[-1], x.shape[-1] - cos.shape[-1]], dim=-1)
         return torch.cat((_rotate(turned, cos, sin), kept), dim=-1)
     first, second = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-second, first), dim=-1) * sin
@@ -209,7 +210,7 @@ class Attention(nn.Module):
         qkv = fused_linear(x, self, ("q_proj", "k_proj", "v_proj"), lora)
         qkv = qkv.view(batch, length, heads + 2 * kv_heads, hd)
         if self.qk_norm:  # each query and key head normalised before the rotation (Qwen3, Gemma 3)
-            q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=2)
+            q, k, v = torch.split(qkv, [heads, kv_heads, kv_heads], dim=2)
             qkv = torch.cat((norm(q, self.q_norm), norm(k, self.k_norm), v), dim=2)
         qkv = qkv.transpose(1, 2)
         view = step.local if self.sliding and step.local is not None else step
@@ -326,7 +327,7 @@ class SterDecoder(nn.Module):
         build the rotary table, freeze."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        for block in self.blocks:
+        for block in self.block_list():
             fuse(block.self_attn, ("q_proj", "k_proj", "v_proj"))
             fuse(block.mlp, ("gate_proj", "up_proj"))
         device = self.model.embed_tokens.weight.device
@@ -349,18 +350,27 @@ class SterDecoder(nn.Module):
         """Every weight a forward multiplies by, in the order it does: each block's q/k/v (fused), o, gate/up
         (fused) and down, then the output head. What the CPU kernels are timed on."""
         weights: list[Tensor] = []
-        for block in self.blocks:
-            for module, names, last in ((block.self_attn, ("q_proj", "k_proj", "v_proj"), "o_proj"),
-                                        (block.mlp, ("gate_proj", "up_proj"), "down_proj")):
+        for block in self.block_list():
+            modules: tuple[tuple[Attention | MLP, tuple[str, ...], str], ...] = (
+                (block.self_attn, ("q_proj", "k_proj", "v_proj"), "o_proj"),
+                (block.mlp, ("gate_proj", "up_proj"), "down_proj"))
+            for module, names, last in modules:
                 fused = module.fused_weight
                 weights += [fused] if fused is not None else [getattr(module, n).weight for n in names]
                 weights.append(getattr(module, last).weight)
         return [*weights, self.lm_head.weight]
 
-    def lora_module(self, layer: int, projection: str) -> nn.Module:
+    def lora_module(self, layer: int, projection: str) -> FactorHost:
         """The module of ``layer`` that holds ``projection`` and its attached LoRA factors."""
-        block = self.blocks[layer]
+        block = self.layer(layer)
         return block.self_attn if projection in ATTENTION_PROJECTIONS else block.mlp
+
+    def layer(self, index: int) -> Block:
+        """Block ``index``, typed (``blocks`` is the ModuleList hooks and checkpoints see)."""
+        return cast(Block, self.blocks[index])
+
+    def block_list(self) -> list[Block]:
+        return [cast(Block, block) for block in self.blocks]
 
     def forward(
         self,
@@ -385,10 +395,9 @@ class SterDecoder(nn.Module):
         ids stopped before it (``depth=block``), so rows that differ only from that block on share the rest.
         """
         assert self.rotary is not None, "call prepare() after loading weights"
-        depth = len(self.blocks) if depth is None else depth
-        if depth < len(self.blocks) and vocab != "none":
-            raise ValueError("a forward that stops before the last block computes no logits")
+        depth = checked_depth(len(self.blocks), depth, vocab)
         past = cache.length if cache is not None else 0
+        mask: Tensor | None
         if layout is not None:
             positions, mask, causal = layout.positions, layout.mask, False
         else:

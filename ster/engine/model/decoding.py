@@ -73,7 +73,7 @@ def decode(
     out: list[int] = []
     with torch.inference_mode():
         cache = model.new_cache(1, len(prompt_ids) + max_new_tokens)
-        logits = model(torch.tensor([prompt_ids], device=device), cache=cache).logits  # [1, V]
+        logits = model(torch.tensor([prompt_ids], device=device), cache=cache).require_logits()  # [1, V]
         while True:
             check_cancelled()
             token = choose(logits[0], sampling, generator)
@@ -83,4 +83,4 @@ def decode(
             on_token(len(out) - 1, token)
             if len(out) == max_new_tokens:
                 return Generation(out, "max_new_tokens")
-            logits = model(torch.tensor([[token]], device=device), cache=cache).logits
+            logits = model(torch.tensor([[token]], device=device), cache=cache).require_logits()

@@ -62,32 +62,6 @@ def short(fingerprint: str) -> str:
     return fingerprint.rpartition(":")[2][:12]
 
 
-def check_identity(noun: str, recorded_model: str, recorded: str | None, model: str, fingerprint: str,
-                   since: str, *, both_prints: bool = True) -> str | None:
-    """Refuse an artifact or adapter (``noun``) made for another checkpoint than the one loaded; None when it
-    is the same, or a note when only the name it was made with differs but the fingerprint matches.
-
-    A record without a fingerprint of this scheme is matched by the model's name alone. ``since`` ends the
-    sentence for a checkpoint whose weights changed under the same name ("the direction was fitted"). With
-    ``both_prints`` false, a refusal for another model keeps to the names (the adapter contract's sentence)."""
-    same_name = recorded_model == model
-    other = f'{noun} was trained for model "{recorded_model}", current model is "{model}"'
-    if recorded is None or not recorded.startswith(f"{SCHEME}:"):
-        if not same_name:
-            raise Refusal(other)
-        return None
-    if recorded == fingerprint:
-        return None if same_name else (f'{noun} was trained for model "{recorded_model}"; "{model}" has the same '
-                                       f"checkpoint fingerprint ({short(fingerprint)}), so it is the same model")
-    if same_name:
-        raise Refusal(f'{noun} was trained for model "{model}" with checkpoint fingerprint {short(recorded)}, but '
-                      f'the checkpoint now at "{model}" has fingerprint {short(fingerprint)}: its weights or '
-                      f"architecture changed since {since}")
-    if not both_prints:
-        raise Refusal(other)
-    raise Refusal(f"{other}, and their checkpoint fingerprints differ too ({short(recorded)} and {short(fingerprint)})")
-
-
 def _header(path: Path) -> dict[str, tuple[str, list[int], int, int]]:
     """Each tensor's dtype, shape and absolute byte range, from a safetensors file's JSON header."""
     try:

@@ -28,16 +28,20 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
 
+from ster.engine.model.adapters.factors import FactorHost, add_piece_updates
 from ster.engine.model.config import FULL, SLIDING, DecoderConfig, fused_rows
-from ster.engine.model.adapters.factors import add_piece_updates
-from ster.engine.model.contract import ForwardOutput, Layout, Vocab
+from ster.engine.model.contract import ForwardOutput, Layout, Vocab, checked_depth
 from ster.engine.model.contract import positions as positions_of
+from ster.engine.model.hooks import Hook, hooked, stream
 from ster.engine.protocol.errors import Refusal, first_sentence
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 LORA_MODULES = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
 """Where a LoRA target lives in a transformers decoder layer (PEFT's names for Llama-like layers)."""
@@ -51,7 +55,7 @@ class _Stop(Exception):
 class GenericCache:
     """transformers' DynamicCache, with the position count Ster's decoding loop reads."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         from transformers import DynamicCache
 
         self.inner = DynamicCache(config=model.config)
@@ -70,7 +74,7 @@ class GenericCache:
 class GenericDecoder(nn.Module):
     """A transformers causal LM behind the interface of Ster's :class:`~ster.engine.model.decoder.SterDecoder`."""
 
-    def __init__(self, config: DecoderConfig, model: nn.Module) -> None:
+    def __init__(self, config: DecoderConfig, model: PreTrainedModel) -> None:
         super().__init__()
         self.config = config
         self.hf = model
@@ -86,23 +90,24 @@ class GenericDecoder(nn.Module):
                 module = getattr(layer, attribute, None)
                 if module is None:
                     continue
-                module.lora = {}  # what lora.attached fills, as on Ster's own blocks
-                module.fused_weight = None
+                host = cast(FactorHost, module)
+                host.lora = {}  # what lora.attached fills, as on Ster's own blocks
+                host.fused_weight = None
                 for name in names:
                     child = getattr(module, name, None)
                     if isinstance(child, nn.Linear):
-                        child.register_forward_hook(self._lora_hook(module, (name,), [child.out_features]))
+                        child.register_forward_hook(self._lora_hook(host, (name,), [child.out_features]))
                 for fused, parts in config.family.fused.items():  # Phi-3's qkv_proj: each piece's rows
                     child = getattr(module, fused, None)
                     if isinstance(child, nn.Linear):
                         widths = [fused_rows(config, part) for part in parts]
-                        child.register_forward_hook(self._lora_hook(module, parts, widths))
+                        child.register_forward_hook(self._lora_hook(host, parts, widths))
 
-    def _lora_hook(self, module: nn.Module, names: tuple[str, ...], widths: list[int]):  # noqa: ANN202 - torch's
+    def _lora_hook(self, module: FactorHost, names: tuple[str, ...], widths: list[int]) -> Hook:
         """A hook adding the attached factors of the projections ``names`` (one, or the pieces a fused
         projection stacks, ``widths`` rows each) to their share of the output."""
 
-        def hook(linear: nn.Module, args: tuple, output: Tensor) -> Tensor | None:
+        def hook(linear: nn.Module, args: tuple[Any, ...], output: Tensor) -> Tensor | None:
             if not self.adapters_on or not any(name in module.lora for name in names):
                 return None
             return add_piece_updates(args[0], output, names, widths, module.lora)
@@ -118,13 +123,13 @@ class GenericDecoder(nn.Module):
         return self.layers
 
     @property
-    def lm_head(self) -> nn.Module:
-        return self.hf.get_output_embeddings()
+    def lm_head(self) -> nn.Linear:
+        return cast(nn.Linear, self.hf.get_output_embeddings())
 
     def new_cache(self, batch: int, max_len: int) -> GenericCache:
         return GenericCache(self.hf)
 
-    def lora_module(self, layer: int, projection: str) -> nn.Module:
+    def lora_module(self, layer: int, projection: str) -> FactorHost:
         """The module of ``layer`` that holds ``projection`` and its attached factors, refusing a target this
         model's layers do not have."""
         attribute = next(name for name, names in LORA_MODULES.items() if projection in names)
@@ -134,7 +139,7 @@ class GenericDecoder(nn.Module):
                                                                                                     *fused]):
             raise Refusal(f"this {self.config.model_type} model's layers have no {attribute}.{projection} linear "
                           "projection, so an adapter cannot target it here")
-        return module
+        return cast(FactorHost, module)
 
     def forward(
         self,
@@ -150,11 +155,9 @@ class GenericDecoder(nn.Module):
     ) -> ForwardOutput:
         """As :meth:`ster.engine.model.decoder.SterDecoder.forward`; ``start`` is only a saving there, so transformers'
         model, which cannot begin at a block, runs every block again and gives the same stream."""
-        count = len(self.blocks)
-        depth = count if depth is None else depth
-        if depth < count and vocab != "none":
-            raise ValueError("a forward that stops before the last block computes no logits")
+        depth = checked_depth(len(self.blocks), depth, vocab)
         past = cache.length if cache is not None else 0
+        mask: Tensor | dict[str, Tensor] | None
         if layout is not None:
             positions, mask = layout.positions, self._layout_mask(layout)
         else:
@@ -163,8 +166,8 @@ class GenericDecoder(nn.Module):
         stop = vocab == "none" and cache is None  # no logits wanted: nothing after the block is run
         seen: dict[str, Tensor] = {}
 
-        def capture(module: nn.Module, args: tuple, output: Any) -> None:
-            seen["hidden"] = output[0] if isinstance(output, tuple) else output
+        def capture(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            seen["hidden"] = stream(output)
             if stop:
                 raise _Stop
 
@@ -173,11 +176,10 @@ class GenericDecoder(nn.Module):
                                   else cache.inner}
         if self._keeps_logits and not stop:
             kwargs["logits_to_keep"] = 1 if vocab == "last" else 0
-        handle = self.blocks[depth - 1].register_forward_hook(capture)
         self.adapters_on = adapters
         logits = None
         try:
-            with _quiet():
+            with hooked([self.blocks[depth - 1]], [capture]), _quiet():
                 if stop:
                     try:
                         self.hf(**kwargs)
@@ -189,7 +191,6 @@ class GenericDecoder(nn.Module):
                         logits = output.logits.float()
                         logits = logits[:, -1] if vocab == "last" else logits
         finally:
-            handle.remove()
             self.adapters_on = True
         if cache is not None:
             cache.length += ids.shape[1]
@@ -220,7 +221,7 @@ class GenericDecoder(nn.Module):
         if self.final is None:
             raise Refusal(f"Ster cannot find the final norm of this {self.config.model_type} model, so it cannot "
                           "score tokens outside transformers' own forward")
-        return self.final(h)
+        return cast(Tensor, self.final(h))
 
     def project(self, h: Tensor) -> Tensor:
         """f32 logits [..., V] of residual states taken before the final norm."""
@@ -239,7 +240,7 @@ class GenericDecoder(nn.Module):
             self.final = None
 
 
-def _decoder_layers(model: nn.Module, config: DecoderConfig) -> nn.ModuleList:
+def _decoder_layers(model: PreTrainedModel, config: DecoderConfig) -> nn.ModuleList:
     """The model's decoder layers: the ModuleList holding ``num_hidden_layers`` modules (the first, outermost)."""
     for _, module in model.named_modules():
         if isinstance(module, nn.ModuleList) and len(module) == config.num_hidden_layers:
@@ -248,7 +249,7 @@ def _decoder_layers(model: nn.Module, config: DecoderConfig) -> nn.ModuleList:
                   "to read and steer")
 
 
-def _final_norm(model: nn.Module) -> nn.Module | None:
+def _final_norm(model: PreTrainedModel) -> nn.Module | None:
     base = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "base_model", model)
     for name in FINAL_NORMS:
         module = getattr(base, name, None)
@@ -273,7 +274,9 @@ def load_generic(root: Path, config: DecoderConfig, dtype: torch.dtype, device: 
     transformers.utils.logging.disable_progress_bar()
     try:
         with _quiet():
-            model, info = AutoModelForCausalLM.from_pretrained(str(root), dtype=dtype, output_loading_info=True)
+            loaded = AutoModelForCausalLM.from_pretrained(str(root), dtype=dtype, output_loading_info=True)
+            # (with output_loading_info, transformers returns the model and what it could not match)
+            model, info = cast(tuple["PreTrainedModel", dict[str, Any]], loaded)
     except (OSError, ValueError, KeyError, RuntimeError, ImportError) as exc:
         raise Refusal(f"transformers could not load {root}: {first_sentence(exc)}") from None
     # transformers fills a weight the files lack with random numbers and only logs it; a model that is not what
@@ -284,7 +287,7 @@ def load_generic(root: Path, config: DecoderConfig, dtype: torch.dtype, device: 
         names = sorted(str(entry[0] if isinstance(entry, tuple) else entry) for entry in info.get(kind) or ())
         if names:
             raise Refusal(f"the weights in {root} " + what.format(names[0], config.model_type))
-    model.to(device)
+    nn.Module.to(model, device)  # (transformers wraps PreTrainedModel.to in a decorator its types cannot follow)
     decoder = GenericDecoder(config, model).prepare()
     decoder.check_projection()
     return decoder

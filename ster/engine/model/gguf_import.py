@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 from unittest import mock
 
 from pydantic import BaseModel
@@ -156,9 +156,9 @@ def _load_with_transformers(path: Path, header: GgufHeader) -> tuple[Any, Any]:
             tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
             config = _complete_config(AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name), header,
                                       tokenizer)
-            model, info = AutoModelForCausalLM.from_pretrained(
+            model, info = cast(tuple[Any, dict[str, Any]], AutoModelForCausalLM.from_pretrained(
                 str(path.parent), gguf_file=path.name, config=config, dtype=torch.float32, output_loading_info=True,
-                ignore_mismatched_sizes=True)  # reported below, in a sentence, instead of in a logged table
+                ignore_mismatched_sizes=True))  # reported below, in a sentence, instead of in a logged table
         except ImportError as exc:
             raise Refusal(f"importing GGUF needs the gguf and accelerate packages: {first_sentence(exc)}") from None
         except (ValueError, KeyError, RuntimeError, TypeError, IndexError, AttributeError) as exc:
@@ -173,9 +173,9 @@ def _complete_config(config: Any, header: GgufHeader, tokenizer: Any) -> Any:
     scaling, Llama's and Qwen 3's biases, and the end-of-turn stop ids."""
     arch = header.architecture
     if arch == "llama" and config.model_type != "llama":  # transformers' reader makes a file named "mistral" one
-        from transformers import DecoderConfig
+        from transformers import LlamaConfig
 
-        config = DecoderConfig(**{name: value for name, value in config.to_dict().items() if name != "model_type"})
+        config = LlamaConfig(**{name: value for name, value in config.to_dict().items() if name != "model_type"})
     key_length = header.value(f"{arch}.attention.key_length")
     if key_length is not None and hasattr(config, "head_dim"):
         config.head_dim = int(key_length)
@@ -224,7 +224,7 @@ def llama3_scaling(header: GgufHeader) -> dict[str, Any] | None:
     divisors = torch.tensor(header.rope_freqs, dtype=torch.float64)
     factor = float(divisors.max())
     for context in LLAMA3_CONTEXTS:
-        scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        scaling: dict[str, Any] = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                    "original_max_position_embeddings": context}
         scaled = scale_frequencies(inv_freq, RopeScaling(**scaling))
         if torch.allclose(inv_freq / scaled, divisors, rtol=1e-5, atol=1e-6):

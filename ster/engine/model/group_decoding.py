@@ -50,10 +50,10 @@ def decode_group(
         cache = model.new_cache(count, length)
         if shared_prefill:
             alone = model.new_cache(1, len(prompt_ids))
-            logits = model(torch.tensor([prompt_ids], device=device), cache=alone).logits.expand(count, -1)
+            logits = model(torch.tensor([prompt_ids], device=device), cache=alone).require_logits().expand(count, -1)
             cache.take_prefix(alone, count)
         else:
-            logits = model(torch.tensor([prompt_ids] * count, device=device), cache=cache).logits  # [B, V]
+            logits = model(torch.tensor([prompt_ids] * count, device=device), cache=cache).require_logits()  # [B, V]
         while True:
             check_cancelled()
             tokens, keep = [], []
@@ -78,5 +78,5 @@ def decode_group(
                 if select_rows is not None:
                     select_rows(torch.tensor(active, device=device))
             ids = torch.tensor(tokens, device=device)[:, None]  # [B', 1]
-            logits = model(ids, cache=cache).logits
+            logits = model(ids, cache=cache).require_logits()
 

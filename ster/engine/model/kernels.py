@@ -33,9 +33,10 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -275,7 +276,8 @@ def projections_to_time(weights: Sequence[Tensor], shape: ShapeClass) -> list[Te
 def _nbytes(weight: Tensor) -> int:
     qdata = getattr(weight, "qdata", None)
     if qdata is not None:
-        return int(qdata.numel() * qdata.element_size() + weight.scale.numel() * weight.scale.element_size())
+        scale: Tensor = getattr(weight, "scale")  # an int8 (torchao) weight's per-row scales
+        return int(qdata.numel() * qdata.element_size() + scale.numel() * scale.element_size())
     return int(weight.numel() * weight.element_size())
 
 
@@ -312,7 +314,7 @@ def measure(weights: Sequence[Tensor], precision: Precision, timer: Timer = wall
                 for name in candidates:
                     if index > 0 and best_first is not None and seen[name][0] > GIVE_UP * best_first:
                         continue
-                    seen[name].append(timer(shape, name, lambda name=name: run(KERNELS[name])))
+                    seen[name].append(timer(shape, name, partial(run, KERNELS[name])))
         medians = {name: statistics.median(values) for name, values in seen.items()}
         times[shape] = medians
         choice[shape] = min(candidates, key=lambda name: medians[name])
@@ -349,7 +351,7 @@ def cache_key(precision: Precision, weights: Sequence[Tensor], threads: int) -> 
     return f"{name} [{' '.join(flags)}] | torch {torch.__version__} | {threads} threads | {precision} | shapes {digest}"
 
 
-def _read_cache(path: Path) -> dict[str, dict]:
+def _read_cache(path: Path) -> dict[str, dict[str, Any]]:
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -385,7 +387,7 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _write_entry(path: Path, key: str, entry: dict) -> bool:
+def _write_entry(path: Path, key: str, entry: dict[str, Any]) -> bool:
     from ster.engine.protocol.files import write_atomic
 
     try:
@@ -433,7 +435,7 @@ def precision_of(weight: Tensor) -> Precision:
     """The precision a decoder whose weights look like ``weight`` runs at."""
     if getattr(weight, "qdata", None) is not None:
         return "int8"
-    return next(name for name, dtype in DTYPES.items() if dtype == weight.dtype)  # type: ignore[return-value]
+    return next(cast(Precision, name) for name, dtype in DTYPES.items() if dtype == weight.dtype)
 
 
 # --- the machine's memory ----------------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ tensors, run and concatenated by :mod:`ster.engine.model.quantize`.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -29,14 +31,21 @@ def linear(x: Tensor, layer: nn.Linear, lora: LoraFactors | None = None) -> Tens
     return y + lora_update(x, lora)
 
 
-def fused_linear(x: Tensor, module: nn.Module, names: tuple[str, ...], lora: dict[str, LoraFactors]) -> Tensor:
+class Fused(Protocol):
+    """A module whose projections ``fuse`` laid out as views of one weight (and bias)."""
+
+    fused_weight: Tensor | None
+    fused_bias: Tensor | None
+
+
+def fused_linear(x: Tensor, module: Fused, names: tuple[str, ...], lora: dict[str, LoraFactors]) -> Tensor:
     """The projections ``names`` of ``module`` as one matmul over their fused weight, outputs concatenated.
 
     :func:`fuse` made each projection's weight a view of ``module.fused_weight``, so this reads
     the same numbers as the separate projections would. Attached LoRA updates are added to
     their own projection's share of the output.
     """
-    fused: Tensor | None = module.fused_weight
+    fused = module.fused_weight
     if fused is None:  # a decoder built without prepare(): the projections one by one
         return torch.cat([linear(x, getattr(module, name), lora.get(name)) for name in names], dim=-1)
     y = matmul(x, fused, module.fused_bias)

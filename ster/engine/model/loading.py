@@ -16,10 +16,11 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ster.engine.model.chat import (
     DECISION_SENTENCES,
+    ChatDecision,
     ChatTemplate,
     decide,
     find_template,
@@ -35,6 +36,7 @@ from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import read_json
 
 if TYPE_CHECKING:
+    from ster.engine.model.decoder import SterDecoder
     import torch
 
     from ster.engine.model.contract import Decoder
@@ -53,7 +55,7 @@ class Checkpoint:
     """What the checkpoint is, wherever it lies (see :mod:`ster.engine.model.fingerprint`)."""
 
     @property
-    def chat_template(self) -> str:
+    def chat_template(self) -> ChatDecision:
         return self.codec.decision
 
     @property
@@ -99,7 +101,7 @@ class ModelStore:
             if checkpoint.config.native and device.type == "cpu":
                 from ster.engine.model.kernels import choose
 
-                chosen = choose(decoder.projections(), request.precision)
+                chosen = choose(cast("SterDecoder", decoder).projections(), request.precision)  # (native: Ster's own)
                 if chosen.how == "measured":
                     ctx.progress("load", chosen.sentence())
             self._decoders[key] = decoder
@@ -118,7 +120,7 @@ def model_store(ctx: JobContext) -> ModelStore:
     """The model store of the job's front end, created on the context when the front end gave none."""
     if ctx.models is None:
         ctx.models = ModelStore()
-    return ctx.models  # type: ignore[no-any-return]
+    return ctx.models
 
 
 def _codec(source: ModelSource, config: DecoderConfig, mode: ChatMode) -> TextCodec:
@@ -246,7 +248,7 @@ def read_tensors(path: Path, names: list[str]) -> Iterator[tuple[str, torch.Tens
             tensor = torch.empty(entry["shape"], dtype=getattr(torch, _SAFETENSORS_DTYPES[entry["dtype"]]))
             if tensor.numel():
                 file.seek(8 + size + start)
-                if file.readinto(memoryview(tensor.reshape(-1).view(torch.uint8).numpy())) != end - start:
+                if file.readinto(tensor.reshape(-1).view(torch.uint8).numpy().data) != end - start:
                     raise ValueError(f"tensor {name} ends past the end of the file")
             yield name, tensor
 

@@ -27,18 +27,24 @@ torchao is imported only here, and only when int8 is asked for.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
+Int8Weight = Any
+"""torchao's ``Int8Tensor``: a Tensor subclass holding ``qdata`` (int8) and per-row ``scale``. torchao ships no
+type information, so its values are typed as what they are to mypy, unknown."""
 
-def int8_tensor_type() -> type:
+
+def int8_tensor_type() -> Any:
     """torchao's ``Int8Tensor`` (its import-time warnings are silenced in :mod:`ster.engine.model`)."""
     from torchao.quantization import Int8Tensor
 
     return Int8Tensor
 
 
-def quantize(weight: Tensor) -> Tensor:
+def quantize(weight: Tensor) -> Int8Weight:
     """``weight`` [out, in] (any float dtype) as a per-row symmetric int8 torchao tensor.
 
     Each row's scale is torchao's symmetric one, ``max |w| / 127.5``, rounded up to the next
@@ -51,7 +57,7 @@ def quantize(weight: Tensor) -> Tensor:
     from torchao.quantization.granularity import PerRow
 
     blocks = [Int8Tensor.from_hp(rows, PerRow(), scale=_bf16_scale(rows)) for rows in
-              (block.float() for block in weight.split(_ROWS_AT_ONCE))]
+              (block.float() for block in torch.split(weight, _ROWS_AT_ONCE))]
     return blocks[0] if len(blocks) == 1 else concatenate(blocks)
 
 
@@ -66,7 +72,7 @@ def _bf16_scale(rows: Tensor) -> Tensor:
 _ROWS_AT_ONCE = 4096
 
 
-def concatenate(weights: list[Tensor]) -> Tensor:
+def concatenate(weights: list[Int8Weight]) -> Int8Weight:
     """Several per-row int8 weights stacked along their rows, as one int8 tensor (rows keep their scales)."""
     Int8Tensor = int8_tensor_type()
     first = weights[0]
@@ -75,7 +81,7 @@ def concatenate(weights: list[Tensor]) -> Tensor:
     return Int8Tensor(qdata, scale, [1, qdata.shape[1]], first.dtype)
 
 
-def int8_kernel_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+def int8_kernel_linear(x: Tensor, weight: Int8Weight, bias: Tensor | None) -> Tensor:
     """``x @ weight.T + bias`` for an int8 ``weight`` on PyTorch's int8-weight kernel, with ``x`` rounded to bf16
     (the kernel's fast path; see the module's note). No gradient reaches ``x``: for rows that need no backward."""
     rows = x.numel() // x.shape[-1]
@@ -86,13 +92,13 @@ def int8_kernel_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor
     return y.to(x.dtype)
 
 
-def quantized_embedding(ids: Tensor, table: Tensor) -> Tensor:
+def quantized_embedding(ids: Tensor, table: Int8Weight) -> Tensor:
     """The rows of ``ids`` of an int8 table, dequantized to f32: only those rows are read."""
     rows = torch.nn.functional.embedding(ids, table.qdata).float()
     return rows * torch.nn.functional.embedding(ids, table.scale)
 
 
-def _kernel_scale(weight: Tensor) -> Tensor:
+def _kernel_scale(weight: Int8Weight) -> Tensor:
     """The per-row scales [out] as bf16 for the int8 kernel: exact, since they were chosen bf16-representable."""
     scale = getattr(weight, "_ster_kernel_scale", None)
     if scale is None:

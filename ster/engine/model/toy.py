@@ -186,7 +186,7 @@ def train(words: list[str], texts: list[str], steps: int, seed: int) -> dict[str
     generator = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         batch = torch.randint(len(rows), (64,), generator=generator)
-        logits = model(ids[batch], key_mask=mask[batch], vocab="all").logits  # [64, T, V]
+        logits = model(ids[batch], key_mask=mask[batch], vocab="all").require_logits()  # [64, T, V]
         targets = ids[batch, 1:].masked_fill(~mask[batch, 1:], -100)
         loss = F.cross_entropy(logits[:, :-1].reshape(-1, len(words)), targets.reshape(-1), ignore_index=-100)
         optimizer.zero_grad()

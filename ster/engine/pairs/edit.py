@@ -25,7 +25,7 @@ from ster.engine.protocol.jobs import JobContext
 try:  # POSIX only; elsewhere each write is still atomic, just unlocked
     import fcntl
 except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # (no module here: the name says so)
 
 
 class PairsEditResult(BaseModel):

@@ -31,6 +31,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import combinations
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
@@ -149,6 +150,7 @@ class _Side:
 
 def inspect_job(request: PairsInspectRequest, ctx: JobContext) -> PairsReport:
     """Inspect the set given in the request, or load it (the workspace's active one when no path is given)."""
+    path: str | Path
     if request.pair_set is not None:
         path, pair_set = "the editor", request.pair_set
     else:

@@ -124,12 +124,12 @@ def onboarding_job(request: OnboardingRequest, ctx: JobContext) -> OnboardingRes
     return _result("in_progress", list(SCREENS), state)
 
 
-def _import(source: Path, name: str | None, reset: bool, state: OnboardingState,
+def _import(source: Path, name: str | None, start_over: bool, state: OnboardingState,
             ctx: JobContext) -> OnboardingResult:
     """``--import-pairs``: the workspace import (same outcomes and refusals), then completion."""
     outcome = import_pair_set(source, name)  # refuses before anything is written
     ctx.log(outcome.reason)
-    if reset:
+    if start_over:
         reset()
     if not state.completed:
         state = state.model_copy(update={"completed": True, "completed_at": now(), "how": f"imported {outcome.id}"})

@@ -159,7 +159,7 @@ def band_spans(bands: int) -> list[tuple[int, int]]:
 
 def _flip_masks(width: int, radius: int) -> list[int]:
     """Every mask of at most ``radius`` set bits within ``width`` bits, fewest bits first."""
-    masks = []
+    masks: list[int] = []
     for k in range(min(radius, width) + 1):
         masks.extend(sum(1 << bit for bit in chosen) for chosen in combinations(range(width), k))
     return masks

@@ -64,7 +64,7 @@ from ster.engine.protocol.jobs import JobContext
 try:  # POSIX only; elsewhere the index is still written atomically, just unlocked
     import fcntl
 except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # (no module here: the name says so)
 
 SCHEMA_VERSION = 1
 INDEX_FILE = "index.json"

@@ -8,7 +8,7 @@ typed the command, and a refused job writes nothing.
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Any
+from typing import Any, Literal
 
 
 class ExitCode(IntEnum):
@@ -25,7 +25,7 @@ class SterError(Exception):
     """Base class of every error the engine raises on purpose."""
 
     exit_code: ExitCode = ExitCode.INTERNAL
-    kind: str = "internal"
+    kind: Literal["refused", "cancelled", "internal"] = "internal"
 
 
 class Refusal(SterError):

@@ -31,14 +31,14 @@ from ster.engine.protocol.inputs import (
     may_hold_surrogate,
     read_input_text,
 )
-from ster.engine.protocol.kinds import (  # noqa: F401 (re-exported)
-    ACTIVATIONS,
-    ADAPTER,
-    ARTIFACT,
-    PAIR_SET,
-    describe_existing,
-    existing,
-    with_article,
+from ster.engine.protocol.kinds import (  # re-exported: the kinds of file this module checks
+    ACTIVATIONS as ACTIVATIONS,
+    ADAPTER as ADAPTER,
+    ARTIFACT as ARTIFACT,
+    PAIR_SET as PAIR_SET,
+    describe_existing as describe_existing,
+    existing as existing,
+    with_article as with_article,
 )
 
 M = TypeVar("M", bound=BaseModel)
@@ -111,7 +111,7 @@ def safetensors_header(path: Path) -> dict[str, Any]:
         (length,) = struct.unpack("<Q", handle.read(8))
         if length > 100_000_000:
             raise ValueError("header too large")
-        return json.loads(handle.read(length))  # type: ignore[no-any-return]
+        return json.loads(handle.read(length))
 
 
 def first_error(exc: ValidationError) -> str:

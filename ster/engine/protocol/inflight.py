@@ -47,7 +47,7 @@ from ster.engine.protocol.errors import Cancelled
 try:
     import fcntl
 except ImportError:  # not POSIX: temporaries are not locked, so none is ever judged stale
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # (no module here: the name says so)
 
 SUFFIX = ".ster.tmp"
 """How the name of every temporary of an atomic write ends (``.NAME.<random>.ster.tmp``)."""
@@ -101,7 +101,7 @@ def temp_directory(**mkdtemp: Any) -> str:
             if held is not False:
                 break
         _paths[Path(name)] = held
-    return name
+    return str(name)
 
 
 def _hold(fd: int, name: str) -> int | None | bool:
@@ -248,13 +248,13 @@ def committing(targets: Sequence[Path], keep: bool = False) -> Iterator[None]:
     with _lock:
         cancel: threading.Event | None = getattr(_job, "cancel", None)
         counts = cancel is not None and not keep and not _staged(targets)
-        if counts and cancel.is_set():  # type: ignore[union-attr]
+        if counts and cancel is not None and cancel.is_set():
             raise Cancelled()
         try:
             yield
         finally:
-            if counts:
-                _committed.add(cancel)  # type: ignore[arg-type]
+            if counts and cancel is not None:
+                _committed.add(cancel)
 
 
 def _staged(targets: Sequence[Path]) -> bool:

@@ -35,9 +35,9 @@ from ster.engine.protocol.requests import build_request, check_before_running
 JOBS: dict[str, tuple[str, str]] = {
     "generate": ("ster.engine.steering.generate:generate_job", "ster.engine.steering.requests:GenerateRequest"),
     "extract": ("ster.engine.steering.extract:extract_job", "ster.engine.steering.requests:ExtractRequest"),
-    "train": ("ster.engine.steering.vectors:train_job", "ster.engine.steering.requests:TrainRequest"),
-    "optimize": ("ster.engine.steering.vectors:optimize_job", "ster.engine.steering.requests:OptimizeRequest"),
-    "evaluate": ("ster.engine.steering.vectors:evaluate_job", "ster.engine.steering.requests:EvaluateRequest"),
+    "train": ("ster.engine.steering.direction_jobs:train_job", "ster.engine.steering.requests:TrainRequest"),
+    "optimize": ("ster.engine.steering.direction_jobs:optimize_job", "ster.engine.steering.requests:OptimizeRequest"),
+    "evaluate": ("ster.engine.steering.direction_jobs:evaluate_job", "ster.engine.steering.requests:EvaluateRequest"),
     "inspect": ("ster.engine.steering.artifact:inspect_job", "ster.engine.steering.requests:InspectRequest"),
     "sweep": ("ster.engine.steering.sweep:sweep_job", "ster.engine.steering.requests:SweepRequest"),
     "calibrate": ("ster.engine.steering.calibrate:calibrate_job", "ster.engine.steering.requests:CalibrateRequest"),
@@ -107,12 +107,12 @@ def _named(path: str) -> Any:
 
 def job_function(name: str) -> Callable[[Any, JobContext], BaseModel]:
     """Import and return the function registered under ``name``."""
-    return _named(JOBS[name][0])  # type: ignore[no-any-return]
+    return _named(JOBS[name][0])
 
 
 def request_class(name: str) -> type[BaseModel]:
     """The request model of the job registered under ``name``; importing it imports no torch."""
-    return _named(JOBS[name][1])  # type: ignore[no-any-return]
+    return _named(JOBS[name][1])
 
 
 def build_job_request(name: str, /, **fields: Any) -> BaseModel:
@@ -138,7 +138,8 @@ def run_job(
     from ster.engine.protocol import confine
 
     with confine.within(root):
-        return confine.shown(_run(name, request, lambda event: emit(confine.shown(event)), cancel, models))
+        final: Event = confine.shown(_run(name, request, lambda event: emit(confine.shown(event)), cancel, models))
+        return final
 
 
 def _run(name: str, request: BaseModel, emit: Sink, cancel: threading.Event | None, models: Any) -> Event:
@@ -152,7 +153,7 @@ def _run(name: str, request: BaseModel, emit: Sink, cancel: threading.Event | No
             document = job(request, ctx)
         final = Result(command=name, data=document.model_dump(mode="json"))
     except SterError as exc:
-        final = Error(kind=exc.kind, message=str(exc), details=getattr(exc, "details", None))  # type: ignore[arg-type]
+        final = Error(kind=exc.kind, message=str(exc), details=getattr(exc, "details", None))
     except Exception as exc:  # a bug: report it as one line; the traceback only on request
         if os.environ.get("STER_DEBUG"):
             emit(Log(message=traceback.format_exc()))

@@ -13,7 +13,7 @@ INSTRUCTION_SETS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512
 
 def cpu_description() -> tuple[str, list[str]]:
     """The CPU's model name and which of :data:`INSTRUCTION_SETS` it has (from /proc/cpuinfo on Linux)."""
-    name, flags = "", set()
+    name, flags = "", set[str]()
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
             for line in info:

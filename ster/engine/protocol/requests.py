@@ -225,9 +225,10 @@ def _sentence(err: Any) -> str:
     elif len(loc) > 1 and err["type"] in ("float_parsing", "float_type"):
         wording = "must be a comma list of numbers"
     else:
-        wording = _WORDING.get(err["type"])
-    if wording is None:
-        return f"{field}: {message}"
+        found = _WORDING.get(err["type"])
+        if found is None:
+            return f"{field}: {message}"
+        wording = found
     got = err.get("input")
     if isinstance(got, str) and err["type"] != "missing":
         return f'{field} {wording}; got "{got[:40]}"'

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ster.engine.model.contract import Decoder, Layout
-from ster.engine.steering.hooks import record_blocks
+from ster.engine.model.hooks import record_blocks
 
 
 def read_last_states(

@@ -8,13 +8,14 @@ each new token's — and the hooks are removed in ``finally`` whatever happens.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ster.engine.model.contract import Decoder
+from ster.engine.model.hooks import added
 
 
 def plan(model: Decoder, vectors: dict[int, list[float]], scales: dict[int, float]) -> dict[int, Tensor]:
@@ -27,30 +28,8 @@ def plan(model: Decoder, vectors: dict[int, list[float]], scales: dict[int, floa
 @contextmanager
 def steer(model: Decoder, additions: dict[int, Tensor]) -> Iterator[None]:
     """Add ``additions[layer]`` to the output of each listed block for the duration of the block."""
-    with _added(model, list(additions), additions.__getitem__):
+    with added(model, list(additions), additions.__getitem__):
         yield
-
-
-@contextmanager
-def _added(model: Decoder, layers: list[int], addition: Callable[[int], Tensor]) -> Iterator[None]:
-    """Forward hooks adding ``addition(layer)`` (read at each forward) to each listed block's output."""
-    handles = []
-
-    def hook_for(layer: int):  # noqa: ANN202 - a forward hook's signature is torch's
-        def hook(module: nn.Module, args: tuple, output: Tensor | tuple) -> Tensor | tuple:
-            if isinstance(output, tuple):  # a transformers layer that returns (hidden, ...)
-                return (output[0] + addition(layer), *output[1:])
-            return output + addition(layer)
-
-        return hook
-
-    try:
-        for layer in layers:
-            handles.append(model.blocks[layer].register_forward_hook(hook_for(layer)))
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 class RowSteering:
@@ -66,4 +45,4 @@ class RowSteering:
 
     def applied(self, model: Decoder) -> AbstractContextManager[None]:
         """Add the current rows' vectors to the output of each listed block, every position."""
-        return _added(model, list(self.full), lambda layer: self.current[layer])
+        return added(model, list(self.full), lambda layer: self.current[layer])

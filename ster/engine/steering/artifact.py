@@ -36,7 +36,7 @@ from pydantic import (
 
 from ster.engine.model.adapters.artifact import sidecar_path
 from ster.engine.model.config import MAX_LAYERS
-from ster.engine.model.fingerprint import check_identity
+from ster.engine.model.provenance import check_identity, provenance_warnings
 from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import first_error, read_json, write_json
@@ -328,9 +328,9 @@ def open_artifact(ctx: JobContext, path: Path, checkpoint: Checkpoint) -> Steeri
     for sentence in provenance_sentences(artifact.precision, artifact.chat_template, checkpoint.request.precision,
                                          checkpoint.codec.decision, _consequence(checkpoint.request)):
         ctx.warn(sentence)
-    sentence = adapter_sentence(artifact.adapter, getattr(checkpoint.request, "adapter", None))
-    if sentence:
-        ctx.warn(sentence)
+    adapted = adapter_sentence(artifact.adapter, getattr(checkpoint.request, "adapter", None))
+    if adapted:
+        ctx.warn(adapted)
     return artifact
 
 
@@ -362,14 +362,7 @@ def provenance_sentences(fitted_precision: str | None, fitted_chat: str | None, 
                          chat_template: str | None, consequence: str = GENERIC_CONSEQUENCE) -> list[str]:
     """The warnings for a direction fitted at ``fitted_*`` and read at the run's settings; none for null
     records. ``consequence`` ends the chat-template sentence with what the mismatch means here."""
-    warnings = []
-    if fitted_chat is not None and chat_template is not None and fitted_chat != chat_template:
-        warnings.append(f"this direction was trained with chat template {fitted_chat} and this run "
-                        f"encodes {chat_template}, {consequence}")
-    if fitted_precision is not None and fitted_precision != precision:
-        warnings.append(f"this direction was trained at precision {fitted_precision} and this run maps the base "
-                        f"weights at {precision}, so it is being read in a different space than it was fitted in")
-    return warnings
+    return provenance_warnings("direction", fitted_precision, fitted_chat, precision, chat_template, consequence)
 
 
 def save_artifact(path: Path, artifact: SteeringArtifact) -> None:

@@ -26,7 +26,7 @@ import hashlib
 import math
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -60,6 +60,9 @@ from ster.engine.steering.judge import question_for
 from ster.engine.steering.layers import LayerSpec
 from ster.engine.steering.requests import CalibrateRequest
 
+if TYPE_CHECKING:
+    from ster.engine.steering.directions import Method
+
 LADDER = (0.1, 0.3, 0.9)
 """Magnitudes, in multiples of each layer's activation spread, every candidate is measured at (each both ways):
 seven rows of one forward with strength 0. KL grows smoothly with the strength (as its square near 0), so
@@ -81,7 +84,7 @@ GENERATION_PROMPTS = 6
 FLUENCY_TOKENS = 48
 JUDGE_CHECK_PAIRS = 24
 """Held-out pairs whose own answers the judge is checked on."""
-OTHER_METHODS = ("pca", "logistic")
+OTHER_METHODS: tuple[Method, ...] = ("pca", "logistic")
 TOP_LAYERS = 3
 RANGES = ((0, 1), (-1, 0), (-1, 1), (-2, 2))
 """Layer ranges tried around the best layer, as offsets of their first and last layer."""
@@ -110,7 +113,7 @@ def study_path(output: Path) -> Path:
     return output.with_name(output.name.removesuffix(".json") + ".study.json")
 
 
-def plan_next(layers: list[int], trials: list[Trial], total: int) -> tuple[list[int], str] | None:
+def plan_next(layers: list[int], trials: list[Trial], total: int) -> tuple[list[int], Method] | None:
     """The next candidate after ``trials``, or None when the plan is done."""
     done = {(tuple(t.layers), t.method) for t in trials}
     if len(trials) >= total:
@@ -199,19 +202,18 @@ def pareto(trials: list[Trial]) -> list[FrontPoint]:
     """Per sign, the measured points that no other point beats on both behaviour moved and KL, by KL."""
     front: list[FrontPoint] = []
     for sign in (1, -1):
-        points = []
+        points: list[FrontPoint] = []
         for trial in trials:
             base = next(p for p in trial.points if p.strength == 0)
-            for p in trial.points:
-                if p.strength * sign > 0:
-                    points.append(FrontPoint(layers=trial.layers, method=trial.method, strength=p.strength, kl=p.kl,
-                                             behaviour_shift=(p.behaviour - base.behaviour) * sign))
-        points.sort(key=lambda p: (p.kl, -p.behaviour_shift))
+            points += [FrontPoint(layers=trial.layers, method=trial.method, strength=p.strength, kl=p.kl,
+                                  behaviour_shift=(p.behaviour - base.behaviour) * sign)
+                       for p in trial.points if p.strength * sign > 0]
+        points.sort(key=lambda point: (point.kl, -point.behaviour_shift))
         best = float("-inf")
-        for p in points:
-            if p.behaviour_shift > best:
-                front.append(p)
-                best = p.behaviour_shift
+        for point in points:
+            if point.behaviour_shift > best:
+                front.append(point)
+                best = point.behaviour_shift
     return front
 
 
@@ -360,7 +362,7 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
                 span, method = candidate
                 ctx.progress("calibrate", f"trial {len(trials) + 1}: {method} at {_layers(span)}, "
                                           f"{len(ladder) - 1} strengths in one batch", len(trials) + 1, request.trials)
-                vectors = [directions.of(layer, method) for layer in span]  # type: ignore[arg-type]
+                vectors = [directions.of(layer, method) for layer in span]
                 points = calibration.measure(model, vectors, ladder, screen, ctx.check_cancelled)
                 positive, negative, value = score(points, request.kl_budget)
                 trials.append(Trial(layers=span, method=method, points=points, positive=positive, negative=negative,
@@ -371,7 +373,7 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
         except Cancelled:
             _stopped(trials, study)
         best = max(trials, key=lambda t: _rank(t, trials))
-        vectors = [directions.of(layer, best.method) for layer in best.layers]  # type: ignore[arg-type]
+        vectors = [directions.of(layer, best.method) for layer in best.layers]
         chosen = [0.0, *([best.positive] if best.positive else []), *([best.negative] if best.negative else [])]
         ctx.progress("calibrate", f"measuring {best.method} at {_layers(best.layers)} on all {len(prompts)} neutral "
                                   f"prompts and {len(held)} held-out pairs")
@@ -416,11 +418,11 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
                 scores = judge_texts(judge_model, judge_checkpoint.codec, answers, pair_set.trait_name, question)
                 judged[s] = sum(scores) / len(scores)
             known = questions[:JUDGE_CHECK_PAIRS]
-            positives = judge_texts(judge_model, judge_checkpoint.codec, [p for _, p, _ in known], pair_set.trait_name,
-                                    question)
-            negatives = judge_texts(judge_model, judge_checkpoint.codec, [n for _, _, n in known], pair_set.trait_name,
-                                    question)
-            agreement = sum(a > b for a, b in zip(positives, negatives)) / len(known)
+            judged_positive = judge_texts(judge_model, judge_checkpoint.codec, [p for _, p, _ in known],
+                                          pair_set.trait_name, question)
+            judged_negative = judge_texts(judge_model, judge_checkpoint.codec, [n for _, _, n in known],
+                                          pair_set.trait_name, question)
+            agreement = sum(a > b for a, b in zip(judged_positive, judged_negative)) / len(known)
         except Cancelled:
             _stopped(trials, study)
     base = final[0]
@@ -449,7 +451,7 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
     _report_front(ctx, front)
     artifact = SteeringArtifact(
         model=checkpoint.source.model, model_revision=checkpoint.source.revision,
-        model_fingerprint=checkpoint.fingerprint, trait_name=pair_set.trait_name, method=best.method,  # type: ignore[arg-type]
+        model_fingerprint=checkpoint.fingerprint, trait_name=pair_set.trait_name, method=best.method,
         hidden_size=checkpoint.config.hidden_size, precision=checkpoint.request.precision,
         chat_template=codec.decision, adapter=str(adapter.path) if adapter else None,
         metadata={"selection": f"calibrated over {len(trials)} trials within a mean KL of {request.kl_budget:g} on "

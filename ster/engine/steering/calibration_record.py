@@ -11,6 +11,8 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -34,7 +36,7 @@ class Trial(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     layers: list[int]
-    method: str
+    method: Literal["caa", "pca", "logistic"]
     points: list[Point]
     """The ladder on the screening sets: 0 first, then each magnitude of ``LADDER`` positive, then negative."""
     positive: float | None

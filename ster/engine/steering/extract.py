@@ -18,7 +18,7 @@ from ster.engine.protocol.jobs import JobContext
 from ster.engine.steering.layers import LayerSpec
 from ster.engine.steering.requests import ExtractRequest
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 
 
 class PromptSet(BaseModel):

@@ -1,6 +1,6 @@
 """The torch side of ``train``, ``optimize`` and ``evaluate``: reading pair states, fitting and scoring.
 
-:mod:`ster.engine.steering.vectors` holds the jobs, which check every input (the pair set,
+:mod:`ster.engine.steering.direction_jobs` holds the jobs, which check every input (the pair set,
 the output, the model's config and tokenizer, the layers, each side's length) before they
 import this module, so a bad input is refused before torch is imported.
 """
@@ -8,6 +8,7 @@ import this module, so a bad input is refused before torch is imported.
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import torch
 from torch import Tensor
@@ -61,10 +62,20 @@ def separation(direction: Tensor, positives: Tensor, negatives: Tensor, margin: 
     return margin / spread if spread > 0 else None
 
 
-def rank(ctx: JobContext, layers: list[int], positives: Tensor, negatives: Tensor, fit_count: int) -> list[dict[str, float | int | str | None]]:
-    """Fit every method at every layer on the first pairs and score it on the rest, in search order:
-    the numbers of each candidate, as ``vectors.Candidate`` names them."""
-    candidates = []
+class Ranked(TypedDict):
+    """A candidate's numbers, as ``direction_jobs.Candidate`` names them."""
+
+    layer: int
+    method: Method
+    holdout_accuracy: float
+    holdout_margin: float
+    holdout_separation: float | None
+    relative_margin: float
+
+
+def rank(ctx: JobContext, layers: list[int], positives: Tensor, negatives: Tensor, fit_count: int) -> list[Ranked]:
+    """Fit every method at every layer on the first pairs and score it on the rest, in search order."""
+    candidates: list[Ranked] = []
     for column, layer in enumerate(layers):
         ctx.check_cancelled()
         ctx.progress("fit", f"fitting and ranking candidates at layer {layer}", column + 1, len(layers))

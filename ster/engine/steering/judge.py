@@ -59,7 +59,7 @@ def judge_texts(model: Decoder, codec: TextCodec, texts: list[str], trait: str, 
         for text in texts:
             prompt = template.replace("{trait}", trait).replace("{text}", text.strip())
             ids = codec.encode_prompt(prompt)
-            logits = model(torch.tensor([ids], device=device), vocab="last").logits[0].float().cpu()
+            logits = model(torch.tensor([ids], device=device), vocab="last").require_logits()[0].float().cpu()
             gap = float(torch.logsumexp(logits[yes_ids], 0) - torch.logsumexp(logits[no_ids], 0))
             scores.append(1.0 / (1.0 + math.exp(-gap)) if gap >= 0 else math.exp(gap) / (1.0 + math.exp(gap)))
     return scores

@@ -179,7 +179,7 @@ def greedy_continuations(model: Decoder, prompts: list[list[int]], tokens: int, 
                 key_mask[row, width - len(prompts[i]):] = True
             key_mask = key_mask.to(device)
             cache = model.new_cache(len(chosen), width + tokens)
-            logits = model(ids.to(device), cache=cache, key_mask=key_mask[:, :width]).logits
+            logits = model(ids.to(device), cache=cache, key_mask=key_mask[:, :width]).require_logits()
             ended = [False] * len(chosen)
             for step in range(tokens):
                 picks = logits.argmax(dim=-1).tolist()
@@ -190,7 +190,7 @@ def greedy_continuations(model: Decoder, prompts: list[list[int]], tokens: int, 
                 if all(ended) or step == tokens - 1:
                     break
                 logits = model(torch.tensor(picks, device=device)[:, None], cache=cache,
-                               key_mask=key_mask[:, :width + step + 1]).logits
+                               key_mask=key_mask[:, :width + step + 1]).require_logits()
     return out
 
 

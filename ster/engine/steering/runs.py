@@ -8,7 +8,7 @@ a bad input is refused in a fraction of a second rather than after torch's impor
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
@@ -28,7 +28,9 @@ def steered_decode(model: Decoder, prompt_ids: list[int], vectors: dict[int, lis
     """Decode after ``prompt_ids`` with ``scales[layer] × vectors[layer]`` added after each listed block;
     unsteered when either is None or every scale is 0 (so strength 0 is the baseline exactly)."""
     steered = vectors is not None and scales is not None and any(scales.values())
-    steering = steer(model, plan(model, vectors, scales)) if steered else nullcontext()  # type: ignore[arg-type]
+    steering: AbstractContextManager[None] = nullcontext()
+    if vectors is not None and scales is not None and steered:
+        steering = steer(model, plan(model, vectors, scales))
     with steering:
         return decode(model, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, eos_ids=eos_ids,
                       on_token=on_token, check_cancelled=check_cancelled)

@@ -70,6 +70,7 @@ CALIBRATED_STEPS = (0.5, 1.0, 2.0)
 strength itself, and past it."""
 
 if TYPE_CHECKING:
+    from tokenizers.decoders import DecodeStream
     from ster.engine.model.contract import Decoder
 
 DISTINCT_RATIO = 0.75
@@ -264,13 +265,19 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
                        trait_name=artifact.trait_name, layers=sorted(directions),
                        strength_unit=_swept(request)[0].unit,
                        chat_template=codec.decision, precision=request.precision,
-                       max_new_tokens=request.max_new_tokens, temperature=request.temperature, seed=request.seed,
+                       max_new_tokens=_budget(request), temperature=request.temperature, seed=request.seed,
                        bound=DegeneracyBound(), neutral=bundled_name(request.neutral or example_path(NEUTRAL)),
                        neutral_prompts=len(neutral), holdout_pairs=len(held) if held is not None else None,
                        kl_budget=request.kl_budget, rows=rows,
                        suggested=Suggested(positive=suggest(verdicts, 1), negative=suggest(verdicts, -1)),
                        within_budget=budget,
                        moved=sentence is None)
+
+
+def _budget(request: SweepRequest) -> int:
+    """The token budget per text, which the job settles before it generates anything."""
+    assert request.max_new_tokens is not None
+    return request.max_new_tokens
 
 
 def _generate(ctx: JobContext, model: Decoder, codec: TextCodec, artifact: SteeringArtifact, request: SweepRequest,
@@ -288,13 +295,13 @@ def _generate(ctx: JobContext, model: Decoder, codec: TextCodec, artifact: Steer
                      index + 1, len(encoded))
         streams = [codec.stream() for _ in strengths]
 
-        def on_token(row: int, i: int, token: int, index: int = index, streams: list = streams) -> None:
+        def on_token(row: int, i: int, token: int, index: int = index, streams: list[DecodeStream] = streams) -> None:
             delta = streams[row].step(codec.tokenizer, token)
             if delta:
                 ctx.token(delta, i, stream=f"{strengths[row].signed()}/{index}")
 
         generated.append(steered_rows_decode(
-            model, ids, directions, scales, max_new_tokens=request.max_new_tokens,
+            model, ids, directions, scales, max_new_tokens=_budget(request),
             sampling=Sampling(request.temperature, request.top_p, request.seed), eos_ids=codec.eos_ids,
             on_token=on_token, check_cancelled=ctx.check_cancelled))
     return generated
@@ -403,8 +410,8 @@ def _readings(model: Decoder, codec: TextCodec, texts: list[str],
 
 def _mean_norm(artifact: SteeringArtifact) -> float | None:
     """The mean activation norm of the artifact's layers: the scale ``relative_effect`` is read against."""
-    norms = [v.activation_norm for v in artifact.vectors]
-    return sum(norms) / len(norms) if all(norms) else None  # type: ignore[arg-type]
+    norms = [v.activation_norm for v in artifact.vectors if v.activation_norm]
+    return sum(norms) / len(norms) if len(norms) == len(artifact.vectors) else None
 
 
 def _judge(rows: list[SweepRow], norm: float | None) -> list[SweepRow]:

@@ -155,8 +155,8 @@ class Loop:
         step_stats = self.parallel.gather(stats)
         self.parallel.reduce_gradients(self.params)
         rate = learning_rate(self.settings.learning_rate, step, self.settings.warmup_steps, self.total)
-        for group in self.optimizer.param_groups:
-            group["lr"] = rate
+        for settings in self.optimizer.param_groups:
+            settings["lr"] = rate
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if within == 0:

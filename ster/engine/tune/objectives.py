@@ -174,7 +174,7 @@ class Preference(Objective):
     """Per pair index, the reference log-probabilities of its chosen and rejected sides."""
 
     @property
-    def name(self) -> str:  # type: ignore[override]
+    def name(self) -> str:  # type: ignore[override]  # (a class attribute elsewhere; the loss chosen here)
         return self.loss
 
     def prepare(self, decoder: Decoder, shares: list[list[list[Unit]]], ctx: JobContext,

@@ -123,7 +123,7 @@ class Parallel:
         kind, value = box[0]
         if kind == "refused":
             raise Refusal(value)
-        return value  # type: ignore[no-any-return]
+        return value
 
     def _device(self) -> torch.device:
         import torch.distributed as dist

@@ -80,11 +80,11 @@ def check_factor_shapes(sidecar: AdapterSidecar, header: dict[str, dict[str, Any
     """Refuse factors no single model could carry: the projections' shapes, read off the first layer's
     factors, must hold on every layer and agree where one width of the model fixes two of them."""
     widths = {target: _widths(sidecar, header, target) for target in sidecar.targets}
-    expected = {}
+    expected: dict[str, tuple[int, ...]] = {}
     for target, (out, inner) in widths.items():
         for layer in sidecar.layers:
             a, b = factor_names(layer, target)
-            expected[a], expected[b] = (sidecar.rank, inner), (out, sidecar.rank)
+            expected[a], expected[b] = (sidecar.rank, inner), (out, sidecar.rank)  # [rank, in] and [out, rank]
     check_tensors(sidecar, header, expected, path)
     for (first, axis1), (second, axis2), what in SAME_WIDTH:
         if first in widths and second in widths and widths[first][axis1] != widths[second][axis2]:

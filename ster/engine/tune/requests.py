@@ -91,7 +91,7 @@ class TuneRequest(AdapterSpecRequest):
         return self.epochs
 
 
-def _check_sidecar_apart(request: Request) -> None:
+def _check_sidecar_apart(request: TuneRequest) -> None:
     """The sidecar is written too: it must not be the adapter itself, nor any input."""
     output = request.output
     side = sidecar_path(output)

@@ -10,6 +10,7 @@ batched evaluation equals one example at a time.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -18,10 +19,12 @@ from ster.engine.model.contract import Decoder
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.tune.encoding import Sequence
 from ster.engine.tune.objectives import Objective, Preference, Reward, Stats, Unit
+
+T = TypeVar("T")
 from ster.engine.tune.rows import forward_rows, token_logprobs
 
 
-def _chunks(items: list, size: int) -> Iterator[list]:
+def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
     for start in range(0, len(items), size):
         yield items[start:start + size]
 

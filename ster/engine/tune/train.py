@@ -110,7 +110,7 @@ def _reward_source(request: GrpoRequest, ctx: JobContext, checkpoint: Checkpoint
 def pair_units(preferences: PreferenceSet, checkpoint: Checkpoint) -> list[tuple[tuple[list[int], ...],
                                                                                   tuple[int, ...]]]:
     """Each pair's chosen and rejected ids, and where each side's scored tokens start (after a prompt)."""
-    units = []
+    units: list[tuple[tuple[list[int], ...], tuple[int, ...]]] = []
     for number, pair in enumerate(preferences.pairs, start=1):
         sides = []
         for which, text in (("chosen", pair.chosen), ("rejected", pair.rejected)):

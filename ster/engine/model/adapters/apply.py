@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ster.engine.model.adapters.artifact import (
     AdapterSidecar,
@@ -62,7 +62,7 @@ class CheckedAdapter:
     """The file as it was checked, whose values are the ones applied (None for a PEFT directory)."""
 
 
-def read_document(path: Path) -> tuple[AdapterSidecar, dict[str, dict]]:
+def read_document(path: Path) -> tuple[AdapterSidecar, dict[str, dict[str, Any]]]:
     """The sidecar and the safetensors header of the adapter at ``path``, read and checked wholly, without torch."""
     document = open_document(path)
     return document.sidecar, document.header

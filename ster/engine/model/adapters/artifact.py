@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ster.engine.model.config import MAX_LAYERS, MAX_SIZE
-from ster.engine.model.fingerprint import check_identity
+from ster.engine.model.provenance import check_identity, provenance_warnings
 from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import first_error
@@ -240,12 +240,5 @@ def check_for_model(sidecar: AdapterSidecar, model: str, fingerprint: str, hidde
 def adapter_provenance(sidecar: AdapterSidecar, precision: str, chat_template: str | None) -> list[str]:
     """The warnings for an adapter read at other settings than it was trained at; none for null records."""
     train = sidecar.train or {}
-    fitted_chat, fitted_precision = train.get("chat_template"), train.get("precision")
-    warnings = []
-    if fitted_chat is not None and chat_template is not None and fitted_chat != chat_template:
-        warnings.append(f"this adapter was trained with chat template {fitted_chat} and this run encodes "
-                        f"{chat_template}, so the number below describes a format it was not trained in")
-    if fitted_precision is not None and fitted_precision != precision:
-        warnings.append(f"this adapter was trained at precision {fitted_precision} and this run maps the base "
-                        f"weights at {precision}, so it is being read in a different space than it was fitted in")
-    return warnings
+    return provenance_warnings("adapter", train.get("precision"), train.get("chat_template"), precision,
+                               chat_template, "so the number below describes a format it was not trained in")

@@ -7,11 +7,13 @@ Both go through :func:`add_piece_updates`, so the two produce the same numbers.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,16 @@ class LoraFactors:
     a: Tensor
     b: Tensor
     scale: float
+
+
+class FactorHost(Protocol):
+    """A module of a block that LoRA factors attach to (its attention or its MLP), on either decoder: the
+    factors by projection name, and its fused weight where its projections are views of one."""
+
+    lora: dict[str, LoraFactors]
+    fused_weight: Tensor | None
+
+    def named_children(self) -> Iterator[tuple[str, nn.Module]]: ...
 
 
 NO_FACTORS: dict[str, LoraFactors] = {}
@@ -38,7 +50,7 @@ def add_piece_updates(x: Tensor, y: Tensor, names: tuple[str, ...] | list[str], 
     attached projection's LoRA update of ``x`` added to its own share."""
     if len(names) == 1:
         return y + lora_update(x, lora[names[0]])
-    parts = list(y.split(widths, dim=-1))
+    parts = list(torch.split(y, widths, dim=-1))
     for i, name in enumerate(names):
         if name in lora:
             parts[i] = parts[i] + lora_update(x, lora[name])

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -39,7 +40,7 @@ from ster.engine.model.adapters.file import (
     read_adapter,
 )
 from ster.engine.model.config import DecoderConfig
-from ster.engine.model.adapters.factors import LoraFactors
+from ster.engine.model.adapters.factors import FactorHost, LoraFactors
 from ster.engine.model.contract import Decoder
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import dumps_pretty, write_atomic_together
@@ -115,8 +116,8 @@ def attached(decoder: Decoder, adapter: Adapter | None) -> Iterator[Decoder]:
         for layer in adapter.layers:
             for target in adapter.targets:
                 a, b = factor_names(layer, target)
-                module = decoder.lora_module(layer, TARGETS[target])
-                module.lora[TARGETS[target]] = LoraFactors(adapter.tensors[a], adapter.tensors[b], adapter.scale)
+                host = decoder.lora_module(layer, TARGETS[target])
+                host.lora[TARGETS[target]] = LoraFactors(adapter.tensors[a], adapter.tensors[b], adapter.scale)
         yield decoder
     finally:
         for module, factors in zip(modules, before):
@@ -132,7 +133,7 @@ def folded(decoder: Decoder) -> Iterator[Decoder]:
     per step. The copies hold the same function, rounded differently, so nothing that needs the attached
     arithmetic bit for bit (a training forward, its reference) belongs inside. Quantized weights keep their
     factors attached."""
-    saved: list[tuple[nn.Module, dict[str, LoraFactors], Tensor | None, dict[str, Tensor]]] = []
+    saved: list[Folded] = []
     try:
         with torch.no_grad():
             for module in lora_modules(decoder):
@@ -146,15 +147,18 @@ def folded(decoder: Decoder) -> Iterator[Decoder]:
                 getattr(module, name).weight = weight
 
 
-def lora_modules(decoder: Decoder) -> list[nn.Module]:
+def lora_modules(decoder: Decoder) -> list[FactorHost]:
     """Every module of the decoder's blocks that LoRA factors attach to (each block's attention and MLP)."""
-    return [module for block in decoder.blocks for module in (getattr(block, "self_attn", None),
-                                                               getattr(block, "mlp", None))
+    return [cast(FactorHost, module) for block in decoder.blocks
+            for module in (getattr(block, "self_attn", None), getattr(block, "mlp", None))
             if module is not None and hasattr(module, "lora")]
 
 
-def _fold(module: nn.Module, saved: list[tuple[nn.Module, dict[str, LoraFactors], Tensor | None,
-                                              dict[str, Tensor]]]) -> bool:
+Folded = tuple[FactorHost, dict[str, LoraFactors], Tensor | None, dict[str, Tensor]]
+"""A module whose factors were folded: its factors, its fused weight and its projections' weights before."""
+
+
+def _fold(module: FactorHost, saved: list[Folded]) -> bool:
     """Fold ``module``'s attached factors into copies of its weights (its fused q/k/v or gate/up weight
     included, whose leading rows its first projections' weights are views of); False, changing nothing,
     when a weight is not a plain tensor or the fused layout is not that."""

@@ -42,7 +42,7 @@ import math
 import re
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ster.engine.model.adapters.artifact import (
     ATTENTION,
@@ -304,7 +304,8 @@ def _grid(path: Path, names: Names, lora: Any) -> tuple[list[int], list[str]]:
                               "stacks, so their updates would add up on the same rows")
     for layer in layers:
         for module in modules:
-            for factor, other in (("a", "b"), ("b", "a")):
+            pairs: tuple[tuple[Literal["a", "b"], Literal["a", "b"]], ...] = (("a", "b"), ("b", "a"))
+            for factor, other in pairs:
                 if (layer, module, factor) not in names:
                     held = names.get((layer, module, other)) or next(
                         entry for (_, m, f), entry in names.items() if m == module and f == factor)
@@ -329,13 +330,14 @@ def _module_settings(lora: Any, names: Names) -> dict[tuple[int, str], tuple[int
     ``alpha_pattern`` entries (matched by peft's own rule), else ``r`` and ``lora_alpha``."""
     from peft.utils.other import get_pattern_key
 
-    ranks, alphas = lora.rank_pattern or {}, lora.alpha_pattern or {}
-    settings = {}
+    ranks: dict[str, int] = lora.rank_pattern or {}
+    alphas: dict[str, float] = lora.alpha_pattern or {}
+    settings: dict[tuple[int, str], tuple[int, float]] = {}
     for (layer, module, factor), (name, _) in names.items():
         if factor == "a":
             key = name.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
-            rank = ranks.get(get_pattern_key(ranks.keys(), key), lora.r)
-            alpha = alphas.get(get_pattern_key(alphas.keys(), key), lora.lora_alpha)
+            rank = ranks.get(get_pattern_key(list(ranks), key), lora.r)
+            alpha = alphas.get(get_pattern_key(list(alphas), key), lora.lora_alpha)
             settings[(layer, module)] = (rank, alpha)
     return settings
 
@@ -552,7 +554,8 @@ def peft_config(sidecar: AdapterSidecar, base_model: str,
     joined = {module: len(carried) for module, carried in modules if len(carried) > 1}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        config = LoraConfig(task_type="CAUSAL_LM", r=sidecar.rank, lora_alpha=number(sidecar.alpha),
+        # (peft annotates lora_alpha as int, but stores and reads any number: a Ster alpha need not be whole)
+        config = LoraConfig(task_type="CAUSAL_LM", r=sidecar.rank, lora_alpha=cast(int, number(sidecar.alpha)),
                             target_modules=[module for module, _ in modules],
                             rank_pattern={module: k * sidecar.rank for module, k in joined.items()},
                             alpha_pattern={module: number(k * sidecar.alpha) for module, k in joined.items()},

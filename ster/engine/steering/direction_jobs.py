@@ -9,6 +9,7 @@ so it costs about one ``train`` over the same layers.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel
 
@@ -31,6 +32,9 @@ from ster.engine.steering.artifact import (
 from ster.engine.steering.layers import LayerSpec
 from ster.engine.steering.requests import EvaluateRequest, OptimizeRequest, TrainRequest
 
+if TYPE_CHECKING:
+    from ster.engine.steering.directions import Method
+
 ONE_PAIR_HOLDOUT = ("a one-pair holdout scores every candidate 0 or 1, so this ranking separates almost nothing; "
                     "add pairs to make the choice mean something")
 
@@ -40,7 +44,7 @@ def _encode(checkpoint: Checkpoint, pair_set: PairSet) -> list[tuple[list[int], 
     return encode_pairs(checkpoint.codec, [(p.positive, p.negative) for p in pair_set.pairs], checkpoint.context)
 
 
-def _artifact(checkpoint: Checkpoint, pair_set: PairSet, method: str, vectors: list[LayerVector],
+def _artifact(checkpoint: Checkpoint, pair_set: PairSet, method: Method, vectors: list[LayerVector],
               adapter: CheckedAdapter | None, metadata: dict[str, str] | None = None) -> SteeringArtifact:
     return SteeringArtifact(model=checkpoint.source.model, model_revision=checkpoint.source.revision,
                             model_fingerprint=checkpoint.fingerprint,
@@ -76,7 +80,7 @@ def train_job(request: TrainRequest, ctx: JobContext) -> ArtifactSummary:
 
 class Candidate(BaseModel):
     layer: int
-    method: str
+    method: Literal["caa", "pca", "logistic"]
     holdout_accuracy: float
     holdout_margin: float
     """Mean holdout gap along the direction, in the residual stream's own units at this layer."""
@@ -124,13 +128,13 @@ def optimize_job(request: OptimizeRequest, ctx: JobContext) -> OptimizeResult:
 
     spread = fitting.Spread(layers, checkpoint.config.hidden_size)
     positives, negatives = fitting.read_pairs(ctx, checkpoint, encoded, layers, request.batch_size, adapter, spread)
-    candidates = [Candidate(**numbers, selected=False)  # type: ignore[arg-type]
+    candidates = [Candidate(**numbers, selected=False)
                   for numbers in fitting.rank(ctx, layers, positives, negatives, fit_count)]
     best = max(range(len(candidates)), key=lambda i: _rank_key(candidates[i], i))
     winner = candidates[best] = candidates[best].model_copy(update={"selected": True})
     column = layers.index(winner.layer)
     ctx.progress("fit", f"refitting {winner.method} at layer {winner.layer} on all {total} pairs")
-    vector = fitting.layer_vector(winner.layer, winner.method, positives[:, column], negatives[:, column],  # type: ignore[arg-type]
+    vector = fitting.layer_vector(winner.layer, winner.method, positives[:, column], negatives[:, column],
                                   spread.values()[winner.layer])
     sentence = (f"chosen over {len(candidates)} candidates on a {total - fit_count}-pair holdout, "
                 f"then refitted on all {total} pairs")
