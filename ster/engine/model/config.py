@@ -366,7 +366,7 @@ def generic_config(raw: dict[str, Any], where: str) -> Any:
     from transformers.models.auto import configuration_auto
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    CONFIG_MAPPING_NAMES: dict[str, str] = getattr(configuration_auto, "CONFIG_MAPPING_NAMES")  # (not in its __all__)
+    CONFIG_MAPPING_NAMES: dict[str, str] = configuration_auto.CONFIG_MAPPING_NAMES
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     if model_type not in CONFIG_MAPPING_NAMES:

@@ -47,6 +47,7 @@ from ster.engine.model.contract import ForwardOutput, Layout, Vocab, checked_dep
 from ster.engine.model.contract import positions as positions_of
 from ster.engine.model.linear import embed, fuse, fused_linear, linear
 
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """Llama's RMSNorm: normalise in f32, cast back, then scale by the weight."""
     if x.dtype == torch.float32:

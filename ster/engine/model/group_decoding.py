@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 import torch
 
-from ster.engine.model.decoding import choose
 from ster.engine.model.contract import Decoder
+from ster.engine.model.decoding import choose
 from ster.engine.model.sampling import Generation, Sampling
 
 

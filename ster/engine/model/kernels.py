@@ -33,8 +33,8 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -42,8 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ster.engine.protocol.machine import cpu_description, cpu_line
 from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.machine import cpu_description, cpu_line
 
 Precision = Literal["f32", "f16", "bf16", "int8"]
 ShapeClass = Literal["one", "few", "many"]
@@ -276,7 +276,7 @@ def projections_to_time(weights: Sequence[Tensor], shape: ShapeClass) -> list[Te
 def _nbytes(weight: Tensor) -> int:
     qdata = getattr(weight, "qdata", None)
     if qdata is not None:
-        scale: Tensor = getattr(weight, "scale")  # an int8 (torchao) weight's per-row scales
+        scale: Tensor = cast(Any, weight).scale  # an int8 (torchao) weight's per-row scales
         return int(qdata.numel() * qdata.element_size() + scale.numel() * scale.element_size())
     return int(weight.numel() * weight.element_size())
 

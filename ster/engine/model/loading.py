@@ -36,10 +36,10 @@ from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import read_json
 
 if TYPE_CHECKING:
-    from ster.engine.model.decoder import SterDecoder
     import torch
 
     from ster.engine.model.contract import Decoder
+    from ster.engine.model.decoder import SterDecoder
     from ster.engine.protocol.jobs import JobContext
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import combinations
+from itertools import combinations, pairwise
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -279,7 +279,7 @@ def diversity(texts: list[list[str]], prints: list[int], *, seed: int = 0) -> Di
     decimals.
     """
     unigrams = {word for words in texts for word in words}
-    bigrams = {pair for words in texts for pair in zip(words, words[1:])}
+    bigrams = {pair for words in texts for pair in pairwise(words)}
     compared = comparison_pairs(len(texts), seed)
     if not compared:
         return Diversity(unique_unigrams=len(unigrams), unique_bigrams=len(bigrams), avg_jaccard=None,

@@ -35,7 +35,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import combinations
+from itertools import combinations, pairwise
 
 BITS = 64
 MASK = (1 << BITS) - 1
@@ -85,7 +85,7 @@ def words(text: str) -> list[str]:
 
 def features(word_list: list[str]) -> list[str]:
     """Unigrams, then bigrams; a space cannot occur inside a word, so the two never collide."""
-    return [*word_list, *map(" ".join, zip(word_list, word_list[1:]))]
+    return [*word_list, *map(" ".join, pairwise(word_list))]
 
 
 @lru_cache(maxsize=1 << 16)

@@ -33,11 +33,23 @@ from ster.engine.protocol.inputs import (
 )
 from ster.engine.protocol.kinds import (  # re-exported: the kinds of file this module checks
     ACTIVATIONS as ACTIVATIONS,
+)
+from ster.engine.protocol.kinds import (
     ADAPTER as ADAPTER,
+)
+from ster.engine.protocol.kinds import (
     ARTIFACT as ARTIFACT,
+)
+from ster.engine.protocol.kinds import (
     PAIR_SET as PAIR_SET,
+)
+from ster.engine.protocol.kinds import (
     describe_existing as describe_existing,
+)
+from ster.engine.protocol.kinds import (
     existing as existing,
+)
+from ster.engine.protocol.kinds import (
     with_article as with_article,
 )
 

@@ -104,7 +104,7 @@ def temp_directory(**mkdtemp: Any) -> str:
     return str(name)
 
 
-def _hold(fd: int, name: str) -> int | None | bool:
+def _hold(fd: int, name: str) -> int | bool | None:
     """Lock the temporary just made at ``name`` (open as ``fd``); the descriptor that now holds the lock,
     None where locks are not available, or False when another process removed it before the lock was taken
     (a reclaimer may hold the lock of a temporary in the instant between its creation and its lock)."""

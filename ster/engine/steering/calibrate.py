@@ -23,6 +23,7 @@ removed once the artifact is written, whose ``calibration`` record keeps every t
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import random
 from pathlib import Path
@@ -175,7 +176,7 @@ def behaviour_at(points: list[Point], strength: float) -> float:
     """Behaviour at a signed strength, linear between the ladder's rungs on its side (0 included)."""
     sign = 1 if strength > 0 else -1
     rungs = sorted((p for p in points if p.strength * sign >= 0), key=lambda p: abs(p.strength))
-    for low, high in zip(rungs, rungs[1:]):
+    for low, high in itertools.pairwise(rungs):
         if abs(high.strength) >= abs(strength):
             share = (abs(strength) - abs(low.strength)) / (abs(high.strength) - abs(low.strength))
             return low.behaviour + share * (high.behaviour - low.behaviour)

@@ -12,9 +12,9 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
+from ster.engine.model.contract import Decoder
 from ster.engine.model.decoding import decode
 from ster.engine.model.group_decoding import decode_group
-from ster.engine.model.contract import Decoder
 from ster.engine.model.sampling import Generation, Sampling
 from ster.engine.steering.activations import read_last_states
 from ster.engine.steering.apply import RowSteering, plan, steer

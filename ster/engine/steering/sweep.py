@@ -38,6 +38,7 @@ is over ``kl_budget``.
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ValidationError
@@ -71,6 +72,7 @@ strength itself, and past it."""
 
 if TYPE_CHECKING:
     from tokenizers.decoders import DecodeStream
+
     from ster.engine.model.contract import Decoder
 
 DISTINCT_RATIO = 0.75
@@ -174,7 +176,7 @@ class SweepResult(BaseModel):
 
 
 def distinct_2(ids: list[int]) -> float | None:
-    bigrams = list(zip(ids, ids[1:]))
+    bigrams = list(itertools.pairwise(ids))
     return len(set(bigrams)) / len(bigrams) if bigrams else None
 
 

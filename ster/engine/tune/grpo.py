@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ster.engine.model.group_decoding import decode_group
-from ster.engine.model.contract import Decoder
 from ster.engine.model.adapters.lora import Adapter, attached, folded
+from ster.engine.model.contract import Decoder
+from ster.engine.model.group_decoding import decode_group
 from ster.engine.model.sampling import Sampling
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.jobs import JobContext

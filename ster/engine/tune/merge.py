@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from ster.engine.model.adapters.apply import read_document, read_peft
 from ster.engine.model.adapters.artifact import (
     ATTENTION,
     TARGETS,
@@ -32,7 +33,6 @@ from ster.engine.model.adapters.artifact import (
     factor_names,
     projection_shape,
 )
-from ster.engine.model.adapters.apply import read_document, read_peft
 from ster.engine.model.config import DecoderConfig, decoder_name, fused_rows, load_config
 from ster.engine.model.fingerprint import checkpoint_fingerprint
 from ster.engine.model.resolve import ModelSource, resolve_model
@@ -210,7 +210,7 @@ def _write_weights(ctx: JobContext, source: ModelSource, shards: dict[str, tuple
         ctx.check_cancelled()
         ctx.progress("merge", f"reading {path.name} ({number}/{len(source.weights)})", number, len(source.weights))
         with safe_open(str(path), framework="pt", device="cpu") as weights:
-            for name in weights.keys():  # noqa: SIM118 - safe_open is not iterable
+            for name in weights.keys():
                 tensor = weights.get_tensor(name)
                 update = updates.get(decoder_name(config, name) or name)
                 if update is not None:

@@ -17,7 +17,7 @@ from ster.engine.model.adapters.artifact import check_spec, parse_targets, sidec
 from ster.engine.model.requests import Device, ModelRequest
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.paths import flag, same_file
-from ster.engine.protocol.requests import Request, nucleus, not_negative, seed
+from ster.engine.protocol.requests import Request, not_negative, nucleus, seed
 from ster.engine.steering.layers import LayerSpec
 
 MIN_SEQUENCE_SENTENCE = "max_sequence must be at least two tokens, so that one token can predict another"

@@ -19,9 +19,9 @@ from ster.engine.model.contract import Decoder
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.tune.encoding import Sequence
 from ster.engine.tune.objectives import Objective, Preference, Reward, Stats, Unit
+from ster.engine.tune.rows import forward_rows, token_logprobs
 
 T = TypeVar("T")
-from ster.engine.tune.rows import forward_rows, token_logprobs
 
 
 def _chunks(items: list[T], size: int) -> Iterator[list[T]]:

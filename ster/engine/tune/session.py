@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from ster.engine.model.adapters.artifact import AdapterSidecar
-from ster.engine.model.loading import Checkpoint, model_store, resolve_device
 from ster.engine.model.adapters.lora import Adapter, attached, save_adapter
+from ster.engine.model.loading import Checkpoint, model_store, resolve_device
 from ster.engine.protocol import confine
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.tune.checkpoint import (

@@ -16,8 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ster.engine.model.adapters.artifact import projection_shape, sidecar_path
 from ster.engine.model.adapters.apply import CheckedAdapter, check_adapter
+from ster.engine.model.adapters.artifact import projection_shape, sidecar_path
 from ster.engine.model.config import DecoderConfig
 from ster.engine.model.loading import Checkpoint, model_store
 from ster.engine.protocol import confine

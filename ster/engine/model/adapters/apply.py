@@ -41,10 +41,10 @@ from ster.engine.protocol.errors import Refusal
 if TYPE_CHECKING:
     import torch
 
+    from ster.engine.model.adapters.lora import Adapter
     from ster.engine.model.config import DecoderConfig
     from ster.engine.model.contract import Decoder
     from ster.engine.model.loading import Checkpoint
-    from ster.engine.model.adapters.lora import Adapter
     from ster.engine.protocol.jobs import JobContext
 
 Want = Literal["adapter", "reward"]

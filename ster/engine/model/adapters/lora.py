@@ -33,6 +33,7 @@ from ster.engine.model.adapters.artifact import (
     projection_shape,
     sidecar_path,
 )
+from ster.engine.model.adapters.factors import FactorHost, LoraFactors
 from ster.engine.model.adapters.file import (
     AdapterFile,
     check_values,
@@ -40,7 +41,6 @@ from ster.engine.model.adapters.file import (
     read_adapter,
 )
 from ster.engine.model.config import DecoderConfig
-from ster.engine.model.adapters.factors import FactorHost, LoraFactors
 from ster.engine.model.contract import Decoder
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import dumps_pretty, write_atomic_together

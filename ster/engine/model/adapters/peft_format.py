@@ -67,8 +67,8 @@ if TYPE_CHECKING:
     import torch
     from torch import Tensor
 
-    from ster.engine.model.config import DecoderConfig
     from ster.engine.model.adapters.lora import Adapter
+    from ster.engine.model.config import DecoderConfig
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
