@@ -44,9 +44,10 @@ class Screen(BaseModel):
 
 SCREENS: tuple[Screen, ...] = (
     Screen(title="Welcome to Ster", body=(
-        "Ster reads the hidden states of a Llama-family model, fits a steering direction for a trait from "
-        "contrastive pairs, and adds that direction back into the model while it generates. Everything starts "
-        "from a pair set; this walkthrough ends as soon as you import or write one.")),
+        "Ster reads the hidden states of a causal language model (Llama, Qwen, Mistral, Phi-3, Gemma, and the "
+        "others transformers can load), fits a steering direction for a trait from contrastive pairs, and adds "
+        "that direction back into the model while it generates. Everything starts from a pair set; this "
+        "walkthrough ends as soon as you import or write one.")),
     Screen(title="What a pair set is", body=(
         'A pair set is a JSON file {"trait_name": "calm", "pairs": [{"positive": "...", "negative": "..."}]}. '
         "Each pair is a positive and a negative text that differ only in the trait: same question, same "
