@@ -42,9 +42,9 @@ import torch
 
 from ster.engine.model import kernels
 from ster.engine.model.config import load_config
+from ster.engine.model.decoder import SterDecoder
 from ster.engine.model.decoding import decode
 from ster.engine.model.group_decoding import decode_group
-from ster.engine.model.decoder import SterDecoder
 from ster.engine.model.loading import load_decoder
 from ster.engine.model.resolve import resolve_model
 from ster.engine.model.sampling import Sampling

@@ -90,7 +90,7 @@ def main() -> None:
     else:  # heretic's response-prefix check, on the evaluation prompts (heretic takes up to 100 of each set)
         check = load_prompts(settings, settings.good_evaluation_prompts) + load_prompts(
             settings, settings.bad_evaluation_prompts)
-        settings.response_prefix = commonprefix(model.get_responses_batched(check)).rstrip(" ")
+        settings.response_prefix = commonprefix(model.get_responses_batched(check)).rstrip(" ")  # noqa: RUF071 - by character, as heretic does
 
     evaluator = Evaluator(settings, model)
     good_means = model.get_residuals_mean(good_prompts)

@@ -147,7 +147,7 @@ def reader(url: str, tally: Tally, stop: threading.Event, out: Path, name: str, 
             return
         try:
             lines, _ = stream(url, tally, path, body, delay=delay)
-        except Exception as exc:  # noqa: BLE001  a client error is a finding, counted
+        except Exception as exc:
             tally.add("client errors", f"{path}: {exc!r}")
             continue
         tally.add(kind)
@@ -173,7 +173,7 @@ def vanisher(url: str, tally: Tally, stop: threading.Event, out: Path, name: str
                 stream(url, tally, "/v1/tune/sft", body,
                        until=lambda lines: QUEUE_LINE not in lines[-1].get("chunk", ""))
                 tally.add("vanished running")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             tally.add("client errors", f"vanisher: {exc!r}")
 
 
@@ -225,7 +225,7 @@ def bad_inputs(url: str, tally: Tally, stop: threading.Event) -> None:
                 with Held(tally):
                     response = client.request(method, path, **kwargs())
                 error = response.json().get("error")
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 tally.add("bad answered wrong", f"{method} {path}: {exc!r}")
                 continue
             if response.status_code != status or not isinstance(error, str) or not error.strip():
@@ -240,7 +240,7 @@ def poller(url: str, tally: Tally, stop: threading.Event) -> None:
                 with Held(tally):
                     body = client.get("/v1/health").json()
                 ok = body.get("status") == "ok"
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 ok, body = False, {"error": repr(exc)}
             elapsed = (time.perf_counter() - began) * 1e3
             with tally.lock:

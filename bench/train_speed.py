@@ -27,8 +27,8 @@ from pathlib import Path
 
 os.environ.setdefault("TQDM_DISABLE", "1")  # the peers draw progress bars; tqdm reads this when imported
 
-import torch  # noqa: E402
-from decode_speed import bench_model, median_times, model_arguments  # noqa: E402
+import torch
+from decode_speed import bench_model, median_times, model_arguments
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 

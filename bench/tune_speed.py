@@ -221,8 +221,8 @@ def ster_ceiling(model: Path) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
-    from ster.engine.model.loading import ModelStore
     from ster.engine.model.adapters.lora import Adapter, attached
+    from ster.engine.model.loading import ModelStore
     from ster.engine.protocol.jobs import JobContext, build_job_request
 
     request = build_job_request("tune sft", model=str(model), examples=SFT_DATA,
@@ -355,7 +355,7 @@ def preference_row(tokenizer: Any, pair: dict[str, str], split_prompt: bool) -> 
                         for side in ("positive", "negative"))
     if not split_prompt:
         return {"chosen": chosen, "rejected": rejected}
-    shared = os.path.commonprefix([chosen, rejected])
+    shared = os.path.commonprefix([chosen, rejected])  # noqa: RUF071 - by character, then cut at a line
     cut = shared.rfind("\n") + 1
     return {"prompt": chosen[:cut], "chosen": chosen[cut:], "rejected": rejected[cut:]}
 

@@ -19,12 +19,12 @@ import pytest
 import torch
 
 from ster.cli import main
-from ster.engine.model.config import load_config
-from ster.engine.model.loading import load_decoder
 from ster.engine.model.adapters.lora import Adapter, attached, folded, load_adapter
+from ster.engine.model.config import load_config
+from ster.engine.model.hooks import record_blocks
+from ster.engine.model.loading import load_decoder
 from ster.engine.model.resolve import TOY_DIR, resolve_model
 from ster.engine.steering.apply import steer
-from ster.engine.model.hooks import record_blocks
 from tests.tune.adapter_files import write_adapter
 
 TOLERANCE = 1e-4

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from ster.engine.model.adapters.lora import attached, load_adapter
 from ster.engine.model.config import load_config
+from ster.engine.model.decoder import SterDecoder
 from ster.engine.model.decoding import decode
 from ster.engine.model.generic import GenericDecoder
 from ster.engine.model.group_decoding import decode_group
-from ster.engine.model.decoder import SterDecoder
 from ster.engine.model.loading import load_decoder
-from ster.engine.model.adapters.lora import attached, load_adapter
 from ster.engine.model.resolve import TOY_DIR, resolve_model
 from ster.engine.model.sampling import Sampling
 from ster.engine.steering.apply import steer

@@ -16,12 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from ster.commands import PRECISIONS
+from ster.engine.model.adapters.lora import Adapter, attached
 from ster.engine.model.config import load_config
 from ster.engine.model.decoder import KVCache
-from ster.engine.model.kernels import PLAIN
+from ster.engine.model.kernels import PLAIN, matmul
 from ster.engine.model.loading import DTYPES, load_decoder
-from ster.engine.model.adapters.lora import Adapter, attached
-from ster.engine.model.kernels import matmul
 from ster.engine.model.quantize import int8_tensor_type, quantized_embedding
 from ster.engine.model.requests import Precision
 from ster.engine.model.resolve import resolve_model

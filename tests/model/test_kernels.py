@@ -107,7 +107,7 @@ def test_whichever_candidate_wins_the_logits_and_greedy_tokens_hold(toys, precis
     names = sorted({name for candidates in kernels.CANDIDATES[precision].values() for name in candidates})
     assert len(names) >= 2
     for favourite in names:
-        def timer(shape: str, candidate: str, run) -> float:
+        def timer(shape: str, candidate: str, run, favourite: str = favourite) -> float:
             run()  # each candidate still runs on the real weights
             return 0.001 if candidate == favourite else 1.0
 
@@ -290,7 +290,8 @@ def test_on_smollm2_whichever_candidate_wins_the_greedy_text_and_logits_hold(smo
     names = sorted({name for candidates in kernels.CANDIDATES[precision].values() for name in candidates})
     for favourite in names:
         kernels.choose(model.projections(), precision,  # type: ignore[arg-type]
-                       lambda shape, candidate, run: 0.001 if candidate == favourite else 1.0, how="measure")
+                       lambda shape, candidate, run, favourite=favourite: 0.001 if candidate == favourite else 1.0,
+                       how="measure")
         ids, logits = outputs(model)
         assert ids == reference_ids, favourite
         assert _relative(logits, exact) <= allowed, favourite

@@ -17,7 +17,7 @@ def serving(answer: Answer, requests: list[dict[str, Any]]) -> Iterator[str]:
     """Serve ``POST /v1/chat/completions``: record each request, reply with ``answer(body)``; yield the base URL."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
             status, text = answer(body)

@@ -4,6 +4,7 @@ force, the refusal scorer on refusals and on ordinary sentences, every report fi
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import random
 import re
@@ -46,7 +47,7 @@ def reference_words(text: str) -> list[str]:
 
 def reference_hashes(text: str, xor: int = 0) -> list[int]:
     words = reference_words(text)
-    grams = words + [f"{a} {b}" for a, b in zip(words, words[1:])]
+    grams = words + [f"{a} {b}" for a, b in itertools.pairwise(words)]
     return [int.from_bytes(hashlib.blake2b(g.encode(), digest_size=8).digest(), "big") ^ xor for g in grams]
 
 

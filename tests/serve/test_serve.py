@@ -34,7 +34,7 @@ def wait_idle(server: Server, timeout: float = 60.0) -> dict:
     with server.client() as client:
         while True:
             health = client.get("/v1/health").json()
-            if health["running"] == 0 and health["queued"] == 0 or time.monotonic() > deadline:
+            if (health["running"] == 0 and health["queued"] == 0) or time.monotonic() > deadline:
                 return health
             time.sleep(0.05)
 

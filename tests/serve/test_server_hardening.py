@@ -184,7 +184,7 @@ def test_a_server_url_that_is_no_url_or_reaches_nothing_is_one_sentence(url: str
 class _NotSter(http.server.BaseHTTPRequestHandler):
     """Answers every POST the way its path asks: HTML, a 200 without a job, lines that are not events."""
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         kind = self.path.split("/")[2].split("?")[0]
         if kind == "generate":  # a web page
             body, headers = b"<html>hello</html>", {"content-type": "text/html"}

@@ -95,8 +95,8 @@ def test_a_non_finite_value_is_refused(cli, tmp_path: Path, artifact: dict) -> N
 
 def test_inspect_summarises_without_vectors_or_torch(tmp_path: Path, artifact: dict) -> None:
     path = write(tmp_path / "a.json", artifact)
-    code = ("import sys\nfrom ster.cli import main\nmain(['inspect', %r])\n"
-            "print('TORCH' if 'torch' in sys.modules else 'NO TORCH', file=sys.stderr)") % str(path)
+    code = (f"import sys\nfrom ster.cli import main\nmain(['inspect', {str(path)!r}])\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO TORCH', file=sys.stderr)")
     import subprocess
     import sys
 

@@ -16,11 +16,11 @@ from ster.engine.model.resolve import TOY_DIR, resolve_model
 from ster.engine.steering.measures import (
     Rows,
     behaviour,
+    behaviours,
     greedy_continuations,
     kl_cost,
-    perplexity,
-    behaviours,
     kl_costs,
+    perplexity,
 )
 from tests.model.test_families import build, text_layers
 

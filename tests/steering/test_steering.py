@@ -128,7 +128,7 @@ def test_optimize_ranks_on_separation_and_refits_like_train(cli, tmp_path: Path,
     selection = result["selection"]
     assert selection["holdout"] == {"fit_pairs": 9, "holdout_pairs": 3}
     rows = selection["candidates"]
-    assert [(r["layer"], r["method"]) for r in rows] == [(l, m) for l in range(4) for m in ("caa", "pca", "logistic")]
+    assert [(r["layer"], r["method"]) for r in rows] == [(layer, m) for layer in range(4) for m in ("caa", "pca", "logistic")]
     chosen = [r for r in rows if r["selected"]]
     assert len(chosen) == 1
     best = max(rows, key=lambda r: (r["holdout_accuracy"], r["holdout_separation"], r["relative_margin"]))

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 
 from ster.engine.model.adapters.artifact import AdapterSidecar, factor_names, sidecar_path
+from ster.engine.model.adapters.lora import Adapter, save_adapter
 from ster.engine.model.config import DecoderConfig, load_config
 from ster.engine.model.fingerprint import checkpoint_fingerprint
-from ster.engine.model.adapters.lora import Adapter, save_adapter
 from ster.engine.model.resolve import resolve_model
 
 PROMPT = "question : how many legs does a cat have ? answer :"

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from ster.engine.model.adapters.lora import attached, load_adapter
 from ster.engine.model.config import load_config
 from ster.engine.model.loading import load_decoder
-from ster.engine.model.adapters.lora import attached, load_adapter
 from ster.engine.model.resolve import resolve_model
 from tests.tune.adapter_files import PROMPT, write_adapter
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ster.engine.model.adapters.lora import Adapter, attached
 from ster.engine.model.config import load_config
 from ster.engine.model.loading import load_decoder
-from ster.engine.model.adapters.lora import Adapter, attached
 from ster.engine.model.resolve import resolve_model
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.tune.objectives import Preference, Reward, Sft, Unit

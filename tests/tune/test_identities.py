@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from ster.engine.model.adapters.lora import Adapter, attached
 from ster.engine.model.config import load_config
 from ster.engine.model.loading import load_decoder
-from ster.engine.model.adapters.lora import Adapter, attached
 from ster.engine.model.resolve import resolve_model
 
 LN2_F32 = float(torch.tensor(math.log(2), dtype=torch.float32))

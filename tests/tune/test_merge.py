@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ster.cli import main
+from ster.engine.model.adapters.lora import attached, load_adapter
 from ster.engine.model.config import load_config
 from ster.engine.model.loading import load_decoder
-from ster.engine.model.adapters.lora import attached, load_adapter
 from ster.engine.model.resolve import TOY_DIR, resolve_model
 from ster.engine.tune.merge import weight_name
 from tests.tune.adapter_files import PROMPT, header, write_adapter

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from ster.engine.model.adapters.artifact import TARGETS, factor_names
-from ster.engine.model.config import load_config
-from ster.engine.model.loading import load_decoder
 from ster.engine.model.adapters.lora import Adapter, attached, load_adapter
 from ster.engine.model.adapters.peft_format import read_peft_dir
+from ster.engine.model.config import load_config
+from ster.engine.model.loading import load_decoder
 from ster.engine.model.resolve import TOY_DIR, resolve_model
 from ster.engine.protocol.errors import Refusal
 from tests.model.test_families import build

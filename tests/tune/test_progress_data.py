@@ -17,8 +17,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from ster.engine.model.config import load_config
 from ster.engine.model.adapters.lora import load_adapter
+from ster.engine.model.config import load_config
 from ster.engine.model.resolve import EXAMPLES_DIR, TOY_DIR, resolve_model
 from tests.tune.test_tune_evaluate import sequence_logp, with_update
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.real
+from tests.tune.conftest import CALM_FIT, CALM_HELD, CALM_PROMPTS, FORMAT_HELD
 
-from tests.tune.conftest import CALM_FIT, CALM_HELD, CALM_PROMPTS, DATA, FORMAT_HELD
+pytestmark = pytest.mark.real
 
 
 def _json(cli, *args: object) -> dict:

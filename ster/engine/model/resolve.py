@@ -157,8 +157,9 @@ def _from_hub(repo_id: str, revision: str | None) -> ModelSource:
     HF_ENDPOINT and HF_HUB_OFFLINE. config.json comes first, so a wrong family is refused
     before the weights are fetched."""
     import huggingface_hub
+    import huggingface_hub.utils
 
-    huggingface_hub.disable_progress_bars()
+    huggingface_hub.utils.disable_progress_bars()
     with hub_errors(repo_id, revision):
         config = Path(huggingface_hub.hf_hub_download(repo_id, "config.json", revision=revision))
         check_model_type(config, f"{repo_id} config.json")
