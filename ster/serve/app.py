@@ -105,7 +105,7 @@ class Jobs:
 
     def forget(self, live: Live, final: Event | None) -> None:
         self.live.pop(live.id, None)
-        if final is None or final.type == "error" and final.kind == "cancelled":  # type: ignore[union-attr]
+        if final is None or final.type == "error" and final.kind == "cancelled":
             self.counts["cancelled"] += 1
         elif final.type == "result":
             self.counts["finished"] += 1
@@ -311,8 +311,8 @@ def create_app(token: str | None = None, root: Root | None = None, models: Any =
         prepared = wire.prepare("workspace/show", {})
         final = await run_in_threadpool(run_job, prepared.job, prepared.request, lambda event: None)
         if final.type == "result":
-            return JSONResponse(final.data)  # type: ignore[union-attr]
-        return refusal(final.message, 500 if final.kind == "internal" else 400)  # type: ignore[union-attr]
+            return JSONResponse(final.data)
+        return refusal(final.message, 500 if final.kind == "internal" else 400)
 
     @app.post("/v1/jobs/{job_id}/cancel")
     async def cancel(job_id: str) -> JSONResponse:
@@ -327,7 +327,7 @@ def create_app(token: str | None = None, root: Root | None = None, models: Any =
         app.add_api_route(f"/v1/{operation}", _endpoint(operation, jobs, root, models), methods=["POST"],
                           name=operation, summary=f"ster {job}", response_class=Response,
                           openapi_extra=_body_schema(job), responses={200: {"content": {"application/x-ndjson": {}}}})
-    app.openapi = _openapi(app)  # type: ignore[method-assign]
+    app.openapi = _openapi(app)  # type: ignore[method-assign]  # FastAPI's documented way to replace the schema
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception) -> JSONResponse:

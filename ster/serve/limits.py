@@ -91,7 +91,7 @@ def protocol() -> type:
     """uvicorn's HTTP/1.1 protocol, with a deadline for a connection's first request headers."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class Deadlined(H11Protocol):  # type: ignore[misc]
+    class Deadlined(H11Protocol):
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             loop = asyncio.get_running_loop()
@@ -108,8 +108,9 @@ def protocol() -> type:
             super().connection_lost(exc)
 
         def _stop_clock(self) -> None:
-            if getattr(self, "_headers_due", None) is not None:
-                self._headers_due.cancel()  # type: ignore[union-attr]
+            due = getattr(self, "_headers_due", None)
+            if due is not None:
+                due.cancel()
                 self._headers_due = None
 
         def _headers_late(self) -> None:

@@ -120,6 +120,10 @@ def build_job_request(name: str, /, **fields: Any) -> BaseModel:
     return build_request(request_class(name), **fields)
 
 
+Outcome = Result | Error
+"""The event that ends a job: its result, or why there is none."""
+
+
 def run_job(
     name: str,
     request: BaseModel,
@@ -127,7 +131,7 @@ def run_job(
     cancel: threading.Event | None = None,
     models: Any = None,
     root: Any = None,
-) -> Event:
+) -> Outcome:
     """Run a job to its end and return its final event, which has also been emitted.
 
     ``root`` (a :class:`~ster.engine.protocol.confine.Root`) confines every path the job opens to that
@@ -138,13 +142,13 @@ def run_job(
     from ster.engine.protocol import confine
 
     with confine.within(root):
-        final: Event = confine.shown(_run(name, request, lambda event: emit(confine.shown(event)), cancel, models))
+        final: Outcome = confine.shown(_run(name, request, lambda event: emit(confine.shown(event)), cancel, models))
         return final
 
 
-def _run(name: str, request: BaseModel, emit: Sink, cancel: threading.Event | None, models: Any) -> Event:
+def _run(name: str, request: BaseModel, emit: Sink, cancel: threading.Event | None, models: Any) -> Outcome:
     ctx = JobContext(emit, cancel or threading.Event(), models)
-    final: Event
+    final: Outcome
     try:
         job = job_function(name)  # may import torch: seconds, during which Ctrl-C may already have come
         ctx.check_cancelled()
