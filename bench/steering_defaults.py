@@ -17,7 +17,7 @@ It runs what a new user runs, through the engine's own jobs:
     python bench/steering_defaults.py --model DIR --compare 23,29 --texts
 
 About 7 minutes on this project's 2-core machine (1 for optimize, 6 for the grid), 1.5 more per compared
-layer. The README's "On a real model" summarises the output of ``--compare 23,29``.
+layer. docs/real-models.md summarises the output of ``--compare 23,29``.
 """
 
 from __future__ import annotations

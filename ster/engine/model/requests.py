@@ -55,7 +55,8 @@ class SampledRequest(ModelRequest):
 
 
 class ModelImportRequest(Request):
-    """``ster model import``: a Llama GGUF file converted into a standard checkpoint directory."""
+    """``ster model import``: a GGUF file (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3) converted into a standard
+    checkpoint directory."""
 
     directory_outputs: ClassVar[tuple[str, ...]] = ("output",)
     gguf: Path

@@ -45,7 +45,8 @@ DEFAULT_KL_BUDGET = 0.25
 strength may cost by default: about what the default strength, 0.4x of the spread, costs at the layer
 ``optimize`` picks on SmolLM2-135M-Instruct (0.20 at layer 21), where the text is steered and stays fluent; at
 0.1 SmolLM2's answers barely change, and past 0.5 (heretic's warning) the text drifts. On Gemma 3 270M, where
-0.4x costs 0.43, the strengths calibrated to 0.25 keep the text readable. See the README's calibration tables."""
+0.4x costs 0.43, the strengths calibrated to 0.25 keep the text readable. See docs/steering.md's calibration
+tables."""
 DEFAULT_TRIALS = 40
 """Candidates ``calibrate`` measures by default: every single layer of a 30-layer model with caa, then the other
 methods at the best layers, then layer ranges around the best."""
