@@ -131,18 +131,33 @@ def choose_kernels(models: dict[str, SterDecoder]) -> None:
     how = os.environ.get("STER_KERNELS") or "measure"
     for precision, model in models.items():
         chosen = kernels.choose(model.projections(), precision, how=how)  # type: ignore[arg-type]
-        words = ", ".join(f"{kernels.CLASS_WORDS[s]}: {kernels.KERNEL_WORDS[chosen.choice[s]]}" for s in kernels.CLASSES)
-        print(f"kernels, {precision} ({chosen.how}{f' in {chosen.seconds:.2f} s' if chosen.how == 'measured' else ''}):"
-              f" {words}", flush=True)
+        words = ", ".join(
+            f"{kernels.CLASS_WORDS[s]}: {kernels.KERNEL_WORDS[chosen.choice[s]]}" for s in kernels.CLASSES
+        )
+        print(
+            f"kernels, {precision} ({chosen.how}{f' in {chosen.seconds:.2f} s' if chosen.how == 'measured' else ''}):"
+            f" {words}",
+            flush=True,
+        )
         for shape, times in chosen.times.items():
-            print(f"  {kernels.CLASS_WORDS[shape]}: " + ", ".join(
-                f"{kernels.KERNEL_WORDS[name]} {seconds * 1e3:.1f} ms" for name, seconds in times.items()), flush=True)
+            print(
+                f"  {kernels.CLASS_WORDS[shape]}: "
+                + ", ".join(f"{kernels.KERNEL_WORDS[name]} {seconds * 1e3:.1f} ms" for name, seconds in times.items()),
+                flush=True,
+            )
 
 
 def greedy(model: SterDecoder, prompt: list[int], n: int) -> list[int]:
     """Ster's greedy continuation of ``prompt``: ``n`` token ids, EOS ignored."""
-    return decode(model, prompt, max_new_tokens=n, sampling=Sampling(), eos_ids=frozenset(),
-                  on_token=lambda i, t: None, check_cancelled=lambda: None).ids
+    return decode(
+        model,
+        prompt,
+        max_new_tokens=n,
+        sampling=Sampling(),
+        eos_ids=frozenset(),
+        on_token=lambda i, t: None,
+        check_cancelled=lambda: None,
+    ).ids
 
 
 def same_prefix(a: list[int], b: list[int]) -> int:
@@ -157,10 +172,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--floor-passes", type=int, default=8, help="floor passes timed per round")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS),
-                        help="Ster's precisions to run (f32 always: the steered and sampled rows are f32)")
-    parser.add_argument("--attention", default=None,
-                        help="transformers' attn_implementation (default: the one transformers picks)")
+    parser.add_argument(
+        "--precisions",
+        nargs="+",
+        choices=PRECISIONS,
+        default=list(PRECISIONS),
+        help="Ster's precisions to run (f32 always: the steered and sampled rows are f32)",
+    )
+    parser.add_argument(
+        "--attention", default=None, help="transformers' attn_implementation (default: the one transformers picks)"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -176,8 +197,9 @@ def main() -> None:
     choose_kernels(ours)
     bandwidth = kernels.read_bandwidth()
     print(f"memory read bandwidth: {bandwidth / 1e9:.1f} GB/s (the best of 5 streaming reads of 512 MB)", flush=True)
-    theirs = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                  attn_implementation=args.attention).eval()
+    theirs = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation=args.attention
+    ).eval()
     prompt = list(range(1000, 1020))
     n = args.tokens
     width, depth = config.hidden_size, config.num_hidden_layers
@@ -190,8 +212,15 @@ def main() -> None:
         def run() -> None:
             steering = steer(model, plan(model, vectors, dict.fromkeys(vectors, 1.0))) if vectors else nullcontext()
             with steering:
-                decode(model, prompt, max_new_tokens=n, sampling=Sampling(), eos_ids=frozenset(),
-                       on_token=lambda i, t: None, check_cancelled=lambda: None)
+                decode(
+                    model,
+                    prompt,
+                    max_new_tokens=n,
+                    sampling=Sampling(),
+                    eos_ids=frozenset(),
+                    on_token=lambda i, t: None,
+                    check_cancelled=lambda: None,
+                )
 
         return run
 
@@ -208,7 +237,7 @@ def main() -> None:
     def transformers_generate() -> list[int]:
         with torch.inference_mode():
             out = theirs.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
-        return out[0, len(prompt):].tolist()
+        return out[0, len(prompt) :].tolist()
 
     def floor(precision: str, width: int = 1) -> Callable[[], None]:
         one = floor_pass(ours[precision], width)
@@ -235,10 +264,23 @@ def main() -> None:
     per_pass = {name: 8 if name in (group, "floor, f32, 8 rows (every projection once)") else 1 for name in rows}
     """Tokens a pass over the weights stands for in each row."""
     middle = {depth // 2: every_layer[depth // 2]}
-    runs = dict(zip(rows, [
-        transformers_generate, ster("f32"), ster("f32", middle), ster("f32", every_layer),
-        *(ster(p) for p in precisions[1:]), sampled(1), sampled(8), *(floor(p) for p in precisions), floor("f32", 8)],
-        strict=True))
+    runs = dict(
+        zip(
+            rows,
+            [
+                transformers_generate,
+                ster("f32"),
+                ster("f32", middle),
+                ster("f32", every_layer),
+                *(ster(p) for p in precisions[1:]),
+                sampled(1),
+                sampled(8),
+                *(floor(p) for p in precisions),
+                floor("f32", 8),
+            ],
+            strict=True,
+        )
+    )
     for run in runs.values():  # warm-up: first-call allocations and kernel selection stay out of the timings
         run()
     agreement = same_prefix(greedy(ours["f32"], prompt, n), transformers_generate())
@@ -248,13 +290,18 @@ def main() -> None:
     floors8 = rates["floor, f32, 8 rows (every projection once)"]
     memory = {p: bandwidth / weight_bytes(ours[p]) for p in precisions}
     base = rates[reference]
-    print(f"\nmodel: {model_dir}; {n} new tokens after a {len(prompt)}-token prompt (prefill included), "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}, median of {args.rounds} alternating rounds; "
-          f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}; transformers' attention: "
-          f"{theirs.config._attn_implementation}; Ster's f32 greedy tokens equal transformers' for the first "
-          f"{agreement} of {n}\n")
-    print(f"memory floors (weight bytes per token / {bandwidth / 1e9:.1f} GB/s): "
-          + ", ".join(f"{p} {memory[p]:.1f} tokens/s ({weight_bytes(ours[p]) / 1e6:.0f} MB)" for p in precisions) + "\n")
+    print(
+        f"\nmodel: {model_dir}; {n} new tokens after a {len(prompt)}-token prompt (prefill included), "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}, median of {args.rounds} alternating rounds; "
+        f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}; transformers' attention: "
+        f"{theirs.config._attn_implementation}; Ster's f32 greedy tokens equal transformers' for the first "
+        f"{agreement} of {n}\n"
+    )
+    print(
+        f"memory floors (weight bytes per token / {bandwidth / 1e9:.1f} GB/s): "
+        + ", ".join(f"{p} {memory[p]:.1f} tokens/s ({weight_bytes(ours[p]) / 1e6:.0f} MB)" for p in precisions)
+        + "\n"
+    )
     print("| decoder | precision | tokens/s | vs transformers f32 | of its kernel floor | of its memory floor |")
     print("|---|---|---|---|---|---|")
     above = []
@@ -264,10 +311,14 @@ def main() -> None:
         of_memory = rate / (memory[precision] * per_pass[name])
         if of_memory > 1.0:
             above.append(name)
-        print(f"| {name} | {precision} | {rate:.1f} | {rate / base:.2f}x | {rate / kernel_floor:.2f} | {of_memory:.2f} |")
+        print(
+            f"| {name} | {precision} | {rate:.1f} | {rate / base:.2f}x | {rate / kernel_floor:.2f} | {of_memory:.2f} |"
+        )
     if above:
-        print(f"\nabove the memory floor, which is therefore wrong (the buffer read may have fit a cache, or the "
-              f"bandwidth read ran slow): {'; '.join(above)}")
+        print(
+            f"\nabove the memory floor, which is therefore wrong (the buffer read may have fit a cache, or the "
+            f"bandwidth read ran slow): {'; '.join(above)}"
+        )
 
 
 if __name__ == "__main__":

@@ -53,9 +53,12 @@ def main() -> None:
     source = resolve_model(str(path))
     config = load_config(source.config)
     cpu = torch.device("cpu")
-    decoders = {"Ster's decoder": load_decoder(source, config, "f32", cpu),
-                "through transformers": load_generic(source.root, config.model_copy(update={"native": False}),
-                                                     torch.float32, cpu)}
+    decoders = {
+        "Ster's decoder": load_decoder(source, config, "f32", cpu),
+        "through transformers": load_generic(
+            source.root, config.model_copy(update={"native": False}), torch.float32, cpu
+        ),
+    }
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(source.tokenizer))
@@ -65,8 +68,15 @@ def main() -> None:
     layers = list(range(config.num_hidden_layers))
 
     def greedy(decoder):
-        return decode(decoder, prompt, max_new_tokens=args.tokens, sampling=Sampling(temperature=0.0),
-                      eos_ids=frozenset(), on_token=lambda i, t: None, check_cancelled=lambda: None).ids
+        return decode(
+            decoder,
+            prompt,
+            max_new_tokens=args.tokens,
+            sampling=Sampling(temperature=0.0),
+            eos_ids=frozenset(),
+            on_token=lambda i, t: None,
+            check_cancelled=lambda: None,
+        ).ids
 
     def reads(decoder):
         return read_pair_states(decoder, encoded, layers, batch_size=8)
@@ -83,12 +93,16 @@ def main() -> None:
                 start = time.perf_counter()
                 run(decoder)
                 times.setdefault((task, name), []).append(time.perf_counter() - start)
-    print(f"model {path}, {args.rounds} rounds, {torch.get_num_threads()} threads; same greedy tokens: {agree}; "
-          f"largest pair-state difference: {gap:.2e}")
+    print(
+        f"model {path}, {args.rounds} rounds, {torch.get_num_threads()} threads; same greedy tokens: {agree}; "
+        f"largest pair-state difference: {gap:.2e}"
+    )
     print("| task | Ster's decoder | through transformers | generic / native |")
     print("|---|---|---|---|")
-    for task, what in (("decode", f"greedy decode, {args.tokens} tokens"), ("read", f"{len(pairs)} pairs' states, "
-                                                                                    f"{len(layers)} layers")):
+    for task, what in (
+        ("decode", f"greedy decode, {args.tokens} tokens"),
+        ("read", f"{len(pairs)} pairs' states, {len(layers)} layers"),
+    ):
         native = statistics.median(times[(task, first)])
         generic = statistics.median(times[(task, second)])
         print(f"| {what} | {native:.2f} s | {generic:.2f} s | {generic / native:.2f}x |")

@@ -41,8 +41,10 @@ def ster(*args: str, env: dict[str, str] | None = None, launcher: list[str] | No
     proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **(env or {})})
     if proc.returncode != 0:
         lines = [line for line in proc.stderr.strip().splitlines() if line.strip()] or ["(nothing on stderr)"]
-        raise Failed(f"ster {args[0]} {args[1] if args[0] in ('tune', 'model') else ''}".rstrip()
-                     + f" exited {proc.returncode}: {lines[-1].strip()}")
+        raise Failed(
+            f"ster {args[0]} {args[1] if args[0] in ('tune', 'model') else ''}".rstrip()
+            + f" exited {proc.returncode}: {lines[-1].strip()}"
+        )
     return json.loads(proc.stdout) if proc.stdout.strip() else {}
 
 
@@ -53,11 +55,18 @@ def is_toy(model: str) -> bool:
 def inputs(model: str) -> dict[str, str]:
     """The pairs, prompts and examples in the model's language: the bundled ones on the toy, English otherwise."""
     if is_toy(model):
-        return {"pairs": "ster:pairs", "prompts": "ster:prompts", "examples": "ster:examples",
-                "prompt": "question : tell me about the town . answer :"}
-    return {"pairs": str(ROOT / "tests/data/calm-fit.json"), "prompts": str(ROOT / "tests/data/calm-prompts.json"),
-            "examples": str(ROOT / "bench/data/tune-sft.json"),
-            "prompt": "The power just went out at home. Tell your kids what is happening."}
+        return {
+            "pairs": "ster:pairs",
+            "prompts": "ster:prompts",
+            "examples": "ster:examples",
+            "prompt": "question : tell me about the town . answer :",
+        }
+    return {
+        "pairs": str(ROOT / "tests/data/calm-fit.json"),
+        "prompts": str(ROOT / "tests/data/calm-prompts.json"),
+        "examples": str(ROOT / "bench/data/tune-sft.json"),
+        "prompt": "The power just went out at home. Tell your kids what is happening.",
+    }
 
 
 def device_of(name: str):
@@ -135,14 +144,26 @@ def decode(args: argparse.Namespace) -> str:
     n = args.tokens
 
     def run_ours() -> list[int]:
-        return ster_decode(ours, prompt, max_new_tokens=n, sampling=Sampling(), eos_ids=frozenset(),
-                           on_token=lambda i, t: None, check_cancelled=lambda: None).ids
+        return ster_decode(
+            ours,
+            prompt,
+            max_new_tokens=n,
+            sampling=Sampling(),
+            eos_ids=frozenset(),
+            on_token=lambda i, t: None,
+            check_cancelled=lambda: None,
+        ).ids
 
     def run_theirs() -> list[int]:
         with torch.inference_mode():
-            out = theirs.generate(torch.tensor([prompt], device=device), max_new_tokens=n, min_new_tokens=n,
-                                  do_sample=False, pad_token_id=0)
-        return out[0, len(prompt):].tolist()
+            out = theirs.generate(
+                torch.tensor([prompt], device=device),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        return out[0, len(prompt) :].tolist()
 
     with torch.inference_mode():  # the next token's distribution on the prompt, both ways
         ids = torch.tensor([prompt], device=device)
@@ -152,8 +173,9 @@ def decode(args: argparse.Namespace) -> str:
         raise Failed(f"ster decoded {len(a)} tokens and transformers {len(b)}, {n} asked")
     agree = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), n)
     if a[0] != int(reference.argmax()):
-        raise Failed(f"the first greedy token differs from transformers' argmax ({a[0]} against "
-                     f"{int(reference.argmax())})")
+        raise Failed(
+            f"the first greedy token differs from transformers' argmax ({a[0]} against {int(reference.argmax())})"
+        )
     times: dict[str, list[float]] = {"ster": [], "transformers": []}
     for _ in range(args.rounds):
         for name, run in (("ster", run_ours), ("transformers", run_theirs)):
@@ -165,11 +187,15 @@ def decode(args: argparse.Namespace) -> str:
     rate = {name: n / statistics.median(values) for name, values in times.items()}
     floor = min(8, n)
     if agree < floor:
-        raise Failed(f"only the first {agree} of {n} greedy tokens agree with transformers' generate at "
-                     f"{args.precision} (at least {floor} expected)")
-    return (f"{n} greedy tokens, {agree} leading ones as transformers' generate; ster {rate['ster']:.0f} tokens/s, "
-            f"transformers {rate['transformers']:.0f} tokens/s ({rate['ster'] / rate['transformers']:.2f}x), "
-            f"median of {args.rounds}")
+        raise Failed(
+            f"only the first {agree} of {n} greedy tokens agree with transformers' generate at "
+            f"{args.precision} (at least {floor} expected)"
+        )
+    return (
+        f"{n} greedy tokens, {agree} leading ones as transformers' generate; ster {rate['ster']:.0f} tokens/s, "
+        f"transformers {rate['transformers']:.0f} tokens/s ({rate['ster'] / rate['transformers']:.2f}x), "
+        f"median of {args.rounds}"
+    )
 
 
 def steer(args: argparse.Namespace) -> str:
@@ -187,16 +213,33 @@ def steer(args: argparse.Namespace) -> str:
     text_plain, text_steered = plain.get("text", ""), steered.get("text", "")
     if not text_steered:
         raise Failed("the steered generate produced no text")
-    swept = ster("sweep", *common, "--precision", precision, "--vector", str(artifact), "--prompts",
-                 data["prompts"], "--strengths=-0.4x,0.4x", "--max-new-tokens", "16")
+    swept = ster(
+        "sweep",
+        *common,
+        "--precision",
+        precision,
+        "--vector",
+        str(artifact),
+        "--prompts",
+        data["prompts"],
+        "--strengths=-0.4x,0.4x",
+        "--max-new-tokens",
+        "16",
+    )
     rows = [row for row in swept.get("rows") or [] if row.get("strength")]  # the unsteered row has strength 0
     if len(rows) != 2:
         raise Failed(f"the sweep reported {len(rows)} steered strengths, 2 asked")
-    effects = ", ".join(f"{r.get('strength')}: effect {r.get('effect', float('nan')):+.3f}"
-                        if isinstance(r.get("effect"), (int, float)) else f"{r.get('strength')}" for r in rows)
-    return (f"direction at {len(layers) or 'its'} layers; steered text "
-            f"{'differs from' if text_steered != text_plain else 'equals'} the unsteered at 0.4x ({precision}); "
-            f"sweep {effects}")
+    effects = ", ".join(
+        f"{r.get('strength')}: effect {r.get('effect', float('nan')):+.3f}"
+        if isinstance(r.get("effect"), (int, float))
+        else f"{r.get('strength')}"
+        for r in rows
+    )
+    return (
+        f"direction at {len(layers) or 'its'} layers; steered text "
+        f"{'differs from' if text_steered != text_plain else 'equals'} the unsteered at 0.4x ({precision}); "
+        f"sweep {effects}"
+    )
 
 
 def tune(args: argparse.Namespace) -> str:
@@ -214,9 +257,13 @@ def tune(args: argparse.Namespace) -> str:
     scored = ster("tune", "evaluate", *common, *source, "--adapter", str(output), *shared)
     report = result.get("report") or {}
     figures = {"first loss": report.get("first_loss"), "final loss": report.get("final_loss")}
-    figures.update({f"evaluate {key.replace('_', ' ')}": scored.get(key) for key in ("loss", "perplexity", "accuracy",
-                                                                                     "mean_margin")
-                    if isinstance(scored.get(key), (int, float))})
+    figures.update(
+        {
+            f"evaluate {key.replace('_', ' ')}": scored.get(key)
+            for key in ("loss", "perplexity", "accuracy", "mean_margin")
+            if isinstance(scored.get(key), (int, float))
+        }
+    )
     bad = [name for name, value in figures.items() if not isinstance(value, (int, float)) or not math.isfinite(value)]
     if bad:
         raise Failed(f"tune {args.objective} reported {', '.join(bad)} missing or not finite")
@@ -234,8 +281,21 @@ def torchrun(args: argparse.Namespace) -> str:
     output = work / "parallel.safetensors"
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m"]
     flags = ["--epochs", "1", "--accumulation", "2", "--learning-rate", "1e-3", "--max-sequence", "128"]
-    ster("tune", "sft", "--model", args.model, "--device", args.device, "--examples", data["examples"],
-         "--output", str(output), *flags, launcher=launcher, env={"OMP_NUM_THREADS": "1"})
+    ster(
+        "tune",
+        "sft",
+        "--model",
+        args.model,
+        "--device",
+        args.device,
+        "--examples",
+        data["examples"],
+        "--output",
+        str(output),
+        *flags,
+        launcher=launcher,
+        env={"OMP_NUM_THREADS": "1"},
+    )
     if not output.exists():
         raise Failed("torchrun exited 0 but the adapter is missing")
     backend = "nccl" if args.device == "cuda" else "gloo"
@@ -257,8 +317,9 @@ def generic(args: argparse.Namespace) -> str:
     device = device_of(args.device)
     where = Path(args.work) / "gpt2"
     where.mkdir(parents=True, exist_ok=True)
-    config = transformers.GPT2Config(vocab_size=104, n_embd=64, n_layer=4, n_head=4, n_positions=128,
-                                     bos_token_id=1, eos_token_id=2)
+    config = transformers.GPT2Config(
+        vocab_size=104, n_embd=64, n_layer=4, n_head=4, n_positions=128, bos_token_id=1, eos_token_id=2
+    )
     torch.manual_seed(0)
     reference = transformers.GPT2LMHeadModel(config).float().eval()
     reference.save_pretrained(where)
@@ -270,16 +331,35 @@ def generic(args: argparse.Namespace) -> str:
         raise Failed(f"GPT-2 loaded as {type(ours).__name__}, not through the generic path")
     reference = reference.to(device)
     prompt = [5, 9, 17, 33, 41, 60]
-    a = ster_decode(ours, prompt, max_new_tokens=24, sampling=Sampling(), eos_ids=frozenset(),
-                    on_token=lambda i, t: None, check_cancelled=lambda: None).ids
+    a = ster_decode(
+        ours,
+        prompt,
+        max_new_tokens=24,
+        sampling=Sampling(),
+        eos_ids=frozenset(),
+        on_token=lambda i, t: None,
+        check_cancelled=lambda: None,
+    ).ids
     with torch.inference_mode():
-        b = reference.generate(torch.tensor([prompt], device=device), max_new_tokens=24, min_new_tokens=24,
-                               do_sample=False, pad_token_id=3)[0, len(prompt):].tolist()
+        b = reference.generate(
+            torch.tensor([prompt], device=device), max_new_tokens=24, min_new_tokens=24, do_sample=False, pad_token_id=3
+        )[0, len(prompt) :].tolist()
     if a != b:
-        raise Failed(f"greedy ids differ from transformers' generate on {args.device} at token "
-                     f"{next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)}")
-    cli = ster("generate", "--model", str(where), "--device", args.device, "--prompt", "question : a town",
-               "--max-new-tokens", "8")
+        raise Failed(
+            f"greedy ids differ from transformers' generate on {args.device} at token "
+            f"{next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)}"
+        )
+    cli = ster(
+        "generate",
+        "--model",
+        str(where),
+        "--device",
+        args.device,
+        "--prompt",
+        "question : a town",
+        "--max-new-tokens",
+        "8",
+    )
     return f"24 greedy ids equal transformers' generate on {args.device}; the CLI generated {cli.get('tokens')} tokens"
 
 

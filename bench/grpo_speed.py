@@ -78,22 +78,27 @@ PARTS = ("sample", "policy", "reference", "backward")
 
 def table(results: dict[str, list[dict[str, Any]]]) -> str:
     trl = median(results["trl"], "per_group_s") if results.get("trl") else None
-    lines = ["| side | s per group (range) | TRL / side | train s | cpu s | completion tokens per group "
-             "| completion tokens/s | sample s | policy fwd s | reference s | backward s | rest s "
-             "| setup s | load s | process s | peak RSS MiB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| side | s per group (range) | TRL / side | train s | cpu s | completion tokens per group "
+        "| completion tokens/s | sample s | policy fwd s | reference s | backward s | rest s "
+        "| setup s | load s | process s | peak RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for side, runs in results.items():
         per = median(runs, "per_group_s")
         ratio = f"{trl / per:.2f}x" if trl and side != "trl" else ""
-        parts = [f"{median(runs, part + '_s') / runs[0]['groups']:.2f}" if part + "_s" in runs[0] else "-"
-                 for part in PARTS]
+        parts = [
+            f"{median(runs, part + '_s') / runs[0]['groups']:.2f}" if part + "_s" in runs[0] else "-" for part in PARTS
+        ]
         groups = runs[0]["groups"]
-        lines.append(f"| {side} | {per:.2f} ({spread(runs, 'per_group_s')}) | {ratio} | {median(runs, 'train_s'):.1f} "
-                     f"| {median(runs, 'train_cpu_s'):.1f} | {median(runs, 'completion_tokens') / groups:.1f} "
-                     f"| {median(runs, 'tokens_per_s'):.1f} | {' | '.join(parts)} "
-                     f"| {median(runs, 'rest_s') / groups:.2f} | {median(runs, 'setup_s'):.1f} "
-                     f"| {median(runs, 'load_s'):.1f} | {median(runs, 'process_s'):.1f} "
-                     f"| {max(r['peak_rss_mib'] for r in runs):.0f} |")
+        lines.append(
+            f"| {side} | {per:.2f} ({spread(runs, 'per_group_s')}) | {ratio} | {median(runs, 'train_s'):.1f} "
+            f"| {median(runs, 'train_cpu_s'):.1f} | {median(runs, 'completion_tokens') / groups:.1f} "
+            f"| {median(runs, 'tokens_per_s'):.1f} | {' | '.join(parts)} "
+            f"| {median(runs, 'rest_s') / groups:.2f} | {median(runs, 'setup_s'):.1f} "
+            f"| {median(runs, 'load_s'):.1f} | {median(runs, 'process_s'):.1f} "
+            f"| {max(r['peak_rss_mib'] for r in runs):.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -102,8 +107,12 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=Path("/work/smol"), help="a checkpoint directory both load")
     parser.add_argument("--trl-python", default="/work/trl-venv/bin/python", help="the TRL environment's python")
     parser.add_argument("--python", default=sys.executable, help="the project environment's python (Ster)")
-    parser.add_argument("--also-ster", type=Path, metavar="DIR",
-                        help="a second checkout of the project whose ster runs as a third side, ster@DIR")
+    parser.add_argument(
+        "--also-ster",
+        type=Path,
+        metavar="DIR",
+        help="a second checkout of the project whose ster runs as a third side, ster@DIR",
+    )
     parser.add_argument("--no-trl", action="store_true", help="measure only the Ster side(s)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
@@ -130,20 +139,30 @@ def main() -> None:
         order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
         for side in order:
             python, root = sides[side]
-            result = run_worker(__file__, python, ["--worker", "trl" if root is None else "ster", *worker_args],
-                                environment(args.threads, root))
+            result = run_worker(
+                __file__,
+                python,
+                ["--worker", "trl" if root is None else "ster", *worker_args],
+                environment(args.threads, root),
+            )
             results.setdefault(side, []).append(result)
             loads.append(os.getloadavg()[0])
-            print(f"round {round_ + 1} {side}: {result['per_group_s']:.2f} s per group, "
-                  f"train {result['train_s']:.1f} s, {result['tokens_per_s']:.1f} completion tokens/s, "
-                  f"peak {result['peak_rss_mib']:.0f} MiB, "
-                  f"load average {loads[-1]:.1f}", file=sys.stderr, flush=True)
+            print(
+                f"round {round_ + 1} {side}: {result['per_group_s']:.2f} s per group, "
+                f"train {result['train_s']:.1f} s, {result['tokens_per_s']:.1f} completion tokens/s, "
+                f"peak {result['peak_rss_mib']:.0f} MiB, "
+                f"load average {loads[-1]:.1f}",
+                file=sys.stderr,
+                flush=True,
+            )
     versions = {side: runs[0]["versions"] for side, runs in results.items()}
     print(table(results))
     command = " ".join(["python", "bench/grpo_speed.py", *sys.argv[1:]])
-    print(f"\n`{command}`; versions: {json.dumps(versions)}; {args.rounds} rounds, {args.threads} threads, "
-          f"{args.prompts} prompts, group {GROUP}, {MAX_NEW_TOKENS} tokens; 1-minute load average "
-          f"{loads[0]:.1f} at the start, {statistics.median(loads):.1f} median, {loads[-1]:.1f} at the end")
+    print(
+        f"\n`{command}`; versions: {json.dumps(versions)}; {args.rounds} rounds, {args.threads} threads, "
+        f"{args.prompts} prompts, group {GROUP}, {MAX_NEW_TOKENS} tokens; 1-minute load average "
+        f"{loads[0]:.1f} at the start, {statistics.median(loads):.1f} median, {loads[-1]:.1f} at the end"
+    )
     if args.results:
         args.results.write_text(json.dumps({"results": results, "versions": versions, "loads": loads}, indent=1))
 
@@ -159,6 +178,7 @@ class Clock:
 
     def wrap(self, function: Any, part: Any) -> Any:
         """``function`` timed under ``part`` (a name, or a callable of the call's arguments giving one)."""
+
         def timed(*args: Any, **kwargs: Any) -> Any:
             name = part(*args, **kwargs) if callable(part) else part
             started = time.perf_counter()
@@ -166,6 +186,7 @@ class Clock:
                 return function(*args, **kwargs)
             finally:
                 self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+
         return timed
 
 
@@ -182,10 +203,25 @@ def ster_worker(model: Path, threads: int, count: int) -> dict[str, Any]:
     scratch = Path(tempfile.mkdtemp(prefix="grpo-speed-"))
     (scratch / "prompts.json").write_text(json.dumps({"prompts": prompts(count)}))
     request = build_job_request(
-        "tune grpo", model=str(model), prompts=scratch / "prompts.json", output=scratch / "adapter.safetensors",
-        reward="length", group=GROUP, iterations=1, beta=BETA, rank=RANK, alpha=ALPHA, targets=",".join(TARGETS),
-        layers="all", learning_rate=LEARNING_RATE, accumulation=1, max_new_tokens=MAX_NEW_TOKENS,
-        temperature=TEMPERATURE, top_p=TOP_P, seed=SEED)
+        "tune grpo",
+        model=str(model),
+        prompts=scratch / "prompts.json",
+        output=scratch / "adapter.safetensors",
+        reward="length",
+        group=GROUP,
+        iterations=1,
+        beta=BETA,
+        rank=RANK,
+        alpha=ALPHA,
+        targets=",".join(TARGETS),
+        layers="all",
+        learning_rate=LEARNING_RATE,
+        accumulation=1,
+        max_new_tokens=MAX_NEW_TOKENS,
+        temperature=TEMPERATURE,
+        top_p=TOP_P,
+        seed=SEED,
+    )
     store = ModelStore()
     ctx = JobContext(lambda event: None, models=store)
     started = time.perf_counter()
@@ -218,10 +254,23 @@ def ster_worker(model: Path, threads: int, count: int) -> dict[str, Any]:
     report = final.data["report"]
     groups = report["steps"]
     parts = {f"{part}_s": clock.seconds.get(part, 0.0) for part in PARTS}
-    return {"side": "ster", "load_s": load, "setup_s": 0.0, "train_s": train, "train_cpu_s": cpu, "groups": groups,
-            "per_group_s": train / groups, "completion_tokens": sum(sampled), "tokens_per_s": sum(sampled) / train,
-            **parts, "rest_s": train - sum(parts.values()), "first_loss": report["first_loss"],
-            "final_loss": report["final_loss"], "mean_kl": report["mean_kl"], "versions": versions}
+    return {
+        "side": "ster",
+        "load_s": load,
+        "setup_s": 0.0,
+        "train_s": train,
+        "train_cpu_s": cpu,
+        "groups": groups,
+        "per_group_s": train / groups,
+        "completion_tokens": sum(sampled),
+        "tokens_per_s": sum(sampled) / train,
+        **parts,
+        "rest_s": train - sum(parts.values()),
+        "first_loss": report["first_loss"],
+        "final_loss": report["final_loss"],
+        "mean_kl": report["mean_kl"],
+        "versions": versions,
+    }
 
 
 def prompts(count: int) -> list[str]:
@@ -243,9 +292,16 @@ def trl_worker(model_dir: Path, threads: int, count: int) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    versions = {name: module.__version__ for name, module in
-                (("trl", trl), ("peft", peft), ("transformers", transformers), ("torch", torch),
-                 ("datasets", datasets))}
+    versions = {
+        name: module.__version__
+        for name, module in (
+            ("trl", trl),
+            ("peft", peft),
+            ("transformers", transformers),
+            ("torch", torch),
+            ("datasets", datasets),
+        )
+    }
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     eos = {tokenizer.eos_token_id}
     sampled: list[int] = []
@@ -261,18 +317,44 @@ def trl_worker(model_dir: Path, threads: int, count: int) -> dict[str, Any]:
     load = time.perf_counter() - started
     started = time.perf_counter()
     config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="grpo-speed-trl-"), per_device_train_batch_size=GROUP,
-        num_generations=GROUP, gradient_accumulation_steps=1, num_iterations=1, num_train_epochs=1,
-        max_completion_length=MAX_NEW_TOKENS, temperature=TEMPERATURE, top_p=TOP_P, beta=BETA,
-        learning_rate=LEARNING_RATE, warmup_steps=0, loss_type="grpo", scale_rewards="group",
-        mask_truncated_completions=False, use_vllm=False, gradient_checkpointing=False, bf16=False, fp16=False,
-        use_cpu=True, seed=SEED, save_strategy="no", report_to="none", logging_steps=1, disable_tqdm=True,
-        dataloader_num_workers=0)
+        output_dir=tempfile.mkdtemp(prefix="grpo-speed-trl-"),
+        per_device_train_batch_size=GROUP,
+        num_generations=GROUP,
+        gradient_accumulation_steps=1,
+        num_iterations=1,
+        num_train_epochs=1,
+        max_completion_length=MAX_NEW_TOKENS,
+        temperature=TEMPERATURE,
+        top_p=TOP_P,
+        beta=BETA,
+        learning_rate=LEARNING_RATE,
+        warmup_steps=0,
+        loss_type="grpo",
+        scale_rewards="group",
+        mask_truncated_completions=False,
+        use_vllm=False,
+        gradient_checkpointing=False,
+        bf16=False,
+        fp16=False,
+        use_cpu=True,
+        seed=SEED,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=1,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
     rows = [{"prompt": [{"role": "user", "content": p}]} for p in prompts(count)]
-    trainer = GRPOTrainer(model=model, reward_funcs=length, args=config, train_dataset=datasets.Dataset.from_list(rows),
-                          processing_class=tokenizer,
-                          peft_config=LoraConfig(task_type="CAUSAL_LM", r=RANK, lora_alpha=ALPHA,
-                                                 target_modules=list(TARGETS), lora_dropout=0.0, bias="none"))
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=length,
+        args=config,
+        train_dataset=datasets.Dataset.from_list(rows),
+        processing_class=tokenizer,
+        peft_config=LoraConfig(
+            task_type="CAUSAL_LM", r=RANK, lora_alpha=ALPHA, target_modules=list(TARGETS), lora_dropout=0.0, bias="none"
+        ),
+    )
     setup = time.perf_counter() - started
     clock = Clock()
     trainer._generate_single_turn = clock.wrap(trainer._generate_single_turn, "sample")
@@ -282,14 +364,26 @@ def trl_worker(model_dir: Path, threads: int, count: int) -> dict[str, Any]:
     groups = trainer.state.global_step
     log = [entry for entry in trainer.state.log_history if "loss" in entry]
     sample = clock.seconds.get("sample", 0.0)
-    return {"side": "trl", "load_s": load, "setup_s": setup, "train_s": train, "train_cpu_s": cpu, "groups": groups,
-            "per_group_s": train / groups, "completion_tokens": sum(sampled), "tokens_per_s": sum(sampled) / train,
-            "sample_s": sample, "rest_s": train - sample,
-            "first_loss": log[0]["loss"] if log else None, "final_loss": log[-1]["loss"] if log else None,
-            "mean_kl": log[-1].get("kl") if log else None,
-            "trainable_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
-            "checkpointing": bool(getattr(trainer.model, "is_gradient_checkpointing", False)),
-            "dtype": str(next(trainer.model.parameters()).dtype), "versions": versions}
+    return {
+        "side": "trl",
+        "load_s": load,
+        "setup_s": setup,
+        "train_s": train,
+        "train_cpu_s": cpu,
+        "groups": groups,
+        "per_group_s": train / groups,
+        "completion_tokens": sum(sampled),
+        "tokens_per_s": sum(sampled) / train,
+        "sample_s": sample,
+        "rest_s": train - sample,
+        "first_loss": log[0]["loss"] if log else None,
+        "final_loss": log[-1]["loss"] if log else None,
+        "mean_kl": log[-1].get("kl") if log else None,
+        "trainable_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+        "checkpointing": bool(getattr(trainer.model, "is_gradient_checkpointing", False)),
+        "dtype": str(next(trainer.model.parameters()).dtype),
+        "versions": versions,
+    }
 
 
 WORKERS = {"ster": ster_worker, "trl": trl_worker}

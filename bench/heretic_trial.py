@@ -41,11 +41,18 @@ def main() -> None:
     parser.add_argument("--bad-eval", type=int, default=6, help="harmful prompts refusals are counted on")
     parser.add_argument("--trials", type=int, default=5, help="timed trials, after one warm-up trial")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=0,
-                        help="heretic's batch_size (default: the larger evaluation set, so each is one batch)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=0,
+        help="heretic's batch_size (default: the larger evaluation set, so each is one batch)",
+    )
     parser.add_argument("--max-response-length", type=int, default=None, help="heretic's default unless given")
-    parser.add_argument("--response-prefix", default=None,
-                        help="heretic's response_prefix; unless given, found as heretic finds it (an untimed check)")
+    parser.add_argument(
+        "--response-prefix",
+        default=None,
+        help="heretic's response_prefix; unless given, found as heretic finds it (an untimed check)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args()
@@ -74,11 +81,16 @@ def main() -> None:
         return DatasetSpecification(dataset=str(path), split=split)
 
     overrides = {} if args.max_response_length is None else {"max_response_length": args.max_response_length}
-    settings = Settings(model=str(model_path), seed=args.seed, batch_size=args.batch_size or max(args.good_eval,
-                        args.bad_eval), good_prompts=spec(good, f"[{args.good_eval}:]"),
-                        bad_prompts=spec(bad, f"[{args.bad_eval}:]"),
-                        good_evaluation_prompts=spec(good, f"[:{args.good_eval}]"),
-                        bad_evaluation_prompts=spec(bad, f"[:{args.bad_eval}]"), **overrides)
+    settings = Settings(
+        model=str(model_path),
+        seed=args.seed,
+        batch_size=args.batch_size or max(args.good_eval, args.bad_eval),
+        good_prompts=spec(good, f"[{args.good_eval}:]"),
+        bad_prompts=spec(bad, f"[{args.bad_eval}:]"),
+        good_evaluation_prompts=spec(good, f"[:{args.good_eval}]"),
+        bad_evaluation_prompts=spec(bad, f"[:{args.bad_eval}]"),
+        **overrides,
+    )
     started = time.perf_counter()
     model = Model(settings)
     loaded = time.perf_counter() - started
@@ -89,7 +101,8 @@ def main() -> None:
         settings.response_prefix = args.response_prefix
     else:  # heretic's response-prefix check, on the evaluation prompts (heretic takes up to 100 of each set)
         check = load_prompts(settings, settings.good_evaluation_prompts) + load_prompts(
-            settings, settings.bad_evaluation_prompts)
+            settings, settings.bad_evaluation_prompts
+        )
         settings.response_prefix = commonprefix(model.get_responses_batched(check)).rstrip(" ")  # noqa: RUF071 - by character, as heretic does
 
     evaluator = Evaluator(settings, model)
@@ -111,6 +124,7 @@ def main() -> None:
                 return function(*a, **k)
             finally:
                 parts[name] = parts.get(name, 0.0) + time.perf_counter() - begin
+
         return wrapper
 
     model.get_logprobs_batched = timed("kl", model.get_logprobs_batched)  # type: ignore[method-assign]
@@ -130,9 +144,12 @@ def main() -> None:
             position = trial.suggest_float(f"{component}.max_weight_position", 0.6 * last, 1.0 * last)
             min_weight = trial.suggest_float(f"{component}.min_weight", 0.0, 1.0)
             distance = trial.suggest_float(f"{component}.min_weight_distance", 1.0, 0.6 * last)
-            parameters[component] = AbliterationParameters(max_weight=max_weight, max_weight_position=position,
-                                                           min_weight=min_weight * max_weight,
-                                                           min_weight_distance=distance)
+            parameters[component] = AbliterationParameters(
+                max_weight=max_weight,
+                max_weight_position=position,
+                min_weight=min_weight * max_weight,
+                min_weight_distance=distance,
+            )
         parts.clear()
         begin = time.perf_counter()
         model.reset_model()
@@ -140,26 +157,49 @@ def main() -> None:
         abliterated = time.perf_counter()
         score, kl, refusals = evaluator.get_score()
         end = time.perf_counter()
-        records.append({"seconds": end - begin, "abliterate": abliterated - begin, "kl_seconds": parts.get("kl", 0.0),
-                        "refusal_seconds": parts.get("refusals", 0.0), "kl": kl, "refusals": refusals,
-                        "direction_index": index, "parameters": {k: asdict(v) for k, v in parameters.items()}})
+        records.append(
+            {
+                "seconds": end - begin,
+                "abliterate": abliterated - begin,
+                "kl_seconds": parts.get("kl", 0.0),
+                "refusal_seconds": parts.get("refusals", 0.0),
+                "kl": kl,
+                "refusals": refusals,
+                "direction_index": index,
+                "parameters": {k: asdict(v) for k, v in parameters.items()},
+            }
+        )
         return score
 
-    study = optuna.create_study(sampler=TPESampler(n_startup_trials=settings.n_startup_trials, n_ei_candidates=128,
-                                                   multivariate=True, seed=settings.seed),
-                                directions=[StudyDirection.MINIMIZE, StudyDirection.MINIMIZE])
+    study = optuna.create_study(
+        sampler=TPESampler(
+            n_startup_trials=settings.n_startup_trials, n_ei_candidates=128, multivariate=True, seed=settings.seed
+        ),
+        directions=[StudyDirection.MINIMIZE, StudyDirection.MINIMIZE],
+    )
     study.optimize(objective, n_trials=args.trials + 1)
     timed_trials = records[1:]
     seconds = [r["seconds"] for r in timed_trials]
     result = {
-        "heretic": version("heretic-llm"), "torch": torch.__version__, "transformers": transformers.__version__,
-        "threads": torch.get_num_threads(), "dtype": str(model.dtype).removeprefix("torch."),
-        "batch_size": settings.batch_size, "max_response_length": settings.max_response_length,
-        "response_prefix": settings.response_prefix, "good_eval": len(evaluator.good_prompts),
-        "bad_eval": len(evaluator.bad_prompts), "good_direction": len(good_prompts), "bad_direction": len(bad_prompts),
-        "base_refusals": evaluator.base_refusals, "load_seconds": loaded, "setup_seconds": setup,
-        "warmup_seconds": records[0]["seconds"], "trials": timed_trials,
-        "median_seconds": statistics.median(seconds), "mean_seconds": statistics.fmean(seconds),
+        "heretic": version("heretic-llm"),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "threads": torch.get_num_threads(),
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "batch_size": settings.batch_size,
+        "max_response_length": settings.max_response_length,
+        "response_prefix": settings.response_prefix,
+        "good_eval": len(evaluator.good_prompts),
+        "bad_eval": len(evaluator.bad_prompts),
+        "good_direction": len(good_prompts),
+        "bad_direction": len(bad_prompts),
+        "base_refusals": evaluator.base_refusals,
+        "load_seconds": loaded,
+        "setup_seconds": setup,
+        "warmup_seconds": records[0]["seconds"],
+        "trials": timed_trials,
+        "median_seconds": statistics.median(seconds),
+        "mean_seconds": statistics.fmean(seconds),
         "median_abliterate": statistics.median(r["abliterate"] for r in timed_trials),
         "median_kl_seconds": statistics.median(r["kl_seconds"] for r in timed_trials),
         "median_refusal_seconds": statistics.median(r["refusal_seconds"] for r in timed_trials),

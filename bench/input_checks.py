@@ -47,6 +47,7 @@ def refused(action: Callable[[], object]) -> Callable[[], None]:
             action()
         except Refusal:
             pass
+
     return run
 
 

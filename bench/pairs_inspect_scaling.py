@@ -49,8 +49,10 @@ def sentence(rng: random.Random, vocab: list[str], low: int, high: int) -> str:
 def fresh_pair(rng: random.Random, vocab: list[str]) -> Pair:
     question = sentence(rng, vocab, 6, 10).capitalize() + "?"
     stem = sentence(rng, vocab, 4, 8)
-    return Pair(positive=f"Question: {question}\nAnswer: {stem} {sentence(rng, vocab, 6, 12)}.",
-                negative=f"Question: {question}\nAnswer: {stem} {sentence(rng, vocab, 6, 12)}.")
+    return Pair(
+        positive=f"Question: {question}\nAnswer: {stem} {sentence(rng, vocab, 6, 12)}.",
+        negative=f"Question: {question}\nAnswer: {stem} {sentence(rng, vocab, 6, 12)}.",
+    )
 
 
 def variant(rng: random.Random, vocab: list[str], pairs: list[Pair]) -> Pair:
@@ -87,8 +89,11 @@ def time_inspection(pair_set: PairSet, rounds: int) -> tuple[float, dict[str, in
         start = time.perf_counter()
         report = inspect_pairs(pair_set)
         times.append(time.perf_counter() - start)
-    counts = {"duplicates": report.duplicate_count, "refusals": report.refusal_count,
-              "unbalanced": report.unbalanced_count}
+    counts = {
+        "duplicates": report.duplicate_count,
+        "refusals": report.refusal_count,
+        "unbalanced": report.unbalanced_count,
+    }
     return statistics.median(times), counts
 
 

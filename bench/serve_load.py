@@ -63,9 +63,21 @@ class Tally:
         self.health_failed = 0
         self.most_queued = 0
         self.running_seen = 0
-        self.counts = {key: 0 for key in ("read", "slow", "vanished queued", "vanished running", "vanished upload",
-                                          "bad", "bad answered wrong", "one result", "lost or doubled",
-                                          "client errors")}
+        self.counts = {
+            key: 0
+            for key in (
+                "read",
+                "slow",
+                "vanished queued",
+                "vanished running",
+                "vanished upload",
+                "bad",
+                "bad answered wrong",
+                "one result",
+                "lost or doubled",
+                "client errors",
+            )
+        }
         self.problems: list[str] = []
 
     def add(self, key: str, problem: str | None = None) -> None:
@@ -95,10 +107,20 @@ class Held:
 
 def start(workdir: Path) -> tuple[subprocess.Popen, str, list[str]]:
     """``ster serve`` on a free port, its own workspace; its stderr read as it comes."""
-    env = {**os.environ, "XDG_DATA_HOME": str(workdir / "data"), "XDG_STATE_HOME": str(workdir / "state"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    process = subprocess.Popen([sys.executable, "-m", "ster", "serve"], cwd=workdir, env=env, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    env = {
+        **os.environ,
+        "XDG_DATA_HOME": str(workdir / "data"),
+        "XDG_STATE_HOME": str(workdir / "state"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ster", "serve"],
+        cwd=workdir,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert process.stdout is not None and process.stderr is not None
     line = process.stdout.readline()
     if not line:
@@ -115,8 +137,14 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def stream(url: str, tally: Tally, path: str, body: dict[str, Any], until: Callable[[list[dict]], bool] | None = None,
-           delay: float = 0.0) -> tuple[list[dict], bool]:
+def stream(
+    url: str,
+    tally: Tally,
+    path: str,
+    body: dict[str, Any],
+    until: Callable[[list[dict]], bool] | None = None,
+    delay: float = 0.0,
+) -> tuple[list[dict], bool]:
     """POST a job and read its lines; stop early (closing the connection) once ``until`` says so."""
     lines: list[dict] = []
     with Held(tally), httpx.Client(base_url=url, timeout=300) as client:
@@ -136,8 +164,15 @@ def jobs(out: Path, name: str) -> Iterator[tuple[str, dict[str, Any]]]:
     for n in range(1_000_000):
         yield "/v1/generate", {"model": TOY, "prompt": RIVER, "maxNewTokens": 40}
         yield "/v1/train", {"model": TOY, "pairs": "ster:pairs", "output": str(out / f"{name}-{n}-vector.json")}
-        yield "/v1/tune/sft", {"model": TOY, "examples": "ster:examples", "epochs": 3,
-                               "output": str(out / f"{name}-{n}-adapter.safetensors")}
+        yield (
+            "/v1/tune/sft",
+            {
+                "model": TOY,
+                "examples": "ster:examples",
+                "epochs": 3,
+                "output": str(out / f"{name}-{n}-adapter.safetensors"),
+            },
+        )
 
 
 def reader(url: str, tally: Tally, stop: threading.Event, out: Path, name: str, delay: float) -> None:
@@ -164,14 +199,24 @@ def vanisher(url: str, tally: Tally, stop: threading.Event, out: Path, name: str
             return
         try:
             if n % 2 == 0:  # away after the first line: the queue line, or the first line of its job
-                stream(url, tally, "/v1/generate", {"model": TOY, "prompt": RIVER, "maxNewTokens": 40},
-                       until=lambda lines: True)
+                stream(
+                    url,
+                    tally,
+                    "/v1/generate",
+                    {"model": TOY, "prompt": RIVER, "maxNewTokens": 40},
+                    until=lambda lines: True,
+                )
                 tally.add("vanished queued")
             else:  # away once its endless job has the model: only the server's cancel ends it
-                body = {"model": TOY, "examples": "ster:examples", "epochs": ENDLESS,
-                        "output": str(out / f"{name}-{n}.safetensors")}
-                stream(url, tally, "/v1/tune/sft", body,
-                       until=lambda lines: QUEUE_LINE not in lines[-1].get("chunk", ""))
+                body = {
+                    "model": TOY,
+                    "examples": "ster:examples",
+                    "epochs": ENDLESS,
+                    "output": str(out / f"{name}-{n}.safetensors"),
+                }
+                stream(
+                    url, tally, "/v1/tune/sft", body, until=lambda lines: QUEUE_LINE not in lines[-1].get("chunk", "")
+                )
                 tally.add("vanished running")
         except Exception as exc:
             tally.add("client errors", f"vanisher: {exc!r}")
@@ -183,8 +228,10 @@ def upload_vanisher(url: str, tally: Tally, stop: threading.Event) -> None:
     while not stop.is_set():
         try:
             with Held(tally), socket.create_connection((host, int(port)), timeout=30) as sock:
-                sock.sendall(b"POST /v1/generate HTTP/1.1\r\nhost: ster\r\ncontent-type: application/json\r\n"
-                             b"content-length: %d\r\n\r\n" % len(body) + body[: len(body) // 2])
+                sock.sendall(
+                    b"POST /v1/generate HTTP/1.1\r\nhost: ster\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\n\r\n" % len(body) + body[: len(body) // 2]
+                )
             tally.add("vanished upload")
         except OSError as exc:
             tally.add("client errors", f"upload: {exc!r}")
@@ -206,8 +253,19 @@ BAD: list[tuple[str, str, Callable[[], dict[str, Any]], int]] = [
     ("POST", "/v1/generate", lambda: {"json": {"prompt": RIVER}}, 400),
     ("POST", "/v1/tune/sft", lambda: {"json": {"model": TOY, "examples": "ster:examples"}}, 400),
     ("POST", "/v1/generate", lambda: {"json": {"model": TOY, "prompt": RIVER, "maxNewTokens": -3}}, 400),
-    ("POST", "/v1/tune/sft", lambda: {"json": {"model": TOY, "examples": "ster:examples", "epochs": "many",
-                                               "output": "/nonexistent/x.safetensors"}}, 400),
+    (
+        "POST",
+        "/v1/tune/sft",
+        lambda: {
+            "json": {
+                "model": TOY,
+                "examples": "ster:examples",
+                "epochs": "many",
+                "output": "/nonexistent/x.safetensors",
+            }
+        },
+        400,
+    ),
     ("POST", "/v1/no-such-operation", lambda: {"json": {}}, 404),
     ("GET", "/v1/generate", lambda: {}, 404),
 ]
@@ -293,14 +351,19 @@ def main() -> None:
             stop = threading.Event()
             out = workdir / "out"
             threads = [threading.Thread(target=poller, args=(url, tally, stop)) for _ in range(args.health_clients)]
-            threads += [threading.Thread(target=reader, args=(url, tally, stop, out, f"r{i}", 0.0))
-                        for i in range(args.readers)]
-            threads += [threading.Thread(target=reader, args=(url, tally, stop, out, f"s{i}", args.slow_delay))
-                        for i in range(args.slow_readers)]
-            threads += [threading.Thread(target=vanisher, args=(url, tally, stop, out, f"v{i}"))
-                        for i in range(args.vanishers)]
-            threads += [threading.Thread(target=upload_vanisher, args=(url, tally, stop))
-                        for _ in range(args.upload_vanishers)]
+            threads += [
+                threading.Thread(target=reader, args=(url, tally, stop, out, f"r{i}", 0.0)) for i in range(args.readers)
+            ]
+            threads += [
+                threading.Thread(target=reader, args=(url, tally, stop, out, f"s{i}", args.slow_delay))
+                for i in range(args.slow_readers)
+            ]
+            threads += [
+                threading.Thread(target=vanisher, args=(url, tally, stop, out, f"v{i}")) for i in range(args.vanishers)
+            ]
+            threads += [
+                threading.Thread(target=upload_vanisher, args=(url, tally, stop)) for _ in range(args.upload_vanishers)
+            ]
             threads += [threading.Thread(target=bad_inputs, args=(url, tally, stop)) for _ in range(args.bad_clients)]
             for thread in threads:
                 thread.daemon = True
@@ -329,25 +392,35 @@ def main() -> None:
     tracebacks = sum("Traceback" in line for line in stderr)
     rows = [
         ("seconds under load", f"{args.seconds:g}"),
-        ("client threads (health / readers / slow / vanishing / mid-body / bad)",
-         f"{args.health_clients} / {args.readers} / {args.slow_readers} / {args.vanishers} / "
-         f"{args.upload_vanishers} / {args.bad_clients}"),
+        (
+            "client threads (health / readers / slow / vanishing / mid-body / bad)",
+            f"{args.health_clients} / {args.readers} / {args.slow_readers} / {args.vanishers} / "
+            f"{args.upload_vanishers} / {args.bad_clients}",
+        ),
         ("requests held open at once (most)", f"{tally.most_open}"),
         ("model jobs queued at once (most health saw)", f"{tally.most_queued}"),
         ("health requests answered (failed)", f"{len(tally.health_ms)} ({tally.health_failed})"),
         ("health latency median / max", f"{statistics.median(ms):.1f} ms / {max(ms):.1f} ms"),
         ("health answers while a job had the model", f"{tally.running_seen}"),
-        ("jobs accepted / finished / cancelled / failed",
-         f"{counts['accepted']} / {counts['finished']} / {counts['cancelled']} / {counts['failed']}"),
-        ("readers with exactly one result line (lost or doubled)",
-         f"{c['one result']} of {c['read'] + c['slow']} ({c['lost or doubled']})"),
+        (
+            "jobs accepted / finished / cancelled / failed",
+            f"{counts['accepted']} / {counts['finished']} / {counts['cancelled']} / {counts['failed']}",
+        ),
+        (
+            "readers with exactly one result line (lost or doubled)",
+            f"{c['one result']} of {c['read'] + c['slow']} ({c['lost or doubled']})",
+        ),
         ("slow clients served", f"{c['slow']}"),
-        ("vanished clients: after one line / once running / mid-body",
-         f"{c['vanished queued']} / {c['vanished running']} / {c['vanished upload']}"),
+        (
+            "vanished clients: after one line / once running / mid-body",
+            f"{c['vanished queued']} / {c['vanished running']} / {c['vanished upload']}",
+        ),
         ("bad inputs tried (answered wrong)", f"{c['bad']} ({c['bad answered wrong']})"),
         ("client errors / clients still blocked at the end", f"{c['client errors']} / {hung}"),
-        ("idle at the end (running, queued), answering", f"{health['running']}, {health['queued']}, "
-                                                        f"{'yes' if answered_at_end else 'no'}"),
+        (
+            "idle at the end (running, queued), answering",
+            f"{health['running']}, {health['queued']}, {'yes' if answered_at_end else 'no'}",
+        ),
         ("tracebacks on the server's stderr", f"{tracebacks}"),
         ("server RSS after warm-up / after load", f"{before:.0f} MiB / {after:.0f} MiB"),
     ]

@@ -66,27 +66,35 @@ def print_candidates(selection: dict[str, Any]) -> None:
         if row["layer"] not in best or rank_key(row) > rank_key(best[row["layer"]]):
             best[row["layer"]] = row
     for layer, row in sorted(best.items()):
-        print(f"| {layer} | {row['method']} | {row['holdout_accuracy']:.2f} | {row['holdout_margin']:.2f} | "
-              f"{fmt(row['holdout_separation'], '.2f')} | {row['relative_margin']:.4f} | "
-              f"{'yes' if row['selected'] else ''} |")
+        print(
+            f"| {layer} | {row['method']} | {row['holdout_accuracy']:.2f} | {row['holdout_margin']:.2f} | "
+            f"{fmt(row['holdout_separation'], '.2f')} | {row['relative_margin']:.4f} | "
+            f"{'yes' if row['selected'] else ''} |"
+        )
 
 
 def print_sweep(result: dict[str, Any], texts: bool) -> None:
     unit = "x" if result["strength_unit"] == "relative" else ""
     print(f"layer {result['layers']}, suggested {result['suggested']}, moved {result['moved']}")
-    print("| strength | effect | relative effect | noise | distinguishable | texts changed | distinct-2 | "
-          "longest run | fluent | first prompt's text begins |")
+    print(
+        "| strength | effect | relative effect | noise | distinguishable | texts changed | distinct-2 | "
+        "longest run | fluent | first prompt's text begins |"
+    )
     print("|---:|---:|---:|---:|---|---:|---:|---:|---|---|")
     for row in result["rows"]:
         first = row["outputs"][0]["text"].replace("\n", " ")[:70]
-        print(f"| {row['strength']:+g}{unit} | {fmt(row['effect'], '+.1f')} | {fmt(row['relative_effect'], '+.4f')} | "
-              f"{fmt(row['noise'], '.1f')} | {'yes' if row['distinguishable'] else 'no'} | "
-              f"{row['changed']}/{len(row['outputs'])} | {fmt(row['distinct_2'], '.2f')} | {row['longest_run']} | "
-              f"{'yes' if row['fluent'] else 'no'} | {first}… |")
+        print(
+            f"| {row['strength']:+g}{unit} | {fmt(row['effect'], '+.1f')} | {fmt(row['relative_effect'], '+.4f')} | "
+            f"{fmt(row['noise'], '.1f')} | {'yes' if row['distinguishable'] else 'no'} | "
+            f"{row['changed']}/{len(row['outputs'])} | {fmt(row['distinct_2'], '.2f')} | {row['longest_run']} | "
+            f"{'yes' if row['fluent'] else 'no'} | {first}… |"
+        )
     if texts:
         for row in result["rows"]:
-            print(f"\n{row['strength']:+g}{unit}: per-prompt effects "
-                  f"{[None if o['effect'] is None else round(o['effect'], 1) for o in row['outputs']]}")
+            print(
+                f"\n{row['strength']:+g}{unit}: per-prompt effects "
+                f"{[None if o['effect'] is None else round(o['effect'], 1) for o in row['outputs']]}"
+            )
             for output in row["outputs"]:
                 print("   ", json.dumps(output["text"][:160]))
 
@@ -130,8 +138,7 @@ def main() -> None:
             run("train", TrainRequest(model=model, pairs=DATA / "calm-fit.json", output=vector, layers=layer), store)
             print(f"\n## default sweep ({DEFAULT_SWEEP}) at layer {layer}, caa\n")
             print_sweep(run("sweep", SweepRequest(vector=vector, **common), store), args.texts)
-        print(f"\ndefaults: strength {DEFAULT_STRENGTH}, sweep {DEFAULT_SWEEP}; "
-              f"{time.perf_counter() - started:.0f} s")
+        print(f"\ndefaults: strength {DEFAULT_STRENGTH}, sweep {DEFAULT_SWEEP}; {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":

@@ -34,8 +34,9 @@ DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 
 
 def load_pairs(count: int) -> list[tuple[str, str]]:
-    pairs = [p for name in ("calm-fit.json", "calm-holdout.json")
-             for p in json.loads((DATA / name).read_text())["pairs"]]
+    pairs = [
+        p for name in ("calm-fit.json", "calm-holdout.json") for p in json.loads((DATA / name).read_text())["pairs"]
+    ]
     return [(p["positive"], p["negative"]) for p in pairs[:count]]
 
 
@@ -47,8 +48,14 @@ def ster_trainer(model_dir: Path, pairs: list[tuple[str, str]], method: str, bat
     document = {"trait_name": "calm", "pairs": [{"positive": p, "negative": n} for p, n in pairs]}
     (scratch / "pairs.json").write_text(json.dumps(document))
     store = ModelStore()
-    request = TrainRequest(model=str(model_dir), pairs=scratch / "pairs.json", output=scratch / "v.json",
-                           method=method, chat_template="off", batch_size=batch_size)
+    request = TrainRequest(
+        model=str(model_dir),
+        pairs=scratch / "pairs.json",
+        output=scratch / "v.json",
+        method=method,
+        chat_template="off",
+        batch_size=batch_size,
+    )
     ctx = JobContext(lambda event: None, models=store)
     store.decoder(store.open(request, ctx), ctx)  # load before timing, as for the peers
 
@@ -69,8 +76,9 @@ def repeng_trainer(model, tokenizer, pairs: list[tuple[str, str]], batch_size: i
 def steering_vectors_trainer(model, tokenizer, pairs: list[tuple[str, str]], batch_size: int):
     from steering_vectors import train_steering_vector
 
-    return lambda: train_steering_vector(model, tokenizer, pairs, read_token_index=-1, batch_size=batch_size,
-                                         show_progress=False)
+    return lambda: train_steering_vector(
+        model, tokenizer, pairs, read_token_index=-1, batch_size=batch_size, show_progress=False
+    )
 
 
 def working(contenders: dict[str, Callable[[], object]]) -> tuple[dict[str, Callable[[], object]], dict[str, str]]:
@@ -110,8 +118,9 @@ def main() -> None:
         # the default batch's lead over a larger one differs from CPU to CPU; the row shows it on this one
         "ster train --method caa (batch 32)": ster_trainer(model_dir, pairs, "caa", 32, scratch),
         "repeng ControlVector.train, pca_diff (batch 32, its default)": repeng_trainer(model, tokenizer, pairs, 32),
-        "steering-vectors train_steering_vector (batch 1, its default)":
-            steering_vectors_trainer(model, tokenizer, pairs, 1),
+        "steering-vectors train_steering_vector (batch 1, its default)": steering_vectors_trainer(
+            model, tokenizer, pairs, 1
+        ),
         "steering-vectors train_steering_vector (batch 8)": steering_vectors_trainer(model, tokenizer, pairs, 8),
     }
     load_before = os.getloadavg()[0]
@@ -119,10 +128,12 @@ def main() -> None:
     medians = median_times(runnable, args.rounds)
     peers = [v for k, v in medians.items() if not k.startswith("ster")]
     fastest_peer = min(peers) if peers else float("nan")
-    print(f"{len(pairs)} pairs, every layer, {model.config.model_type} ({model_dir.name}) f32, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}, transformers {transformers_version()}, "
-          f"median of {args.rounds} alternating rounds; load average before {load_before:.2f}, "
-          f"after {os.getloadavg()[0]:.2f}")
+    print(
+        f"{len(pairs)} pairs, every layer, {model.config.model_type} ({model_dir.name}) f32, "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}, transformers {transformers_version()}, "
+        f"median of {args.rounds} alternating rounds; load average before {load_before:.2f}, "
+        f"after {os.getloadavg()[0]:.2f}"
+    )
     print("| trainer | seconds | speed vs fastest peer |")
     print("|---|---|---|")
     for name in contenders:

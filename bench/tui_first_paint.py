@@ -85,8 +85,14 @@ def opened(pairs: Path | None, switch: bool = False) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=TREE) if TREE else None
     with tempfile.TemporaryDirectory() as scratch:
         start = time.time()
-        proc = subprocess.run([sys.executable, "-c", OPEN, str(pairs or ""), "switch" if switch else ""],
-                              capture_output=True, text=True, check=True, env=env, cwd=scratch)
+        proc = subprocess.run(
+            [sys.executable, "-c", OPEN, str(pairs or ""), "switch" if switch else ""],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+            cwd=scratch,
+        )
     marks = json.loads(proc.stdout.strip().splitlines()[-1])
     return {name: value - start if name in ("frame", "filled") else value for name, value in marks.items()}
 

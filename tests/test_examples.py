@@ -21,8 +21,14 @@ from tests.conftest import REPO, CliRun
 
 
 def ster(*args: str, cwd: Path) -> CliRun:
-    proc = subprocess.run([sys.executable, "-m", "ster", *args], capture_output=True, text=True, cwd=cwd,
-                          env=os.environ.copy(), timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ster", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=os.environ.copy(),
+        timeout=300,
+    )
     return CliRun(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -42,8 +48,14 @@ def quick_start() -> tuple[str, str]:
 
 def test_every_reserved_name_is_a_bundled_file() -> None:
     assert all((EXAMPLES_DIR / file).is_file() for file in EXAMPLES.values())
-    assert sorted(EXAMPLES) == ["ster:chat-examples", "ster:examples", "ster:grpo-prompts", "ster:neutral", "ster:pairs",
-                                "ster:prompts"]
+    assert sorted(EXAMPLES) == [
+        "ster:chat-examples",
+        "ster:examples",
+        "ster:grpo-prompts",
+        "ster:neutral",
+        "ster:pairs",
+        "ster:prompts",
+    ]
 
 
 def test_the_readme_quick_start_runs_verbatim_outside_the_checkout(tmp_path: Path) -> None:
@@ -76,14 +88,21 @@ def test_the_walkthrough_toy_commands_run_verbatim_outside_the_checkout(tmp_path
         assert run.code == 0, run.err
 
 
-@pytest.mark.parametrize(("args", "check"), [
-    (["pairs", "inspect", "--pairs", "ster:pairs"], lambda d: d["pair_count"] == 12 and d["trait_name"] == "calm"),
-    (["extract", "--model", "ster:toy", "--input", "ster:prompts", "--output", "states.json", "--layers", "0"],
-     lambda d: d["prompts"] == len(json.loads((EXAMPLES_DIR / "prompts.json").read_text())["prompts"])),
-    (["workspace", "import-pairs", "ster:pairs"], lambda d: d["id"] == "pairs" and d["pair_count"] == 12),
-    (["onboarding", "--import-pairs", "ster:pairs", "--name", "calm"],
-     lambda d: d["status"] == "complete" and d["imported"]["id"] == "calm"),
-])
+@pytest.mark.parametrize(
+    ("args", "check"),
+    [
+        (["pairs", "inspect", "--pairs", "ster:pairs"], lambda d: d["pair_count"] == 12 and d["trait_name"] == "calm"),
+        (
+            ["extract", "--model", "ster:toy", "--input", "ster:prompts", "--output", "states.json", "--layers", "0"],
+            lambda d: d["prompts"] == len(json.loads((EXAMPLES_DIR / "prompts.json").read_text())["prompts"]),
+        ),
+        (["workspace", "import-pairs", "ster:pairs"], lambda d: d["id"] == "pairs" and d["pair_count"] == 12),
+        (
+            ["onboarding", "--import-pairs", "ster:pairs", "--name", "calm"],
+            lambda d: d["status"] == "complete" and d["imported"]["id"] == "calm",
+        ),
+    ],
+)
 def test_input_flags_take_the_reserved_names_from_any_directory(tmp_path: Path, args: list[str], check) -> None:
     run = ster(*args, cwd=tmp_path)
     assert run.code == 0, run.err
@@ -91,15 +110,40 @@ def test_input_flags_take_the_reserved_names_from_any_directory(tmp_path: Path, 
 
 
 def test_sweep_reads_the_bundled_prompts(tmp_path: Path) -> None:
-    assert ster("train", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "calm.json", "--layers", "3",
-                cwd=tmp_path).code == 0
-    run = ster("sweep", "--model", "ster:toy", "--vector", "calm.json", "--prompts", "ster:prompts",
-               "--strengths=3", "--max-new-tokens", "4", cwd=tmp_path)
+    assert (
+        ster(
+            "train",
+            "--model",
+            "ster:toy",
+            "--pairs",
+            "ster:pairs",
+            "--output",
+            "calm.json",
+            "--layers",
+            "3",
+            cwd=tmp_path,
+        ).code
+        == 0
+    )
+    run = ster(
+        "sweep",
+        "--model",
+        "ster:toy",
+        "--vector",
+        "calm.json",
+        "--prompts",
+        "ster:prompts",
+        "--strengths=3",
+        "--max-new-tokens",
+        "4",
+        cwd=tmp_path,
+    )
     assert run.code == 0, run.err
 
 
 def test_an_unknown_reserved_name_is_refused_listing_the_names(tmp_path: Path) -> None:
     run = ster("pairs", "inspect", "--pairs", "ster:pair", cwd=tmp_path)
     assert run.code == 1
-    assert run.err.strip() == ("error: --pairs ster:pair is not a bundled example; the bundled examples are "
-                               + ", ".join(EXAMPLES))
+    assert run.err.strip() == (
+        "error: --pairs ster:pair is not a bundled example; the bundled examples are " + ", ".join(EXAMPLES)
+    )

@@ -22,8 +22,14 @@ def _cuda() -> bool:
 
 @pytest.mark.skipif(_cuda(), reason="this machine has CUDA, so the script runs its checks")
 def test_without_cuda_every_check_is_skipped_and_the_script_exits_0() -> None:
-    proc = subprocess.run(["bash", "bench/gpu_check.sh"], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHON": sys.executable})
+    proc = subprocess.run(
+        ["bash", "bench/gpu_check.sh"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("machine: GPU none") and "; CPU: " in lines[0] and "torch " in lines[0]
@@ -31,15 +37,48 @@ def test_without_cuda_every_check_is_skipped_and_the_script_exits_0() -> None:
 
 
 def test_a_check_prints_one_line_and_fails_with_a_sentence(tmp_path: Path) -> None:
-    run = [sys.executable, "bench/gpu_check.py", "decode", "--device", "cpu", "--model", "ster:toy", "--tokens", "12",
-           "--rounds", "1", "--precision", "bf16", "--name", "decode-bf16", "--work", str(tmp_path)]
+    run = [
+        sys.executable,
+        "bench/gpu_check.py",
+        "decode",
+        "--device",
+        "cpu",
+        "--model",
+        "ster:toy",
+        "--tokens",
+        "12",
+        "--rounds",
+        "1",
+        "--precision",
+        "bf16",
+        "--name",
+        "decode-bf16",
+        "--work",
+        str(tmp_path),
+    ]
     proc = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    line, = proc.stdout.splitlines()
+    (line,) = proc.stdout.splitlines()
     assert line.startswith("PASS decode-bf16: 12 greedy tokens, ") and "tokens/s" in line
-    proc = subprocess.run([sys.executable, "bench/gpu_check.py", "tune", "--objective", "sft", "--device", "cpu",
-                           "--model", str(tmp_path / "nothing"), "--work", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "bench/gpu_check.py",
+            "tune",
+            "--objective",
+            "sft",
+            "--device",
+            "cpu",
+            "--model",
+            str(tmp_path / "nothing"),
+            "--work",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1
-    line, = proc.stdout.splitlines()
+    (line,) = proc.stdout.splitlines()
     assert line.startswith("FAIL tune: ster tune sft exited 1: error: ") and "nothing" in line

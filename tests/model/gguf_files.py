@@ -102,9 +102,17 @@ def _gguf_module(module: str, names: dict[str, str]) -> str:
     return f"blk.{layer}.{names[rest]}"
 
 
-def write_gguf(path: Path, model: Any, architecture: str, *, name: str = "tiny", drop: Iterable[str] = (),
-               tensors: dict[str, np.ndarray] | None = None, metadata: dict[str, Any] | None = None,
-               tokenizer_model: str = "gpt2") -> Path:
+def write_gguf(
+    path: Path,
+    model: Any,
+    architecture: str,
+    *,
+    name: str = "tiny",
+    drop: Iterable[str] = (),
+    tensors: dict[str, np.ndarray] | None = None,
+    metadata: dict[str, Any] | None = None,
+    tokenizer_model: str = "gpt2",
+) -> Path:
     """Write ``model`` as a GGUF of ``architecture``; ``drop`` leaves tensors out, ``tensors`` adds or replaces
     some, ``metadata`` adds or replaces ``{arch}.*`` keys (a value of None removes one), ``tokenizer_model`` names
     another kind of vocabulary than byte-level BPE."""
@@ -144,8 +152,9 @@ def _shape_metadata(config: Any, architecture: str) -> dict[str, Any]:
         "attention.key_length": head_dim,
         "attention.value_length": head_dim,
         "rope.freq_base": float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
-        "rope.dimension_count": int(head_dim * rope.get("partial_rotary_factor",
-                                                        getattr(config, "partial_rotary_factor", 1.0))),
+        "rope.dimension_count": int(
+            head_dim * rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+        ),
     }
     if getattr(config, "sliding_window", None) is not None and architecture == "gemma3":
         keys["attention.sliding_window"] = config.sliding_window
@@ -182,32 +191,73 @@ def _add_tokenizer(writer: Any, model: str) -> None:
     writer.add_chat_template(CHAT_TEMPLATE)
 
 
-COMMON = {"vocab_size": VOCAB_SIZE, "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 3,
-          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
-          "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD}
+COMMON = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 48,
+    "intermediate_size": 80,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "bos_token_id": BOS,
+    "eos_token_id": EOS,
+    "pad_token_id": PAD,
+}
 FAMILIES: dict[str, tuple[str, str, str, dict[str, Any]]] = {
     # Llama: a head width that is not hidden / heads, biases on the attention and the MLP, linear rope scaling.
-    "llama": ("LlamaConfig", "LlamaForCausalLM", "llama",
-              {"head_dim": 16, "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": False,
-               "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0}}),
+    "llama": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        "llama",
+        {
+            "head_dim": 16,
+            "attention_bias": True,
+            "mlp_bias": True,
+            "tie_word_embeddings": False,
+            "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0},
+        },
+    ),
     # Mistral: written as a llama GGUF, as llama.cpp writes it (no window: a GGUF of it states none).
-    "mistral": ("MistralConfig", "MistralForCausalLM", "llama",
-                {"head_dim": 16, "sliding_window": None, "tie_word_embeddings": False}),
+    "mistral": (
+        "MistralConfig",
+        "MistralForCausalLM",
+        "llama",
+        {"head_dim": 16, "sliding_window": None, "tie_word_embeddings": False},
+    ),
     # Qwen2: biases on q, k and v, a tied head (no output.weight in the file).
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "qwen2", {"tie_word_embeddings": True, "rope_theta": 5000.0}),
     # Qwen3: q/k norms, biases on all four attention projections, a head width other than the class's 128.
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", "qwen3",
-              {"head_dim": 16, "attention_bias": True, "tie_word_embeddings": False}),
+    "qwen3": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        "qwen3",
+        {"head_dim": 16, "attention_bias": True, "tie_word_embeddings": False},
+    ),
     # Phi-3: fused qkv and gate/up tensors, half of each head rotating.
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", "phi3",
-             {"partial_rotary_factor": 0.5, "sliding_window": None, "tie_word_embeddings": False}),
+    "phi3": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        "phi3",
+        {"partial_rotary_factor": 0.5, "sliding_window": None, "tie_word_embeddings": False},
+    ),
     # Gemma 3: 1 + w norms (four a block, q/k too), six layers so the sixth is full and the rest slide (window 5),
     # linear scaling on the full layer's rope, the score scale at llama.cpp's 1/sqrt(head_dim), a tied head.
-    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", "gemma3",
-               {"num_hidden_layers": 6, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 5,
-                "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0},
-                                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
-                "tie_word_embeddings": True}),
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        "gemma3",
+        {
+            "num_hidden_layers": 6,
+            "head_dim": 16,
+            "query_pre_attn_scalar": 16,
+            "sliding_window": 5,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+            "tie_word_embeddings": True,
+        },
+    ),
 }
 """Per family: transformers' config and model classes, the GGUF architecture, the family's distinctive options."""
 

@@ -30,13 +30,24 @@ def test_decisions() -> None:
     assert set(DECISION_SENTENCES) == {"applied", "absent", "off"}
 
 
-@pytest.mark.parametrize(("source", "message"), [
-    ("line one\n{{ nothing_here }}", "the chat template uses something undefined: 'nothing_here' is undefined (template line 2)"),
-    ("a\nb\n{{ raise_exception('no system turns') }}", "the chat template failed: no system turns (template line 3)"),
-    ("{% for m in messages %}\n{{ m.missing }}{% endfor %}",
-     "the chat template uses something undefined: 'dict object' has no attribute 'missing' (template line 2)"),
-    ("{% if %}", "the chat template does not parse"),
-])
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (
+            "line one\n{{ nothing_here }}",
+            "the chat template uses something undefined: 'nothing_here' is undefined (template line 2)",
+        ),
+        (
+            "a\nb\n{{ raise_exception('no system turns') }}",
+            "the chat template failed: no system turns (template line 3)",
+        ),
+        (
+            "{% for m in messages %}\n{{ m.missing }}{% endfor %}",
+            "the chat template uses something undefined: 'dict object' has no attribute 'missing' (template line 2)",
+        ),
+        ("{% if %}", "the chat template does not parse"),
+    ],
+)
 def test_template_failures_name_the_line(source: str, message: str) -> None:
     with pytest.raises(Refusal) as caught:
         render(source)
@@ -44,12 +55,16 @@ def test_template_failures_name_the_line(source: str, message: str) -> None:
 
 
 def test_a_template_that_writes_an_undeclared_bos_token_is_refused() -> None:
-    with pytest.raises(Refusal, match="writes bos_token \\(template line 1\\), but the tokenizer config declares no bos_token"):
+    with pytest.raises(
+        Refusal, match="writes bos_token \\(template line 1\\), but the tokenizer config declares no bos_token"
+    ):
         render("{{ bos_token }}{{ messages[0]['content'] }}")
 
 
 def test_testing_an_undefined_value_is_allowed() -> None:
-    source = "{% if system is defined %}S{% endif %}{% if messages[0].get('name') %}N{% endif %}{{ messages[0]['content'] }}"
+    source = (
+        "{% if system is defined %}S{% endif %}{% if messages[0].get('name') %}N{% endif %}{{ messages[0]['content'] }}"
+    )
     assert render(source) == "hello"
 
 

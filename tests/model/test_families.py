@@ -28,54 +28,132 @@ from ster.engine.steering.apply import steer
 from tests.tune.adapter_files import write_adapter
 
 TOLERANCE = 1e-4
-COMMON = {"vocab_size": 104, "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 3,
-          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
-          "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3}
+COMMON = {
+    "vocab_size": 104,
+    "hidden_size": 48,
+    "intermediate_size": 80,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 3,
+}
 FAMILIES = {
     # Qwen2: biases on q, k and v (none on o); a window of 5 on the layers from 1 on, untied head.
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",
-              {"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 1, "tie_word_embeddings": False,
-               "rope_theta": 5000.0}),
+    "qwen2": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        {
+            "use_sliding_window": True,
+            "sliding_window": 5,
+            "max_window_layers": 1,
+            "tie_word_embeddings": False,
+            "rope_theta": 5000.0,
+        },
+    ),
     # Mistral: every layer slides, a head width that is not hidden / heads, tied head.
-    "mistral": ("MistralConfig", "MistralForCausalLM",
-                {"sliding_window": 5, "head_dim": 16, "tie_word_embeddings": True}),
+    "mistral": (
+        "MistralConfig",
+        "MistralForCausalLM",
+        {"sliding_window": 5, "head_dim": 16, "tie_word_embeddings": True},
+    ),
     # Qwen3: q/k norms, biases on all four attention projections, a window from layer 2 on.
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
-              {"head_dim": 16, "attention_bias": True, "use_sliding_window": True, "sliding_window": 5,
-               "max_window_layers": 2, "tie_word_embeddings": False}),
+    "qwen3": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        {
+            "head_dim": 16,
+            "attention_bias": True,
+            "use_sliding_window": True,
+            "sliding_window": 5,
+            "max_window_layers": 2,
+            "tie_word_embeddings": False,
+        },
+    ),
     # Phi-3: fused qkv_proj and gate_up_proj, half of each head rotating, every layer slides.
-    "phi3": ("Phi3Config", "Phi3ForCausalLM",
-             {"sliding_window": 5, "partial_rotary_factor": 0.5, "tie_word_embeddings": False}),
+    "phi3": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        {"sliding_window": 5, "partial_rotary_factor": 0.5, "tie_word_embeddings": False},
+    ),
     # Gemma 3: 1 + w norms, four norms a block, q/k norms, scaled embeddings, gelu, sliding and full layers
     # with their own rotary bases (linear scaling on the full ones), query_pre_attn_scalar, logit soft-capping.
-    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM",
-                    {"head_dim": 16, "sliding_window": 5, "query_pre_attn_scalar": 20,
-                     "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
-                     "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0,
-                                                            "rope_theta": 100000.0},
-                                         "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}},
-                     "final_logit_softcapping": 5.0, "tie_word_embeddings": True}),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {
+            "head_dim": 16,
+            "sliding_window": 5,
+            "query_pre_attn_scalar": 20,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0},
+            },
+            "final_logit_softcapping": 5.0,
+            "tie_word_embeddings": True,
+        },
+    ),
     # Gemma 3's multimodal checkpoint: the text model under text_config and language_model.*, a vision tower
     # beside it that Ster does not read.
-    "gemma3": ("Gemma3Config", "Gemma3ForConditionalGeneration",
-               {"text_config": {**COMMON, "head_dim": 16, "sliding_window": 5, "query_pre_attn_scalar": 24,
-                                "layer_types": ["full_attention", "sliding_attention", "sliding_attention"]},
-                "vision_config": {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
-                                  "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
-                "mm_tokens_per_image": 4, "image_token_index": 100, "boi_token_index": 101, "eoi_token_index": 102}),
+    "gemma3": (
+        "Gemma3Config",
+        "Gemma3ForConditionalGeneration",
+        {
+            "text_config": {
+                **COMMON,
+                "head_dim": 16,
+                "sliding_window": 5,
+                "query_pre_attn_scalar": 24,
+                "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+            },
+            "vision_config": {
+                "hidden_size": 16,
+                "intermediate_size": 32,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "image_size": 28,
+                "patch_size": 14,
+            },
+            "mm_tokens_per_image": 4,
+            "image_token_index": 100,
+            "boi_token_index": 101,
+            "eoi_token_index": 102,
+        },
+    ),
     # Gemma 2, which Ster has no decoder for (attention-logit soft-capping): transformers' own model, read and
     # steered through hooks on its layers (ster/engine/model/generic.py). Sliding and full layers, window 5.
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
-               {"head_dim": 16, "sliding_window": 5, "query_pre_attn_scalar": 20, "attn_logit_softcapping": 30.0,
-                "final_logit_softcapping": 5.0, "layer_types": ["sliding_attention", "full_attention",
-                                                                "sliding_attention"]}),
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        {
+            "head_dim": 16,
+            "sliding_window": 5,
+            "query_pre_attn_scalar": 20,
+            "attn_logit_softcapping": 30.0,
+            "final_logit_softcapping": 5.0,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        },
+    ),
     # Phi-3 with long-context rope ("longrope"), which Ster's decoder does not implement: the family's own
     # transformers model instead, LoRA on the pieces of its fused qkv_proj and gate_up_proj.
-    "phi3_longrope": ("Phi3Config", "Phi3ForCausalLM",
-                      {"sliding_window": 5, "original_max_position_embeddings": 32, "tie_word_embeddings": False,
-                       "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
-                                           "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
-                                           "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]}}),
+    "phi3_longrope": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        {
+            "sliding_window": 5,
+            "original_max_position_embeddings": 32,
+            "tie_word_embeddings": False,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0],
+            },
+        },
+    ),
 }
 GENERIC = ("gemma2", "phi3_longrope")
 """The families above that run through transformers rather than Ster's own decoder."""
@@ -121,9 +199,10 @@ def hf_blocks(model: torch.nn.Module, row: list[int]) -> tuple[torch.Tensor, lis
     """transformers' logits [T, V] and every block's own output [T, D] (read by hooks: HF's last hidden state
     comes after the final norm)."""
     outputs: list[torch.Tensor] = []
-    handles = [layer.register_forward_hook(lambda m, a, out: outputs.append(out[0] if isinstance(out, tuple)
-                                                                              else out))
-               for layer in text_layers(model)]
+    handles = [
+        layer.register_forward_hook(lambda m, a, out: outputs.append(out[0] if isinstance(out, tuple) else out))
+        for layer in text_layers(model)
+    ]
     try:
         with torch.no_grad():
             result = model(torch.tensor([row]), output_hidden_states=True)
@@ -166,8 +245,8 @@ def test_a_padded_batch_equals_transformers_on_each_sequence(checkpoint, side: s
     spans = []
     for i, row in enumerate(ROWS):
         start = 0 if side == "right" else width - len(row)
-        ids[i, start:start + len(row)] = torch.tensor(row)
-        key_mask[i, start:start + len(row)] = True
+        ids[i, start : start + len(row)] = torch.tensor(row)
+        key_mask[i, start : start + len(row)] = True
         spans.append(slice(start, start + len(row)))
     logits, blocks = ster_states(decoder, ids, key_mask)
     for i, row in enumerate(ROWS):
@@ -238,8 +317,9 @@ def test_a_merged_adapter_equals_the_attached_one(checkpoint, tmp_path: Path) ->
     """Folded into the loaded decoder and merged into a checkpoint by ``tune merge``, every target adapted."""
     _, path, _, decoder = checkpoint
     adapter_path = tmp_path / "adapter.safetensors"
-    write_adapter(adapter_path, model=str(path), rank=2, alpha=4.0, targets=tuple(TARGETS), layers=(0, 1, 2),
-                  b_scale=0.2)
+    write_adapter(
+        adapter_path, model=str(path), rank=2, alpha=4.0, targets=tuple(TARGETS), layers=(0, 1, 2), b_scale=0.2
+    )
     _, adapter = load_adapter(adapter_path, decoder.config, torch.device("cpu"))
     ids = torch.tensor([ROWS[0]])
     base_logits, _ = ster_states(decoder, ids)
@@ -264,8 +344,11 @@ def test_settings_the_decoder_does_not_implement_send_the_model_through_transfor
     (tmp_path / "config.json").write_text(json.dumps(config))
     loaded = load_config(tmp_path / "config.json")
     assert (loaded.native, loaded.unimplemented) == (False, "attention-logit soft-capping (attn_logit_softcapping)")
-    config = {**COMMON, "model_type": "phi3", "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 6,
-                                                               "long_factor": [1.0] * 6}}
+    config = {
+        **COMMON,
+        "model_type": "phi3",
+        "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 6, "long_factor": [1.0] * 6},
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     loaded = load_config(tmp_path / "config.json")
     assert not loaded.native and loaded.unimplemented.startswith('rope scaling "longrope"')

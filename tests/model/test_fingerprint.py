@@ -45,6 +45,7 @@ def generate(cli, model: str | Path, vector: Path):
 
 # --- the fingerprint ------------------------------------------------------------------------------
 
+
 def test_the_toy_has_a_stable_fingerprint_that_ignores_where_it_lies(toy_copy: Path) -> None:
     print_ = fingerprint("ster:toy")
     assert print_.startswith(f"ster-fp1:{TOY_PRINT}") and len(print_) == len("ster-fp1:") + 64
@@ -82,8 +83,9 @@ def add_a_tensor(state: dict) -> None:
     state["extra.weight"] = state["model.norm.weight"].clone()
 
 
-@pytest.mark.parametrize("change", [scale_a_big_tensor, change_one_value_of_a_small_tensor, halve_the_dtype,
-                                    add_a_tensor])
+@pytest.mark.parametrize(
+    "change", [scale_a_big_tensor, change_one_value_of_a_small_tensor, halve_the_dtype, add_a_tensor]
+)
 def test_changed_weights_change_the_fingerprint(toy_copy: Path, change) -> None:
     rewrite_weights(toy_copy, change)
     assert fingerprint(toy_copy) != fingerprint("ster:toy")
@@ -98,11 +100,14 @@ def test_the_architecture_counts_but_not_the_context_or_the_special_ids(toy_copy
     assert fingerprint(toy_copy) != fingerprint("ster:toy")
 
 
-@pytest.mark.parametrize(("damage", "reason"), [
-    (lambda data: b"never read", "its header length is not that of a safetensors file"),
-    (lambda data: struct.pack("<Q", 10**9) + data[8:], "its header length is not that of a safetensors file"),
-    (lambda data: data[: len(data) // 2], "it ends before the tensor data its header names"),
-])
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda data: b"never read", "its header length is not that of a safetensors file"),
+        (lambda data: struct.pack("<Q", 10**9) + data[8:], "its header length is not that of a safetensors file"),
+        (lambda data: data[: len(data) // 2], "it ends before the tensor data its header names"),
+    ],
+)
 def test_a_broken_weights_file_is_refused_at_open(cli, toy_copy: Path, damage, reason: str) -> None:
     weights = toy_copy / "model.safetensors"
     weights.write_bytes(damage(weights.read_bytes()))
@@ -116,8 +121,10 @@ def test_a_broken_weights_file_is_refused_at_open(cli, toy_copy: Path, damage, r
 
 # --- the artifact bound to it ---------------------------------------------------------------------
 
-def test_two_spellings_of_one_directory_and_a_copy_are_the_same_model(cli, tmp_path: Path, toy_copy: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+
+def test_two_spellings_of_one_directory_and_a_copy_are_the_same_model(
+    cli, tmp_path: Path, toy_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     artifact = train(cli, toy_copy, tmp_path / "calm.json")
     assert artifact["model"] == str(toy_copy) and artifact["model_fingerprint"].startswith(f"ster-fp1:{TOY_PRINT}")
     expected = generate(cli, toy_copy, tmp_path / "calm.json").json["text"]
@@ -128,33 +135,42 @@ def test_two_spellings_of_one_directory_and_a_copy_are_the_same_model(cli, tmp_p
         run = generate(cli, spelling, tmp_path / "calm.json")
         assert run.code == 0, run.err
         assert run.json["text"] == expected
-        assert (f'artifact was trained for model "{toy_copy}"; "{spelling}" has the same checkpoint fingerprint '
-                f"({TOY_PRINT}), so it is the same model") in run.err.splitlines()
+        assert (
+            f'artifact was trained for model "{toy_copy}"; "{spelling}" has the same checkpoint fingerprint '
+            f"({TOY_PRINT}), so it is the same model"
+        ) in run.err.splitlines()
 
 
-def test_a_changed_checkpoint_at_the_same_path_is_refused_before_the_weights_load(cli, tmp_path: Path,
-                                                                                   toy_copy: Path) -> None:
+def test_a_changed_checkpoint_at_the_same_path_is_refused_before_the_weights_load(
+    cli, tmp_path: Path, toy_copy: Path
+) -> None:
     artifact = train(cli, toy_copy, tmp_path / "calm.json")
     rewrite_weights(toy_copy, lambda s: s.update({"lm_head.weight": s["lm_head.weight"] * 2}))
     now = fingerprint(toy_copy)
-    for run in (generate(cli, toy_copy, tmp_path / "calm.json"),
-                cli("evaluate", "--model", toy_copy, "--pairs", PAIRS, "--vector", tmp_path / "calm.json")):
+    for run in (
+        generate(cli, toy_copy, tmp_path / "calm.json"),
+        cli("evaluate", "--model", toy_copy, "--pairs", PAIRS, "--vector", tmp_path / "calm.json"),
+    ):
         assert run.code == 1 and run.out == ""
         assert run.err.strip().splitlines()[-1] == (
             f'error: artifact was trained for model "{toy_copy}" with checkpoint fingerprint '
             f'{artifact["model_fingerprint"][9:21]}, but the checkpoint now at "{toy_copy}" has fingerprint '
-            f"{now[9:21]}: its weights or architecture changed since the direction was fitted")
+            f"{now[9:21]}: its weights or architecture changed since the direction was fitted"
+        )
         assert "loading" not in run.err
 
 
 def test_another_checkpoint_under_another_name_is_refused_naming_both(cli, tmp_path: Path, toy_copy: Path) -> None:
     train(cli, "ster:toy", tmp_path / "calm.json")
-    rewrite_weights(toy_copy, lambda s: s.update({"model.layers.0.self_attn.q_proj.weight":
-                                                  -s["model.layers.0.self_attn.q_proj.weight"]}))
+    rewrite_weights(
+        toy_copy,
+        lambda s: s.update({"model.layers.0.self_attn.q_proj.weight": -s["model.layers.0.self_attn.q_proj.weight"]}),
+    )
     run = generate(cli, toy_copy, tmp_path / "calm.json")
     assert run.code == 1 and run.err.strip().splitlines()[-1] == (
         f'error: artifact was trained for model "ster:toy", current model is "{toy_copy}", and their checkpoint '
-        f"fingerprints differ too ({TOY_PRINT} and {fingerprint(toy_copy)[9:21]})")
+        f"fingerprints differ too ({TOY_PRINT} and {fingerprint(toy_copy)[9:21]})"
+    )
 
 
 def test_an_artifact_without_a_fingerprint_is_matched_by_name(cli, tmp_path: Path, toy_copy: Path) -> None:
@@ -164,19 +180,22 @@ def test_an_artifact_without_a_fingerprint_is_matched_by_name(cli, tmp_path: Pat
     assert generate(cli, "ster:toy", old).code == 0
     run = generate(cli, toy_copy, old)
     assert run.code == 1 and run.err.strip().splitlines()[-1] == (
-        f'error: artifact was trained for model "ster:toy", current model is "{toy_copy}"')
+        f'error: artifact was trained for model "ster:toy", current model is "{toy_copy}"'
+    )
 
 
 @pytest.mark.real
-def test_smollm2_is_itself_under_any_spelling_and_not_the_toy(cli, tmp_path: Path, smol: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_smollm2_is_itself_under_any_spelling_and_not_the_toy(
+    cli, tmp_path: Path, smol: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     calm = tmp_path / "calm.json"
     run = cli("train", "--model", smol, "--pairs", PAIRS, "--output", calm, "--layers", "12")
     assert run.code == 0, run.err
     monkeypatch.chdir(smol.parent)
     relative = f"./{smol.name}"
-    steered = cli("generate", "--model", relative, "--prompt", "Tell me about the sea.", "--vector", calm,
-                  "--max-new-tokens", "4")
+    steered = cli(
+        "generate", "--model", relative, "--prompt", "Tell me about the sea.", "--vector", calm, "--max-new-tokens", "4"
+    )
     assert steered.code == 0, steered.err
     assert f'"{relative}" has the same checkpoint fingerprint' in steered.err
     toy = tmp_path / "toy.json"

@@ -44,8 +44,9 @@ def gpt2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Modul
     import transformers
 
     where = tmp_path_factory.mktemp("gpt2")
-    config = transformers.GPT2Config(vocab_size=104, n_embd=48, n_layer=3, n_head=4, n_positions=64,
-                                     bos_token_id=1, eos_token_id=2)
+    config = transformers.GPT2Config(
+        vocab_size=104, n_embd=48, n_layer=3, n_head=4, n_positions=64, bos_token_id=1, eos_token_id=2
+    )
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).float().eval()
     model.save_pretrained(where)
@@ -71,14 +72,28 @@ def test_greedy_decoding_equals_transformers_generate(gemma2) -> None:
     path, reference = gemma2
     decoder = loaded(path)
     prompt = ROWS[0][:6]
-    ours = decode(decoder, prompt, max_new_tokens=12, sampling=Sampling(temperature=0.0), eos_ids=frozenset(),
-                  on_token=lambda i, t: None, check_cancelled=lambda: None)
+    ours = decode(
+        decoder,
+        prompt,
+        max_new_tokens=12,
+        sampling=Sampling(temperature=0.0),
+        eos_ids=frozenset(),
+        on_token=lambda i, t: None,
+        check_cancelled=lambda: None,
+    )
     with torch.no_grad():
-        theirs = reference.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, min_new_tokens=12,
-                                    pad_token_id=3)
-    assert ours.ids == theirs[0, len(prompt):].tolist()
-    group = decode_group(decoder, prompt, [Sampling(temperature=0.0)] * 3, max_new_tokens=12, eos_ids=frozenset(),
-                         check_cancelled=lambda: None)
+        theirs = reference.generate(
+            torch.tensor([prompt]), max_new_tokens=12, do_sample=False, min_new_tokens=12, pad_token_id=3
+        )
+    assert ours.ids == theirs[0, len(prompt) :].tolist()
+    group = decode_group(
+        decoder,
+        prompt,
+        [Sampling(temperature=0.0)] * 3,
+        max_new_tokens=12,
+        eos_ids=frozenset(),
+        check_cancelled=lambda: None,
+    )
     assert [g.ids for g in group] == [ours.ids] * 3  # a shared prefill repeated into every row's cache
 
 
@@ -89,8 +104,15 @@ def test_sampled_rows_that_stop_leave_the_cache_and_the_rest_equal_their_runs_al
     samplings = [Sampling(temperature=1.5, seed=100 + i) for i in range(6)]
 
     def alone(sampling: Sampling, eos: frozenset[int]):
-        return decode(decoder, prompt, max_new_tokens=12, sampling=sampling, eos_ids=eos, on_token=lambda i, t: None,
-                      check_cancelled=lambda: None)
+        return decode(
+            decoder,
+            prompt,
+            max_new_tokens=12,
+            sampling=sampling,
+            eos_ids=eos,
+            on_token=lambda i, t: None,
+            check_cancelled=lambda: None,
+        )
 
     free = [alone(s, frozenset()) for s in samplings]
     common = min({t for g in free for t in g.ids}, key=lambda t: abs(sum(t in g.ids for g in free) - 3))
@@ -120,13 +142,41 @@ def test_a_direction_and_an_adapter_train_and_the_adapter_exports_to_peft(cli, g
     run = cli("train", "--model", path, "--pairs", DATA / "calm-fit.json", "--output", vector, "--layers", "1")
     assert run.code == 0, run.err
     plain = cli("generate", "--model", path, "--prompt", "the sea is", "--max-new-tokens", "6", "--temperature", "0")
-    steered = cli("generate", "--model", path, "--prompt", "the sea is", "--max-new-tokens", "6", "--temperature",
-                  "0", "--vector", vector, "--strength=-40x")  # (this random model's text hardly moves)
+    steered = cli(
+        "generate",
+        "--model",
+        path,
+        "--prompt",
+        "the sea is",
+        "--max-new-tokens",
+        "6",
+        "--temperature",
+        "0",
+        "--vector",
+        vector,
+        "--strength=-40x",
+    )  # (this random model's text hardly moves)
     assert plain.code == steered.code == 0, steered.err
     assert steered.json["text"] != plain.json["text"]
     adapter = tmp_path / "a.safetensors"
-    run = cli("tune", "sft", "--model", path, "--examples", "ster:examples", "--output", adapter, "--rank", "2",
-              "--targets", "query,key,value,output,gate,up,down", "--learning-rate", "0.05", "--epochs", "1")
+    run = cli(
+        "tune",
+        "sft",
+        "--model",
+        path,
+        "--examples",
+        "ster:examples",
+        "--output",
+        adapter,
+        "--rank",
+        "2",
+        "--targets",
+        "query,key,value,output,gate,up,down",
+        "--learning-rate",
+        "0.05",
+        "--epochs",
+        "1",
+    )
     assert run.code == 0, run.err
     decoder = loaded(path)
     _, trained = load_adapter(adapter, decoder.config, CPU)
@@ -147,13 +197,41 @@ def test_dpo_and_grpo_run_through_transformers(cli, gemma2, tmp_path: Path) -> N
     """DPO scores its reference with the factors switched off inside the same model; GRPO samples groups (folded
     or attached factors) and steps: both from the first loss the objectives promise."""
     path, _ = gemma2
-    run = cli("--json", "tune", "dpo", "--model", path, "--pairs", DATA / "calm-fit.json", "--output",
-              tmp_path / "dpo.safetensors", "--learning-rate", "5e-3", "--accumulation", "4")
+    run = cli(
+        "--json",
+        "tune",
+        "dpo",
+        "--model",
+        path,
+        "--pairs",
+        DATA / "calm-fit.json",
+        "--output",
+        tmp_path / "dpo.safetensors",
+        "--learning-rate",
+        "5e-3",
+        "--accumulation",
+        "4",
+    )
     assert run.code == 0, run.err
     report = run.events[-1]["data"]["report"]
     assert abs(report["first_loss"] - 0.6931) < 1e-3  # -log sigmoid(0): the adapter starts as the reference
-    run = cli("--json", "tune", "grpo", "--model", path, "--prompts", "ster:grpo-prompts", "--max-new-tokens", "6",
-              "--iterations", "1", "--accumulation", "2", "--output", tmp_path / "grpo.safetensors")
+    run = cli(
+        "--json",
+        "tune",
+        "grpo",
+        "--model",
+        path,
+        "--prompts",
+        "ster:grpo-prompts",
+        "--max-new-tokens",
+        "6",
+        "--iterations",
+        "1",
+        "--accumulation",
+        "2",
+        "--output",
+        tmp_path / "grpo.safetensors",
+    )
     assert run.code == 0, run.err
     report = run.events[-1]["data"]["report"]
     assert report["first_loss"] == 0.0 and report["steps"] == 3
@@ -192,7 +270,8 @@ def test_weights_that_do_not_fit_the_config_are_refused_not_filled_in(cli, gemma
     other = tmp_path / "other"  # the toy's Llama weights under a GPT-NeoX config: shapes that cannot load
     for name in ("tokenizer.json", "tokenizer_config.json", "model.safetensors"):
         shutil.copyfile(TOY_DIR / name, other.mkdir(exist_ok=True) or other / name)
-    (other / "config.json").write_text(json.dumps({**COMMON, "model_type": "gpt_neox",
-                                                   "architectures": ["GPTNeoXForCausalLM"]}))
+    (other / "config.json").write_text(
+        json.dumps({**COMMON, "model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"]})
+    )
     run = cli("generate", "--model", other, "--prompt", "the sea is", "--max-new-tokens", "1")
     assert run.code == 1 and "Traceback" not in run.err and len(run.err.strip().splitlines()[-1]) < 400

@@ -31,8 +31,14 @@ pytest.importorskip("accelerate")
 TOLERANCE = 1e-4
 ROWS = [[0, 14, 20, 33, 41, 52, 60, 71, 80, 90, 17], [0, 22, 35, 47], [5, 9, 13, 17, 21, 25, 29, 269]]
 """Three sequences, two longer than Gemma's window."""
-MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-               "gemma3": "gemma3_text"}
+MODEL_TYPES = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "phi3": "phi3",
+    "gemma3": "gemma3_text",
+}
 """What each family imports as: a Mistral GGUF is a llama one."""
 READER_MISSES = {
     "llama": ("attention_bias", "mlp_bias", "rope_parameters"),
@@ -77,8 +83,9 @@ def read_gguf_with_transformers(source: Path, config=None) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     extra = {} if config is None else {"config": config}
-    return AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name, dtype=torch.float32,
-                                                attn_implementation="eager", **extra).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        str(source.parent), gguf_file=source.name, dtype=torch.float32, attn_implementation="eager", **extra
+    ).eval()
 
 
 def assert_close(ours: list[torch.Tensor], theirs: list[torch.Tensor]) -> None:
@@ -106,7 +113,10 @@ def test_the_tokenizer_applies_the_files_merges(imported) -> None:
     tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
     tokens = vocabulary()
     assert tokenizer.encode(" the river sea", add_special_tokens=False).ids == [
-        tokens.index("Ġthe"), tokens.index("Ġriver"), tokens.index("Ġsea")]
+        tokens.index("Ġthe"),
+        tokens.index("Ġriver"),
+        tokens.index("Ġsea"),
+    ]
 
 
 def test_the_original_weights_are_recovered(imported) -> None:
@@ -114,8 +124,11 @@ def test_the_original_weights_are_recovered(imported) -> None:
 
     family, _, original, *_, directory = imported
     written = load_file(str(directory / "model.safetensors"))
-    expected = {name: tensor for name, tensor in original.state_dict().items()
-                if not (name == "lm_head.weight" and original.config.tie_word_embeddings)}
+    expected = {
+        name: tensor
+        for name, tensor in original.state_dict().items()
+        if not (name == "lm_head.weight" and original.config.tie_word_embeddings)
+    }
     assert sorted(written) == sorted(expected)
     for name, tensor in expected.items():  # Gemma's norms come back through 1 + w at f32, so within rounding
         assert torch.allclose(written[name], tensor, rtol=0, atol=1e-6 if family == "gemma3" else 0), name
@@ -163,10 +176,15 @@ def test_llama_3_rope_scaling_comes_back_from_its_rope_divisors(tmp_path: Path) 
     from tests.model.gguf_files import COMMON as TINY
     from tests.model.gguf_files import write_gguf
 
-    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
-    config = transformers.LlamaConfig(**{**TINY, "head_dim": 16, "tie_word_embeddings": False,
-                                         "rope_parameters": rope})
+    rope = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+    }
+    config = transformers.LlamaConfig(**{**TINY, "head_dim": 16, "tie_word_embeddings": False, "rope_parameters": rope})
     torch.manual_seed(0)
     original = transformers.LlamaForCausalLM(config).float().eval()
     with torch.no_grad():
@@ -176,14 +194,19 @@ def test_llama_3_rope_scaling_comes_back_from_its_rope_divisors(tmp_path: Path) 
     for i in range(0, 16, 2):
         wavelength = 2 * math.pi * 500000.0 ** (i / 16)
         smooth = (8192 / wavelength - 1.0) / (4.0 - 1.0)
-        divisors.append(1.0 if wavelength < 8192 / 4.0 else 8.0 if wavelength > 8192 / 1.0
-                        else 1 / ((1 - smooth) / 8.0 + smooth))
+        divisors.append(
+            1.0 if wavelength < 8192 / 4.0 else 8.0 if wavelength > 8192 / 1.0 else 1 / ((1 - smooth) / 8.0 + smooth)
+        )
     assert len(set(divisors)) == 3  # every regime present: kept, divided, interpolated
-    source = write_gguf(tmp_path / "llama3.gguf", original, "llama",
-                        tensors={"rope_freqs.weight": np.array(divisors, dtype=np.float32)})
+    source = write_gguf(
+        tmp_path / "llama3.gguf", original, "llama", tensors={"rope_freqs.weight": np.array(divisors, dtype=np.float32)}
+    )
     code, _, err = run_import(source, tmp_path / "imported")
     assert code == 0, err
     scaling = json.loads((tmp_path / "imported" / "config.json").read_text())["rope_scaling"]
     assert {key: scaling[key] for key in ("rope_type", "factor", "original_max_position_embeddings")} == {
-        "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "original_max_position_embeddings": 8192,
+    }
     assert_close(ster_logits(tmp_path / "imported"), hf_logits(original))

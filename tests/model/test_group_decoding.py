@@ -22,8 +22,15 @@ def _toy(prompt: str = "the sea is"):
 
 
 def _alone(model, prompt, sampling, eos, n):
-    return decode(model, prompt, max_new_tokens=n, sampling=sampling, eos_ids=eos, on_token=lambda i, t: None,
-                  check_cancelled=lambda: None)
+    return decode(
+        model,
+        prompt,
+        max_new_tokens=n,
+        sampling=sampling,
+        eos_ids=eos,
+        on_token=lambda i, t: None,
+        check_cancelled=lambda: None,
+    )
 
 
 @pytest.mark.parametrize("top_p", [None, 0.9])
@@ -32,8 +39,15 @@ def test_each_sampled_row_equals_the_row_decoded_alone(top_p) -> None:
     prompt = codec.encode_prompt("the sea is")
     samplings = [Sampling(temperature=1.0, top_p=top_p, seed=7 + i) for i in range(6)]
     seen: list[tuple[int, int, int]] = []
-    rows = decode_group(model, prompt, samplings, max_new_tokens=20, eos_ids=codec.eos_ids,
-                        check_cancelled=lambda: None, on_token=lambda r, i, t: seen.append((r, i, t)))
+    rows = decode_group(
+        model,
+        prompt,
+        samplings,
+        max_new_tokens=20,
+        eos_ids=codec.eos_ids,
+        check_cancelled=lambda: None,
+        on_token=lambda r, i, t: seen.append((r, i, t)),
+    )
     alone = [_alone(model, prompt, s, codec.eos_ids, 20) for s in samplings]
     assert rows == alone
     assert len({tuple(g.ids) for g in rows}) > 1, "different seeds should draw different completions"
@@ -61,8 +75,9 @@ def test_shared_prefill_equals_prefilling_every_row() -> None:
     prompt = codec.encode_prompt("a quiet morning")
     samplings = [Sampling(temperature=0.9, top_p=0.95, seed=3 + i) for i in range(4)]
     kwargs = dict(max_new_tokens=12, eos_ids=codec.eos_ids, check_cancelled=lambda: None)
-    assert decode_group(model, prompt, samplings, **kwargs) == decode_group(model, prompt, samplings,
-                                                                            shared_prefill=False, **kwargs)
+    assert decode_group(model, prompt, samplings, **kwargs) == decode_group(
+        model, prompt, samplings, shared_prefill=False, **kwargs
+    )
 
 
 def test_rows_steered_at_their_own_strengths_equal_each_strength_alone() -> None:
@@ -74,10 +89,30 @@ def test_rows_steered_at_their_own_strengths_equal_each_strength_alone() -> None
     vectors = {layer: torch.randn(width, generator=generator).tolist() for layer in (1, 2)}
     scales = [{1: s, 2: s / 2} for s in (0.0, 4.0, -4.0, 12.0)]
     for sampling in (Sampling(), Sampling(temperature=0.8, seed=5)):
-        rows = steered_rows_decode(model, prompt, vectors, scales, max_new_tokens=14, sampling=sampling,
-                                   eos_ids=codec.eos_ids, on_token=lambda r, i, t: None, check_cancelled=lambda: None)
-        alone = [steered_decode(model, prompt, vectors, scale, max_new_tokens=14, sampling=sampling,
-                                eos_ids=codec.eos_ids, on_token=lambda i, t: None, check_cancelled=lambda: None)
-                 for scale in scales]
+        rows = steered_rows_decode(
+            model,
+            prompt,
+            vectors,
+            scales,
+            max_new_tokens=14,
+            sampling=sampling,
+            eos_ids=codec.eos_ids,
+            on_token=lambda r, i, t: None,
+            check_cancelled=lambda: None,
+        )
+        alone = [
+            steered_decode(
+                model,
+                prompt,
+                vectors,
+                scale,
+                max_new_tokens=14,
+                sampling=sampling,
+                eos_ids=codec.eos_ids,
+                on_token=lambda i, t: None,
+                check_cancelled=lambda: None,
+            )
+            for scale in scales
+        ]
         assert rows == alone
         assert len({tuple(g.ids) for g in rows}) > 1, "the strengths should steer the rows apart"

@@ -24,8 +24,9 @@ def build_cache(hub: Path, repo: str = "acme/toy-llama") -> Path:
 
 
 def generate(model: str, env: dict[str, str], *extra: str):
-    return run_subprocess("generate", "--model", model, "--prompt", "the sea is", "--max-new-tokens", "3", *extra,
-                          env=env)
+    return run_subprocess(
+        "generate", "--model", model, "--prompt", "the sea is", "--max-new-tokens", "3", *extra, env=env
+    )
 
 
 def test_a_hub_id_resolves_from_hf_hub_cache_offline(tmp_path: Path) -> None:
@@ -52,12 +53,15 @@ def test_an_uncached_id_offline_is_refused_in_one_sentence(tmp_path: Path) -> No
     assert run.code == 1
     assert run.err.strip().splitlines()[-1] == (
         f"error: model acme/other-model is not a local directory and is not in the Hugging Face cache at "
-        f"{tmp_path / 'hub'}, and HF_HUB_OFFLINE forbids downloading it")
+        f"{tmp_path / 'hub'}, and HF_HUB_OFFLINE forbids downloading it"
+    )
 
 
 def test_an_unreachable_endpoint_is_refused_without_a_traceback(tmp_path: Path) -> None:
-    run = generate("acme/other-model", {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "0",
-                                        "HF_ENDPOINT": "http://127.0.0.1:9"})
+    run = generate(
+        "acme/other-model",
+        {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"},
+    )
     assert run.code == 1 and "Traceback" not in run.err
     assert "http://127.0.0.1:9 could not be reached" in run.err
 
@@ -74,8 +78,9 @@ def test_a_cached_repository_of_another_family_is_refused(tmp_path: Path) -> Non
 def test_revision_with_a_local_checkpoint_is_recorded_with_a_warning(cli, toy_copy: Path, local: str) -> None:
     model = str(toy_copy) if local == "copy" else local
     what = "a local directory" if local == "copy" else "the bundled toy checkpoint"
-    run = cli("--json", "generate", "--model", model, "--prompt", "the sea is", "--max-new-tokens", "2",
-              "--revision", "v1.0")
+    run = cli(
+        "--json", "generate", "--model", model, "--prompt", "the sea is", "--max-new-tokens", "2", "--revision", "v1.0"
+    )
     assert run.code == 0, run.out
     warning = f"--revision v1.0 is recorded as model_revision but not checked: {model} is {what}, not a Hub repository"
     assert {"type": "warning", "message": warning} in run.events

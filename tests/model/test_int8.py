@@ -68,7 +68,10 @@ def test_every_projection_the_head_and_the_embedding_are_per_row_int8(pair) -> N
     assert not quantized.config.tie_word_embeddings
     # fused projections are views of one tensor
     attention = quantized.blocks[0].self_attn
-    assert attention.k_proj.weight.qdata.data_ptr() == attention.fused_weight.qdata[attention.q_proj.out_features:].data_ptr()
+    assert (
+        attention.k_proj.weight.qdata.data_ptr()
+        == attention.fused_weight.qdata[attention.q_proj.out_features :].data_ptr()
+    )
 
 
 def test_the_scales_are_bf16_numbers_so_the_kernel_takes_them_unrounded(pair) -> None:
@@ -84,7 +87,7 @@ def test_a_few_rows_run_on_the_int8_kernel_each_as_if_alone(pair) -> None:
     x = torch.randn(9, 1, weight.shape[1], generator=torch.Generator().manual_seed(0))
     dequantized = weight.dequantize()
     with torch.inference_mode():
-        alone = [matmul(x[i:i + 1], weight, None) for i in range(9)]  # aten._weight_int8pack_mm (the default)
+        alone = [matmul(x[i : i + 1], weight, None) for i in range(9)]  # aten._weight_int8pack_mm (the default)
         for rows in (2, 8):
             together = matmul(x[:rows], weight, None)
             assert together.dtype == torch.float32
@@ -93,7 +96,7 @@ def test_a_few_rows_run_on_the_int8_kernel_each_as_if_alone(pair) -> None:
         # independently: bf16 input times the dequantized weight in f32, the product rounded to bf16 once
         for i in range(9):
             exact = F.linear(x[i].to(torch.bfloat16).float(), dequantized)
-            assert torch.allclose(alone[i][0], exact, rtol=2 ** -8, atol=1e-6), i
+            assert torch.allclose(alone[i][0], exact, rtol=2**-8, atol=1e-6), i
         nine = matmul(x, weight, None)  # more rows than the kernel takes: torchao's f32 path
         assert torch.allclose(nine, F.linear(x, dequantized), atol=1e-5)
 
@@ -163,7 +166,9 @@ def test_steering_train_extract_and_generate_work_at_int8(cli, tmp_path: Path) -
         out = tmp_path / f"states-{precision}.json"
         _json(cli("extract", *TOY, "--input", "ster:prompts", "--output", out, "--precision", precision))
         records = json.loads(out.read_text())["records"]
-        states[precision] = torch.tensor([x for r in records for layer in sorted(r["layers"]) for x in r["layers"][layer]])
+        states[precision] = torch.tensor(
+            [x for r in records for layer in sorted(r["layers"]) for x in r["layers"][layer]]
+        )
     assert _relative(states["int8"], states["f32"]) < 0.05
 
     prompt = "question : tell me about the town . answer :"
@@ -171,7 +176,9 @@ def test_steering_train_extract_and_generate_work_at_int8(cli, tmp_path: Path) -
     texts = {}
     for precision in ("f32", "int8"):
         for strength in ([], ["--vector", vector, "--strength", "0.4x"]):
-            run = cli("generate", *TOY, "--prompt", prompt, "--precision", precision, "--max-new-tokens", "8", *strength)
+            run = cli(
+                "generate", *TOY, "--prompt", prompt, "--precision", precision, "--max-new-tokens", "8", *strength
+            )
             texts[precision, bool(strength)] = _json(run)["text"]
     assert texts["int8", False] == texts["f32", False]
     assert texts["int8", True] == texts["f32", True] != texts["f32", False]
@@ -183,8 +190,20 @@ def test_lora_training_and_tune_evaluate_work_on_the_int8_base(cli, tmp_path: Pa
     reports = {}
     for precision in ("f32", "int8"):
         out = tmp_path / f"{objective}-{precision}.safetensors"
-        run = cli("tune", objective, *TOY, *data, "--output", out, "--precision", precision, "--epochs", "2",
-                  "--learning-rate", "5e-3")
+        run = cli(
+            "tune",
+            objective,
+            *TOY,
+            *data,
+            "--output",
+            out,
+            "--precision",
+            precision,
+            "--epochs",
+            "2",
+            "--learning-rate",
+            "5e-3",
+        )
         reports[precision] = _json(run)["report"]
     f32, int8 = reports["f32"], reports["int8"]
     assert int8["precision"] == "int8" and int8["steps"] == f32["steps"]
@@ -195,15 +214,18 @@ def test_lora_training_and_tune_evaluate_work_on_the_int8_base(cli, tmp_path: Pa
 
     trained = {p: load_file(str(tmp_path / f"{objective}-{p}.safetensors")) for p in ("f32", "int8")}
     assert all(t.abs().sum() > 0 for name, t in trained["int8"].items() if name.endswith(".b"))
-    flat = {p: torch.cat([t.flatten() for name, t in sorted(tensors.items()) if name.endswith(".b")])
-            for p, tensors in trained.items()}
+    flat = {
+        p: torch.cat([t.flatten() for name, t in sorted(tensors.items()) if name.endswith(".b")])
+        for p, tensors in trained.items()
+    }
     # (0.996 for dpo and reward; sft's toy loss is near zero already, so Adam's steps follow tiny gradients: 0.79)
     assert F.cosine_similarity(flat["f32"], flat["int8"], dim=0) > 0.7
     if objective == "sft":
         evaluated = {}
         for precision in ("f32", "int8"):
             adapter = tmp_path / f"sft-{precision}.safetensors"
-            run = cli("tune", "evaluate", *TOY, "--examples", "ster:examples", "--adapter", adapter,
-                      "--precision", precision)
+            run = cli(
+                "tune", "evaluate", *TOY, "--examples", "ster:examples", "--adapter", adapter, "--precision", precision
+            )
             evaluated[precision] = _json(run)
         assert evaluated["int8"]["loss"] == pytest.approx(evaluated["f32"]["loss"], rel=0.05)

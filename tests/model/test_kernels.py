@@ -93,10 +93,18 @@ def _everything(model) -> dict[str, torch.Tensor | list]:
     with torch.inference_mode():
         many = model(torch.tensor([prompt]), vocab="all").logits
         few = model(torch.tensor([prompt[:4]]), vocab="all").logits
-    ids = decode(model, prompt, max_new_tokens=8, sampling=Sampling(), eos_ids=frozenset(),
-                 on_token=lambda i, t: None, check_cancelled=lambda: None).ids
-    group = decode_group(model, prompt, [Sampling()] * 4, max_new_tokens=6, eos_ids=frozenset(),
-                         check_cancelled=lambda: None)
+    ids = decode(
+        model,
+        prompt,
+        max_new_tokens=8,
+        sampling=Sampling(),
+        eos_ids=frozenset(),
+        on_token=lambda i, t: None,
+        check_cancelled=lambda: None,
+    ).ids
+    group = decode_group(
+        model, prompt, [Sampling()] * 4, max_new_tokens=6, eos_ids=frozenset(), check_cancelled=lambda: None
+    )
     return {"many": many, "few": few, "ids": ids, "group": [g.ids for g in group]}
 
 
@@ -107,6 +115,7 @@ def test_whichever_candidate_wins_the_logits_and_greedy_tokens_hold(toys, precis
     names = sorted({name for candidates in kernels.CANDIDATES[precision].values() for name in candidates})
     assert len(names) >= 2
     for favourite in names:
+
         def timer(shape: str, candidate: str, run, favourite: str = favourite) -> float:
             run()  # each candidate still runs on the real weights
             return 0.001 if candidate == favourite else 1.0
@@ -201,8 +210,7 @@ def test_an_unwritable_cache_still_uses_what_it_measured(toys, tmp_path: Path, m
     blocker = tmp_path / "a file"
     blocker.write_text("not a directory")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
-    chosen = kernels.choose(toys["f32"].projections(), "f32",
-                            lambda s, c, run: {"linear": 2.0, "wxt": 1.0}[c])
+    chosen = kernels.choose(toys["f32"].projections(), "f32", lambda s, c, run: {"linear": 2.0, "wxt": 1.0}[c])
     assert chosen.how == "measured" and chosen.path is None and chosen.choice["one"] == "wxt"
     assert kernels.table().names["f32"]["one"] == "wxt"
     assert "kept in" not in chosen.sentence()
@@ -225,8 +233,9 @@ def _ster(tmp_path: Path, mode: str | None, *args: str) -> subprocess.CompletedP
     env |= {"PYTHONPATH": str(REPO), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     if mode is not None:
         env["STER_KERNELS"] = mode
-    return subprocess.run([sys.executable, "-m", "ster", *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "ster", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_ster_measures_once_per_machine_and_says_so_once(tmp_path: Path) -> None:
@@ -275,8 +284,15 @@ def test_on_smollm2_whichever_candidate_wins_the_greedy_text_and_logits_hold(smo
     def outputs(model: object) -> tuple[list[int], torch.Tensor]:
         with torch.inference_mode():
             logits = model(torch.tensor([prompt]), vocab="all").logits.float()  # type: ignore[operator]
-        ids = decode(model, prompt, max_new_tokens=12, sampling=Sampling(), eos_ids=frozenset(),  # type: ignore[arg-type]
-                     on_token=lambda i, t: None, check_cancelled=lambda: None).ids
+        ids = decode(
+            model,
+            prompt,
+            max_new_tokens=12,
+            sampling=Sampling(),
+            eos_ids=frozenset(),  # type: ignore[arg-type]
+            on_token=lambda i, t: None,
+            check_cancelled=lambda: None,
+        ).ids
         return ids, logits
 
     model = load_decoder(source, load_config(source.config), precision, torch.device("cpu"))
@@ -289,9 +305,12 @@ def test_on_smollm2_whichever_candidate_wins_the_greedy_text_and_logits_hold(smo
         allowed = max(TOLERANCE[precision], 2 * _relative(reference_logits, exact))
     names = sorted({name for candidates in kernels.CANDIDATES[precision].values() for name in candidates})
     for favourite in names:
-        kernels.choose(model.projections(), precision,  # type: ignore[arg-type]
-                       lambda shape, candidate, run, favourite=favourite: 0.001 if candidate == favourite else 1.0,
-                       how="measure")
+        kernels.choose(
+            model.projections(),
+            precision,  # type: ignore[arg-type]
+            lambda shape, candidate, run, favourite=favourite: 0.001 if candidate == favourite else 1.0,
+            how="measure",
+        )
         ids, logits = outputs(model)
         assert ids == reference_ids, favourite
         assert _relative(logits, exact) <= allowed, favourite

@@ -18,8 +18,12 @@ QUESTION = "What is the capital of France?"
 
 
 def test_the_import_is_a_standard_checkpoint(smol: Path) -> None:
-    assert sorted(p.name for p in smol.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
-                                                      "tokenizer_config.json"]
+    assert sorted(p.name for p in smol.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     config = json.loads((smol / "config.json").read_text())
     assert (config["model_type"], config["num_hidden_layers"], config["hidden_size"]) == ("llama", 30, 576)
     assert "<|im_start|>" in json.loads((smol / "tokenizer_config.json").read_text())["chat_template"]
@@ -33,8 +37,9 @@ def test_chat_template_ids_match_transformers(smol: Path) -> None:
     off = model_store(ctx).open(GenerateRequest(model=str(smol), prompt=QUESTION, chat_template="off"), ctx).codec
     assert (applied.decision, off.decision) == ("applied", "off")
     reference = AutoTokenizer.from_pretrained(smol)
-    expected = reference.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True,
-                                             tokenize=True)
+    expected = reference.apply_chat_template(
+        [{"role": "user", "content": QUESTION}], add_generation_prompt=True, tokenize=True
+    )
     expected = expected["input_ids"] if isinstance(expected, dict) or hasattr(expected, "keys") else expected
     assert applied.encode_prompt(QUESTION) == list(expected)
     assert off.encode_prompt(QUESTION) == reference(QUESTION)["input_ids"]
@@ -75,5 +80,9 @@ def test_logits_and_states_equal_transformers(smol: Path) -> None:
         got = ours(ids, vocab="all")
     torch.testing.assert_close(got.logits, expected.logits, atol=1e-4, rtol=1e-4)
     # hidden_states[-1] is after the final norm; our stream before it, normed, must equal it.
-    torch.testing.assert_close(ours.model.norm.weight * torch.nn.functional.rms_norm(got.hidden, (576,), eps=ours.config.rms_norm_eps),
-                               expected.hidden_states[-1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        ours.model.norm.weight * torch.nn.functional.rms_norm(got.hidden, (576,), eps=ours.config.rms_norm_eps),
+        expected.hidden_states[-1],
+        atol=1e-4,
+        rtol=1e-4,
+    )

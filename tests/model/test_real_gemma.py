@@ -57,14 +57,20 @@ def test_greedy_ids_equal_transformers(gemma: Path, store: ModelStore) -> None:
     ctx = JobContext(lambda event: None, models=store)
     checkpoint = store.open(GenerateRequest(model=str(gemma), prompt=PLAIN), ctx)
     prompt = checkpoint.codec.encode_prompt(PLAIN)
-    ours = decode(store.decoder(checkpoint, ctx), prompt, max_new_tokens=24, sampling=Sampling(),
-                  eos_ids=checkpoint.codec.eos_ids, on_token=lambda index, token: None,
-                  check_cancelled=lambda: None).ids
+    ours = decode(
+        store.decoder(checkpoint, ctx),
+        prompt,
+        max_new_tokens=24,
+        sampling=Sampling(),
+        eos_ids=checkpoint.codec.eos_ids,
+        on_token=lambda index, token: None,
+        check_cancelled=lambda: None,
+    ).ids
     tokenizer = AutoTokenizer.from_pretrained(gemma)
     reference = AutoModelForCausalLM.from_pretrained(gemma, dtype=torch.float32).eval()
     assert prompt == tokenizer(PLAIN)["input_ids"]
     with torch.inference_mode():
-        expected = reference.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt):]
+        expected = reference.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt) :]
     assert ours == expected.tolist()
     text = job(store, "generate", model=str(gemma), prompt=PLAIN, max_new_tokens=24)["text"]
     assert text == tokenizer.decode(expected)
@@ -93,15 +99,20 @@ def test_the_direction_separates_held_out_pairs(gemma: Path, store: ModelStore, 
     assert [layer["accuracy"] >= 0.8 for layer in result["layers"]] == [True]
 
 
-def test_steering_moves_the_answers_both_ways_at_the_default_strength(gemma: Path, store: ModelStore,
-                                                                      calm: Path) -> None:
+def test_steering_moves_the_answers_both_ways_at_the_default_strength(
+    gemma: Path, store: ModelStore, calm: Path
+) -> None:
     """Steered at ±0.4x (the default, of the layer's activation spread, about a tenth of Gemma's norm, which its
     massive activations inflate), the model prefers the calm answer to each held-out question more (+) or less (−) than
     unsteered, by the answers' summed log-probabilities; both steered greedy texts differ from the unsteered one."""
     gaps = {strength: _calm_preference(gemma, store, calm, strength) for strength in (-0.4, 0.0, 0.4)}
     assert gaps[-0.4] < gaps[0.0] < gaps[0.4], gaps
-    texts = {strength: job(store, "generate", model=str(gemma), prompt=STEERED, vector=calm,
-                           strength=f"{strength}x", max_new_tokens=8)["text"] for strength in (-0.4, 0.0, 0.4)}
+    texts = {
+        strength: job(
+            store, "generate", model=str(gemma), prompt=STEERED, vector=calm, strength=f"{strength}x", max_new_tokens=8
+        )["text"]
+        for strength in (-0.4, 0.0, 0.4)
+    }
     assert texts[-0.4] != texts[0.0] != texts[0.4], texts
 
 
@@ -122,11 +133,11 @@ def _calm_preference(gemma: Path, store: ModelStore, calm: Path, strength: float
     scales = {layer: strength * (unit or 0.0) for layer, unit in artifact.unit_scales().items()}
 
     def answer(text: str) -> float:
-        question = checkpoint.codec.encode_prompt(text[:text.index("\nAnswer:") + len("\nAnswer:")])
+        question = checkpoint.codec.encode_prompt(text[: text.index("\nAnswer:") + len("\nAnswer:")])
         ids = checkpoint.codec.encode_prompt(text)
-        assert ids[:len(question)] == question
-        logits = model(torch.tensor([ids]), vocab="all").logits[0, len(question) - 1:-1].float()  # [answer, V]
-        return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[len(question):])[:, None]).sum().item()
+        assert ids[: len(question)] == question
+        logits = model(torch.tensor([ids]), vocab="all").logits[0, len(question) - 1 : -1].float()  # [answer, V]
+        return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[len(question) :])[:, None]).sum().item()
 
     pairs = json.loads(HOLDOUT.read_text())["pairs"][:PREFERENCE_PAIRS]
     with torch.inference_mode(), steer(model, plan(model, artifact.by_layer(), scales)):
@@ -137,8 +148,16 @@ def test_a_short_dpo_run_lowers_its_loss(gemma: Path, store: ModelStore, tmp_pat
     """Calm chosen, alarmed rejected: six raw-text pairs, rank 2, three steps."""
     pairs = json.loads(FIT.read_text())
     (tmp_path / "pairs.json").write_text(json.dumps({**pairs, "pairs": pairs["pairs"][:6]}))
-    report = job(store, "tune dpo", model=str(gemma), pairs=tmp_path / "pairs.json",
-                 output=tmp_path / "calm.safetensors", rank=2, accumulation=2, learning_rate=1e-3)["report"]
+    report = job(
+        store,
+        "tune dpo",
+        model=str(gemma),
+        pairs=tmp_path / "pairs.json",
+        output=tmp_path / "calm.safetensors",
+        rank=2,
+        accumulation=2,
+        learning_rate=1e-3,
+    )["report"]
     assert report["steps"] == 3 and report["chat_template"] == "absent"
     assert report["first_loss"] == pytest.approx(0.6931471824645996)  # a fresh adapter is the identity
     assert report["final_loss"] < report["first_loss"] / 2, report["history"]

@@ -24,8 +24,13 @@ def test_the_generator_rewrites_every_committed_file_but_the_trained_weights(tmp
         assert written.exists(), relative
         if committed.name != "model.safetensors":
             assert written.read_bytes() == committed.read_bytes(), relative
-    with safe_open(TOY_DIR / "model.safetensors", "pt") as old, safe_open(tmp_path / "toy" / "model.safetensors", "pt") as new:
-        assert {k: old.get_slice(k).get_shape() for k in old.keys()} == {k: new.get_slice(k).get_shape() for k in new.keys()}
+    with (
+        safe_open(TOY_DIR / "model.safetensors", "pt") as old,
+        safe_open(tmp_path / "toy" / "model.safetensors", "pt") as new,
+    ):
+        assert {k: old.get_slice(k).get_shape() for k in old.keys()} == {
+            k: new.get_slice(k).get_shape() for k in new.keys()
+        }
 
 
 def test_the_committed_checkpoint_is_small() -> None:

@@ -73,8 +73,15 @@ print(sum(str(path.resolve()) in maps for path in source.weights), len(decoder.s
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
 def test_a_loaded_decoder_maps_no_weights_file_and_equals_the_mapped_read() -> None:
-    run = subprocess.run([sys.executable, "-c", CHECK_MAPS], cwd=REPO, capture_output=True, text=True, check=False,
-                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", CHECK_MAPS],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     mapped_files, tensors = map(int, run.stdout.split())
     assert mapped_files == 0 and tensors > 0  # a fresh process: nothing else could have mapped the file

@@ -19,8 +19,14 @@ EDITS_EACH = 20
 
 
 def _start(*args: str, cwd: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "ster", *args], cwd=cwd, env=os.environ.copy(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ster", *args],
+        cwd=cwd,
+        env=os.environ.copy(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _finish(processes: list[subprocess.Popen[str]]) -> list[tuple[int, str]]:
@@ -36,8 +42,10 @@ def test_parallel_adds_to_one_set_keep_every_pair(tmp_path: Path) -> None:
     path = tmp_path / "pairs.json"
     _seed(path, 1)
     texts = [f"writer {w} pair {i}" for w in range(WRITERS) for i in range(EDITS_EACH)]
-    processes = [_start("pairs", "add", "--pairs", str(path), "--positive", text, "--negative", text + " not",
-                        cwd=REPO) for text in texts]
+    processes = [
+        _start("pairs", "add", "--pairs", str(path), "--positive", text, "--negative", text + " not", cwd=REPO)
+        for text in texts
+    ]
     outcomes = _finish(processes)
     assert [code for code, _ in outcomes] == [0] * len(texts), [err for _, err in outcomes if err]
     document = json.loads(path.read_text())
@@ -48,8 +56,10 @@ def test_parallel_adds_to_one_set_keep_every_pair(tmp_path: Path) -> None:
 def test_parallel_adds_and_removes_end_with_the_exact_count(tmp_path: Path) -> None:
     path = tmp_path / "pairs.json"
     _seed(path, 20)
-    adds = [_start("pairs", "add", "--pairs", str(path), "--positive", f"p{i}", "--negative", f"n{i}", cwd=REPO)
-            for i in range(10)]
+    adds = [
+        _start("pairs", "add", "--pairs", str(path), "--positive", f"p{i}", "--negative", f"n{i}", cwd=REPO)
+        for i in range(10)
+    ]
     removes = [_start("pairs", "remove", "--pairs", str(path), "--index", "0", cwd=REPO) for _ in range(10)]
     outcomes = _finish(adds + removes)
     assert [code for code, _ in outcomes] == [0] * 20, [err for _, err in outcomes if err]

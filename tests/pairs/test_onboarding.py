@@ -39,11 +39,18 @@ def test_the_screens_are_data_that_teach_the_first_steps() -> None:
     assert isinstance(SCREENS, tuple) and 4 <= len(SCREENS) <= 6
     assert all(isinstance(s, Screen) and s.title and s.body for s in SCREENS)
     text = "\n".join(s.body for s in SCREENS)
-    for needle in ("positive", "negative", "differ only in the trait", "ster pairs add",
-                   "ster workspace import-pairs", "ster onboarding --import-pairs", "ster pairs synthesize",
-                   "ster optimize --model ster:toy --pairs ster:pairs --output runs/calm.ster.json",
-                   'ster generate --model ster:toy --vector runs/calm.ster.json --strength 0.4x --prompt "question : '
-                   'tell me about the town . answer :"'):
+    for needle in (
+        "positive",
+        "negative",
+        "differ only in the trait",
+        "ster pairs add",
+        "ster workspace import-pairs",
+        "ster onboarding --import-pairs",
+        "ster pairs synthesize",
+        "ster optimize --model ster:toy --pairs ster:pairs --output runs/calm.ster.json",
+        'ster generate --model ster:toy --vector runs/calm.ster.json --strength 0.4x --prompt "question : '
+        'tell me about the town . answer :"',
+    ):
         assert needle in text, needle
 
 
@@ -60,8 +67,13 @@ def test_first_run_shows_every_screen_as_a_log_event_and_saves_progress(cli) -> 
     assert data["status"] == "in_progress" and data["how"] is None and data["imported"] is None
     assert [Screen(**s) for s in data["screens"]] == list(SCREENS)
     assert "imported" in data["ends_when"] and "written" in data["ends_when"]
-    assert saved() == {"schema_version": 1, "completed": False, "completed_at": None, "how": None,
-                       "screens_seen": len(SCREENS)}
+    assert saved() == {
+        "schema_version": 1,
+        "completed": False,
+        "completed_at": None,
+        "how": None,
+        "screens_seen": len(SCREENS),
+    }
     again = cli("onboarding")  # not complete yet: the walkthrough is shown again
     assert again.json["status"] == "in_progress" and SCREENS[0].body in again.err
 
@@ -77,8 +89,10 @@ def test_import_pairs_completes_it_and_a_replay_says_so_without_the_screens(cli,
     assert saved()["completed"] is True and saved()["how"] == "imported mine"
     replay = cli("--json", "onboarding")
     logs = [e["message"] for e in replay.events if e["type"] == "log"]
-    assert logs == [f"onboarding is already complete (imported mine, {data['completed_at']}); "
-                    "run ster onboarding --reset to see the walkthrough again"]
+    assert logs == [
+        f"onboarding is already complete (imported mine, {data['completed_at']}); "
+        "run ster onboarding --reset to see the walkthrough again"
+    ]
     assert replay.events[-1]["data"]["status"] == "complete" and replay.events[-1]["data"]["screens"] == []
     unchanged = cli("onboarding", "--import-pairs", source)  # same outcomes as workspace import-pairs
     assert unchanged.json["imported"]["status"] == "unchanged" and unchanged.json["how"] == "imported mine"
@@ -146,8 +160,9 @@ def test_pairs_add_ends_the_walkthrough(cli, tmp_path: Path) -> None:
     assert saved()["completed"] is True and saved()["how"] == f"wrote {path}"
 
 
-def test_note_pair_set_written_never_raises_on_filesystem_trouble(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_note_pair_set_written_never_raises_on_filesystem_trouble(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the state directory should be")
     monkeypatch.setenv("XDG_STATE_HOME", str(blocker))
@@ -167,8 +182,9 @@ def test_damaged_progress_is_refused_until_reset_and_replaced_by_a_write(cli, tm
     assert saved()["completed"] is True
 
 
-def test_progress_that_cannot_be_saved_is_a_warning_not_a_failure(cli, tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_progress_that_cannot_be_saved_is_a_warning_not_a_failure(
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
     monkeypatch.setenv("XDG_STATE_HOME", str(blocker))

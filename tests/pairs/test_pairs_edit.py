@@ -22,12 +22,20 @@ def test_add_creates_the_file_and_its_directory(cli, tmp_path: Path) -> None:
     path = tmp_path / "new" / "dir" / "pairs.json"
     run = add(cli, path, "the sea is calm .", "the sea is wild .", "--trait", "calm")
     assert run.code == 0, run.err
-    assert run.json == {"pairs": str(path), "action": "added", "index": 0, "created": True, "trait_name": "calm",
-                        "pair_count": 1}
+    assert run.json == {
+        "pairs": str(path),
+        "action": "added",
+        "index": 0,
+        "created": True,
+        "trait_name": "calm",
+        "pair_count": 1,
+    }
     text = path.read_text()
-    assert text.endswith("}\n") and text.startswith("{\n  \"trait_name\"")
-    assert json.loads(text) == {"trait_name": "calm", "pairs": [{"positive": "the sea is calm .",
-                                                                 "negative": "the sea is wild ."}]}
+    assert text.endswith("}\n") and text.startswith('{\n  "trait_name"')
+    assert json.loads(text) == {
+        "trait_name": "calm",
+        "pairs": [{"positive": "the sea is calm .", "negative": "the sea is wild ."}],
+    }
 
 
 def test_add_appends_and_trait_replaces_the_name(cli, tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ def private_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 # --- an independent SimHash, written from the documented definition ------------------------------
 
+
 def reference_words(text: str) -> list[str]:
     folded = " ".join(unicodedata.normalize("NFKC", text).casefold().split())
     return re.findall(r"\w+(?:['’]\w+)*", folded)
@@ -87,6 +88,7 @@ def test_pair_fingerprints_ignore_layout_but_not_sides() -> None:
 
 # --- the index against brute force -------------------------------------------------------------
 
+
 def clustered_fingerprints(count: int, seed: int) -> list[int]:
     """Random fingerprints, most of them a few bits away from an earlier one."""
     rng = random.Random(seed)
@@ -105,8 +107,9 @@ def clustered_fingerprints(count: int, seed: int) -> list[int]:
 def brute_force(prints: list[int], bits: int) -> list[tuple[int, int] | None]:
     found = []
     for i, fp in enumerate(prints):
-        found.append(next(((j, hamming(fp, other)) for j, other in enumerate(prints[:i])
-                           if hamming(fp, other) <= bits), None))
+        found.append(
+            next(((j, hamming(fp, other)) for j, other in enumerate(prints[:i]) if hamming(fp, other) <= bits), None)
+        )
     return found
 
 
@@ -222,16 +225,29 @@ def test_ordinary_sentences_are_not_flagged(text: str) -> None:
 
 
 def test_every_family_is_reachable_and_the_word_gate_changes_nothing() -> None:
-    assert list(FAMILIES) == ["ai_disclaimer", "policy", "apology_hedge", "unable", "cannot_action", "prefer_rather",
-                              "decline_refuse", "no_support", "no_ability", "refusal_word"]
+    assert list(FAMILIES) == [
+        "ai_disclaimer",
+        "policy",
+        "apology_hedge",
+        "unable",
+        "cannot_action",
+        "prefer_rather",
+        "decline_refuse",
+        "no_support",
+        "no_ability",
+        "refusal_word",
+    ]
     assert {family for _, family in REFUSALS} == set(FAMILIES)
     for text in [t for t, _ in REFUSALS] + ORDINARY:
         assert _matches(text) == _matches(text, gated=False)
 
 
 def test_scores_combine_by_the_documented_rule() -> None:
-    assert score("As an AI language model").model_dump() == {"score": 0.9, "family": "ai_disclaimer",
-                                                             "snippet": "As an AI language model"}
+    assert score("As an AI language model").model_dump() == {
+        "score": 0.9,
+        "family": "ai_disclaimer",
+        "snippet": "As an AI language model",
+    }
     # the heaviest family (0.9) plus 0.1 for the cannot_action phrase, capped at 1
     assert score("As an AI language model, I cannot help with that.").score == 1.0
     # a family counts once however often it matches; a weak word alone stays weak
@@ -244,6 +260,7 @@ def test_scores_combine_by_the_documented_rule() -> None:
 
 # --- the report ---------------------------------------------------------------------------------
 
+
 def pair_set(*pairs: tuple[str, str]) -> PairSet:
     return PairSet(trait_name="calm", pairs=[Pair(positive=p, negative=n) for p, n in pairs])
 
@@ -251,8 +268,26 @@ def pair_set(*pairs: tuple[str, str]) -> PairSet:
 def near_variant(positive: str, negative: str, bits: int = 3) -> tuple[str, str, int]:
     """A pair whose words differ from the given one but whose fingerprint is 1..bits away (found by search)."""
     base = pair_fingerprint(positive, negative)
-    for word in ("quietly", "softly", "gently", "slowly", "kindly", "warmly", "calmly", "surely", "truly", "evenly",
-                 "lightly", "simply", "plainly", "fairly", "nearly", "mostly", "rarely", "barely"):
+    for word in (
+        "quietly",
+        "softly",
+        "gently",
+        "slowly",
+        "kindly",
+        "warmly",
+        "calmly",
+        "surely",
+        "truly",
+        "evenly",
+        "lightly",
+        "simply",
+        "plainly",
+        "fairly",
+        "nearly",
+        "mostly",
+        "rarely",
+        "barely",
+    ):
         candidate = f"{negative} {word}"
         distance = hamming(base, pair_fingerprint(positive, candidate))
         if 1 <= distance <= bits:
@@ -266,34 +301,56 @@ LONG_N = f"{QUESTION} the harbour is burning , the boats sink and we must run ."
 
 
 def test_exact_duplicates_flag_the_later_pair_and_name_the_first() -> None:
-    report = inspect_pairs(pair_set(("the sea is calm", "the sea is wild"), ("the town is slow", "the town burns"),
-                                    ("The sea  is CALM", "the sea is wild"), ("the sea is calm", "the sea is wild")))
+    report = inspect_pairs(
+        pair_set(
+            ("the sea is calm", "the sea is wild"),
+            ("the town is slow", "the town burns"),
+            ("The sea  is CALM", "the sea is wild"),
+            ("the sea is calm", "the sea is wild"),
+        )
+    )
     assert [p.duplicate.model_dump() if p.duplicate else None for p in report.pairs] == [
-        None, None, {"kind": "exact", "of": 0}, {"kind": "exact", "of": 0}]
+        None,
+        None,
+        {"kind": "exact", "of": 0},
+        {"kind": "exact", "of": 0},
+    ]
     assert report.duplicate_count == 2
 
 
 def test_near_duplicates_report_the_earliest_pair_and_the_distance() -> None:
     positive, negative, distance = near_variant(LONG_P, LONG_N)
-    report = inspect_pairs(pair_set((LONG_P, LONG_N), ("the sea is calm", "the sea is wild"), (positive, negative),
-                                    (LONG_P + "!", LONG_N + " ...")))
+    report = inspect_pairs(
+        pair_set(
+            (LONG_P, LONG_N),
+            ("the sea is calm", "the sea is wild"),
+            (positive, negative),
+            (LONG_P + "!", LONG_N + " ..."),
+        )
+    )
     dumped = [p.model_dump(mode="json")["duplicate"] for p in report.pairs]
-    assert dumped == [None, None, {"kind": "near", "of": 0, "distance": distance},
-                      {"kind": "near", "of": 0, "distance": 0}]  # punctuation is not a feature
+    assert dumped == [
+        None,
+        None,
+        {"kind": "near", "of": 0, "distance": distance},
+        {"kind": "near", "of": 0, "distance": 0},
+    ]  # punctuation is not a feature
     assert report.duplicate_count == 2
     strict = inspect_pairs(pair_set((LONG_P, LONG_N), (positive, negative)), dedupe_bits=0)
     assert strict.pairs[1].duplicate is None
 
 
 def test_per_pair_counts_ratio_and_refusals() -> None:
-    report = inspect_pairs(pair_set(
-        ("Hello, world!", "can't stop"),
-        ("a" * 10, "b" * 40),
-        ("a" * 10, "b" * 30),
-        ("abcdefg", "xyz"),
-        ("The sea is calm.", "I'm sorry, but I can't assist with that request."),
-        ("As an AI language model, I cannot help with that.", "I must decline to answer."),
-    ))
+    report = inspect_pairs(
+        pair_set(
+            ("Hello, world!", "can't stop"),
+            ("a" * 10, "b" * 40),
+            ("a" * 10, "b" * 30),
+            ("abcdefg", "xyz"),
+            ("The sea is calm.", "I'm sorry, but I can't assist with that request."),
+            ("As an AI language model, I cannot help with that.", "I must decline to answer."),
+        )
+    )
     first = report.pairs[0]
     assert (first.positive_chars, first.negative_chars, first.positive_words, first.negative_words) == (13, 10, 2, 2)
     assert [p.length_ratio for p in report.pairs[:4]] == [1.3, 4.0, 3.0, 2.3333]
@@ -301,25 +358,58 @@ def test_per_pair_counts_ratio_and_refusals() -> None:
     assert report.unbalanced_count == 1  # only 4.0: exactly 3.0 is not above 3.0
     assert report.pairs[4].positive_refusal is None
     assert report.pairs[4].negative_refusal.family == "cannot_action"
-    assert report.pairs[5].positive_refusal.model_dump() == {"score": 1.0, "family": "ai_disclaimer",
-                                                             "snippet": "As an AI language model"}
+    assert report.pairs[5].positive_refusal.model_dump() == {
+        "score": 1.0,
+        "family": "ai_disclaimer",
+        "snippet": "As an AI language model",
+    }
     assert report.pairs[5].negative_refusal.family == "decline_refuse"
     assert report.refusal_count == 2
-    assert inspect_pairs(report_set := pair_set(("The sea is calm.", "I must decline to answer.")),
-                         refusal_threshold=0.99).refusal_count == 0
+    assert (
+        inspect_pairs(
+            report_set := pair_set(("The sea is calm.", "I must decline to answer.")), refusal_threshold=0.99
+        ).refusal_count
+        == 0
+    )
     assert inspect_pairs(report_set).refusal_count == 1
 
 
 def test_keys_come_in_the_documented_order_and_the_report_is_deterministic_json() -> None:
     pairs = pair_set(("the sea is calm", "the sea is wild"), ("the sea is calm", "the sea is wild"))
     document = inspect_pairs(pairs).model_dump(mode="json")
-    assert list(document) == ["trait_name", "pair_count", "duplicate_count", "refusal_count", "unbalanced_count",
-                              "too_long_count", "context", "diversity", "pairs"]
-    assert list(document["diversity"]) == ["unique_unigrams", "unique_bigrams", "avg_jaccard", "mean_simhash_hamming",
-                                           "min_simhash_hamming"]
-    assert list(document["pairs"][0]) == ["index", "positive", "negative", "positive_chars", "negative_chars",
-                                          "positive_words", "negative_words", "duplicate", "positive_refusal",
-                                          "negative_refusal", "length_ratio", "positive_tokens", "negative_tokens"]
+    assert list(document) == [
+        "trait_name",
+        "pair_count",
+        "duplicate_count",
+        "refusal_count",
+        "unbalanced_count",
+        "too_long_count",
+        "context",
+        "diversity",
+        "pairs",
+    ]
+    assert list(document["diversity"]) == [
+        "unique_unigrams",
+        "unique_bigrams",
+        "avg_jaccard",
+        "mean_simhash_hamming",
+        "min_simhash_hamming",
+    ]
+    assert list(document["pairs"][0]) == [
+        "index",
+        "positive",
+        "negative",
+        "positive_chars",
+        "negative_chars",
+        "positive_words",
+        "negative_words",
+        "duplicate",
+        "positive_refusal",
+        "negative_refusal",
+        "length_ratio",
+        "positive_tokens",
+        "negative_tokens",
+    ]
     assert list(document["pairs"][1]["duplicate"]) == ["kind", "of"]
     assert json.dumps(document, allow_nan=False) == json.dumps(inspect_pairs(pairs).model_dump(mode="json"))
 
@@ -333,14 +423,23 @@ def test_diversity_on_a_hand_computed_set() -> None:
     prints = [reference_simhash(reference_hashes(p)) for p in positives]
     distances = [hamming(a, b) for a, b in combinations(prints, 2)]
     assert report.diversity.model_dump() == {
-        "unique_unigrams": 7, "unique_bigrams": 6, "avg_jaccard": pytest.approx((3 / 5 + 1 / 6 + 0) / 3, abs=1e-6),
-        "mean_simhash_hamming": pytest.approx(sum(distances) / 3, abs=1e-6), "min_simhash_hamming": min(distances)}
+        "unique_unigrams": 7,
+        "unique_bigrams": 6,
+        "avg_jaccard": pytest.approx((3 / 5 + 1 / 6 + 0) / 3, abs=1e-6),
+        "mean_simhash_hamming": pytest.approx(sum(distances) / 3, abs=1e-6),
+        "min_simhash_hamming": min(distances),
+    }
 
 
 def test_a_one_pair_set_has_nothing_to_compare() -> None:
     diversity = inspect_pairs(pair_set(("the sea is calm", "the sea is wild"))).diversity
-    assert diversity.model_dump() == {"unique_unigrams": 4, "unique_bigrams": 3, "avg_jaccard": None,
-                                      "mean_simhash_hamming": None, "min_simhash_hamming": None}
+    assert diversity.model_dump() == {
+        "unique_unigrams": 4,
+        "unique_bigrams": 3,
+        "avg_jaccard": None,
+        "mean_simhash_hamming": None,
+        "min_simhash_hamming": None,
+    }
 
 
 def test_above_256_texts_the_pairwise_measures_are_sampled_with_the_seed() -> None:
@@ -360,21 +459,30 @@ def test_above_256_texts_the_pairwise_measures_are_sampled_with_the_seed() -> No
 
 # --- the command ----------------------------------------------------------------------------------
 
+
 def write_set(path: Path, pairs: list[tuple[str, str]]) -> Path:
     path.write_text(json.dumps({"trait_name": "calm", "pairs": [{"positive": p, "negative": n} for p, n in pairs]}))
     return path
 
 
 def test_the_cli_prints_the_report(cli, tmp_path: Path) -> None:
-    path = write_set(tmp_path / "pairs.json", [("the sea is calm", "the sea is wild"),
-                                               ("The sea is calm", "the sea is wild"),
-                                               ("I'd rather not discuss this.", "the sea is wild")])
+    path = write_set(
+        tmp_path / "pairs.json",
+        [
+            ("the sea is calm", "the sea is wild"),
+            ("The sea is calm", "the sea is wild"),
+            ("I'd rather not discuss this.", "the sea is wild"),
+        ],
+    )
     run = cli("pairs", "inspect", "--pairs", path)
     assert run.code == 0, run.err
     assert run.json["pair_count"] == 3 and run.json["duplicate_count"] == 1 and run.json["refusal_count"] == 1
     assert run.json["pairs"][1]["duplicate"] == {"kind": "exact", "of": 0}
-    assert run.json["pairs"][2]["positive_refusal"] == {"score": 0.75, "family": "prefer_rather",
-                                                        "snippet": "I'd rather not discuss"}
+    assert run.json["pairs"][2]["positive_refusal"] == {
+        "score": 0.75,
+        "family": "prefer_rather",
+        "snippet": "I'd rather not discuss",
+    }
     strict = cli("pairs", "inspect", "--pairs", path, "--refusal-threshold", "0.8", "--dedupe-bits", "0")
     assert strict.code == 0 and strict.json["refusal_count"] == 0
     events = cli("--json", "pairs", "inspect", "--pairs", path).events
@@ -388,17 +496,27 @@ def test_the_bundled_example_set_inspects_cleanly(cli) -> None:
     report = run.json
     assert report["trait_name"] == "calm" and report["pair_count"] == len(report["pairs"]) == 12
     assert (report["duplicate_count"], report["refusal_count"], report["unbalanced_count"]) == (0, 0, 0)
-    assert all(p["duplicate"] is None and p["positive_refusal"] is None and p["negative_refusal"] is None
-               for p in report["pairs"])
+    assert all(
+        p["duplicate"] is None and p["positive_refusal"] is None and p["negative_refusal"] is None
+        for p in report["pairs"]
+    )
 
 
-@pytest.mark.parametrize(("content", "sentence"), [
-    (None, "pair set {path} does not exist"),
-    ("{", "pair set {path} is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2"),
-    ('{"trait_name": "calm", "pairs": []}', "pair set {path} contains no pairs"),
-    ('{"trait_name": "calm", "pairs": [{"positive": "a", "negative": " "}]}',
-     "pair set {path} contains an empty positive or negative prompt"),
-])
+@pytest.mark.parametrize(
+    ("content", "sentence"),
+    [
+        (None, "pair set {path} does not exist"),
+        (
+            "{",
+            "pair set {path} is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2",
+        ),
+        ('{"trait_name": "calm", "pairs": []}', "pair set {path} contains no pairs"),
+        (
+            '{"trait_name": "calm", "pairs": [{"positive": "a", "negative": " "}]}',
+            "pair set {path} contains an empty positive or negative prompt",
+        ),
+    ],
+)
 def test_bad_input_is_refused_in_one_sentence(cli, tmp_path: Path, content: str | None, sentence: str) -> None:
     path = tmp_path / "pairs.json"
     if content is not None:
@@ -410,11 +528,14 @@ def test_bad_input_is_refused_in_one_sentence(cli, tmp_path: Path, content: str 
 
 def _inspect_in_a_fresh_interpreter(*flags: str) -> dict:
     """Run ``pairs inspect`` on the example in a new interpreter; assert it loaded nothing heavy; its report."""
-    code = ("import sys; from ster.cli import main; status = main(['pairs', 'inspect', '--pairs', *sys.argv[1:]]); "
-            "heavy = sorted(m for m in ('torch', 'transformers', 'textual', 'safetensors') if m in sys.modules); "
-            "print('HEAVY', heavy, status, file=sys.stderr)")
-    proc = subprocess.run([sys.executable, "-c", code, str(EXAMPLE), *flags], capture_output=True, text=True,
-                          cwd=REPO, timeout=120)
+    code = (
+        "import sys; from ster.cli import main; status = main(['pairs', 'inspect', '--pairs', *sys.argv[1:]]); "
+        "heavy = sorted(m for m in ('torch', 'transformers', 'textual', 'safetensors') if m in sys.modules); "
+        "print('HEAVY', heavy, status, file=sys.stderr)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(EXAMPLE), *flags], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert "HEAVY [] 0" in proc.stderr
     return json.loads(proc.stdout)
@@ -450,8 +571,10 @@ LONG = "the sea is calm . " * 30
 
 
 def test_with_a_model_each_side_is_counted_against_its_context(cli, tmp_path: Path) -> None:
-    path = write_set(tmp_path / "pairs.json", [("the sea is calm", "the sea is wild"), (LONG, "the sea is wild"),
-                                               ("the sea is calm", LONG + LONG)])
+    path = write_set(
+        tmp_path / "pairs.json",
+        [("the sea is calm", "the sea is wild"), (LONG, "the sea is wild"), ("the sea is calm", LONG + LONG)],
+    )
     plain = cli("pairs", "inspect", "--pairs", path).json
     assert (plain["too_long_count"], plain["context"]) == (None, None)
     assert all(p["positive_tokens"] is None and p["negative_tokens"] is None for p in plain["pairs"])
@@ -461,7 +584,8 @@ def test_with_a_model_each_side_is_counted_against_its_context(cli, tmp_path: Pa
     assert (report["too_long_count"], report["context"]) == (2, 128)
     assert [(p["positive_tokens"], p["negative_tokens"]) for p in report["pairs"]] == [(5, 5), (151, 5), (5, 301)]
     assert {k: v for k, v in report.items() if k not in ("too_long_count", "context", "pairs")} == {
-        k: v for k, v in plain.items() if k not in ("too_long_count", "context", "pairs")}
+        k: v for k, v in plain.items() if k not in ("too_long_count", "context", "pairs")
+    }
     refused = cli("train", "--model", "ster:toy", "--pairs", path, "--output", tmp_path / "o.json")
     assert refused.code == 1 and "pair 1's positive side is 151 tokens long" in refused.err
 
@@ -495,4 +619,5 @@ def test_smollm2_counts_sides_as_train_encodes_them(cli, tmp_path: Path, smol: P
     pairs = json.loads(EXAMPLE.read_text())["pairs"]
     assert report["context"] == 8192 and report["too_long_count"] == 0
     assert [(p["positive_tokens"], p["negative_tokens"]) for p in report["pairs"]] == [
-        (len(codec.encode_prompt(p["positive"])), len(codec.encode_prompt(p["negative"]))) for p in pairs]
+        (len(codec.encode_prompt(p["positive"])), len(codec.encode_prompt(p["negative"]))) for p in pairs
+    ]

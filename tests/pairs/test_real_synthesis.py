@@ -12,17 +12,31 @@ from ster.engine.pairs.refusals import flag
 pytestmark = pytest.mark.real
 
 
-def test_local_synthesis_keeps_well_formed_pairs_without_refusals(cli, smol: Path, tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_local_synthesis_keeps_well_formed_pairs_without_refusals(
+    cli, smol: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     out = tmp_path / "calm.json"
-    run = cli("pairs", "synthesize", "--model", smol, "--trait", "calm and reassuring", "--count", "4",
-              "--output", out, "--max-new-tokens", "64")
+    run = cli(
+        "pairs",
+        "synthesize",
+        "--model",
+        smol,
+        "--trait",
+        "calm and reassuring",
+        "--count",
+        "4",
+        "--output",
+        out,
+        "--max-new-tokens",
+        "64",
+    )
     assert run.code == 0, run.err
     report = run.json
     assert report["generator"] == f"local:{smol}" and report["kept"] >= 3
-    assert report["attempts"] == (report["kept"] + report["rejected_empty"] + report["rejected_refusals"]
-                                  + report["rejected_duplicates"])
+    assert report["attempts"] == (
+        report["kept"] + report["rejected_empty"] + report["rejected_refusals"] + report["rejected_duplicates"]
+    )
     pairs = json.loads(out.read_text())["pairs"]
     assert len(pairs) == report["kept"]
     for pair in pairs:

@@ -63,7 +63,7 @@ def test_import_keeps_a_canonical_copy_and_makes_it_active(cli, tmp_path: Path) 
     assert index()["schema_version"] == 1 and index()["active"] == "calm"
     assert entry["file"] == "pairs/calm.json" and len(entry["digest"]) == 64 and entry["source"] == str(source)
     assert active_pairs() == copy
-    assert 'imported' in run.err and '"calm"' in run.err
+    assert "imported" in run.err and '"calm"' in run.err
 
 
 def test_name_sets_the_id(cli, tmp_path: Path) -> None:
@@ -95,23 +95,31 @@ def test_conflicting_never_overwrites_and_names_the_existing_copy(cli, tmp_path:
     before_copy, before_index = copy.read_bytes(), (workspace_root() / "index.json").read_bytes()
     run = cli("workspace", "import-pairs", write_set(tmp_path / "b" / "calm.json", count=3))
     assert run.code == 1 and run.out == ""
-    assert run.err.strip() == (f'error: conflicting: the workspace already keeps a different pair set as "calm" '
-                               f"({copy}), which is never overwritten; import under another --name, or first "
-                               f"run ster workspace remove calm")
+    assert run.err.strip() == (
+        f'error: conflicting: the workspace already keeps a different pair set as "calm" '
+        f"({copy}), which is never overwritten; import under another --name, or first "
+        f"run ster workspace remove calm"
+    )
     assert copy.read_bytes() == before_copy and (workspace_root() / "index.json").read_bytes() == before_index
     events = cli("--json", "workspace", "import-pairs", tmp_path / "b" / "calm.json").events
     assert events[-1]["details"] == {"status": "conflicting", "id": "calm", "existing": str(copy)}
 
 
-@pytest.mark.parametrize(("document", "sentence"), [
-    ('{"trait_name": "calm", "pairs": []}', "contains no pairs"),
-    ('{"trait_name": "calm", "pairs": [{"positive": "a", "negative": " "}]}',
-     "contains an empty positive or negative prompt"),
-    ('{"trait_name": "calm"}', "is not in the expected shape: pairs: Field required"),
-    ("{", "is not valid JSON"),
-])
+@pytest.mark.parametrize(
+    ("document", "sentence"),
+    [
+        ('{"trait_name": "calm", "pairs": []}', "contains no pairs"),
+        (
+            '{"trait_name": "calm", "pairs": [{"positive": "a", "negative": " "}]}',
+            "contains an empty positive or negative prompt",
+        ),
+        ('{"trait_name": "calm"}', "is not in the expected shape: pairs: Field required"),
+        ("{", "is not valid JSON"),
+    ],
+)
 def test_an_invalid_file_is_rejected_with_the_pair_set_sentence_and_nothing_written(
-        cli, tmp_path: Path, document: str, sentence: str) -> None:
+    cli, tmp_path: Path, document: str, sentence: str
+) -> None:
     source = tmp_path / "bad.json"
     source.write_text(document)
     run = cli("workspace", "import-pairs", source)
@@ -145,7 +153,9 @@ def test_show_lists_sets_the_active_one_and_missing_copies(cli, tmp_path: Path) 
     shown = cli("workspace", "show").json
     assert shown["active"] == "bold"
     assert [(s["id"], s["active"], s["present"], s["pair_count"]) for s in shown["sets"]] == [
-        ("calm", False, False, 2), ("bold", True, True, 3)]
+        ("calm", False, False, 2),
+        ("bold", True, True, 3),
+    ]
     assert shown["sets"][1]["path"] == str(workspace_root() / "pairs" / "bold.json")
 
 
@@ -156,8 +166,11 @@ def test_select_activates_and_refuses_unknown_ids_naming_the_known_ones(cli, tmp
     cli("workspace", "import-pairs", write_set(tmp_path / "calm.json"))
     cli("workspace", "import-pairs", write_set(tmp_path / "bold.json", "bold"))
     run = cli("workspace", "select", "calm")
-    assert run.code == 0 and run.json == {"active": "calm", "path": str(workspace_root() / "pairs" / "calm.json"),
-                                          "previous": "bold"}
+    assert run.code == 0 and run.json == {
+        "active": "calm",
+        "path": str(workspace_root() / "pairs" / "calm.json"),
+        "previous": "bold",
+    }
     assert active_pairs() == workspace_root() / "pairs" / "calm.json"
     unknown = cli("workspace", "select", "shy")
     assert unknown.code == 1
@@ -171,8 +184,12 @@ def test_remove_deletes_the_copy_and_the_entry(cli, tmp_path: Path) -> None:
     cli("workspace", "import-pairs", write_set(tmp_path / "calm.json"))
     cli("workspace", "import-pairs", write_set(tmp_path / "bold.json", "bold"))
     other = cli("workspace", "remove", "calm")
-    assert other.code == 0 and other.json == {"removed": "calm", "path": str(workspace_root() / "pairs" / "calm.json"),
-                                              "copy_deleted": True, "active": "bold"}
+    assert other.code == 0 and other.json == {
+        "removed": "calm",
+        "path": str(workspace_root() / "pairs" / "calm.json"),
+        "copy_deleted": True,
+        "active": "bold",
+    }
     assert not (workspace_root() / "pairs" / "calm.json").exists() and index()["active"] == "bold"
     active = cli("workspace", "remove", "bold")
     assert active.code == 0 and active.json["active"] is None and "no pair set is active now" in active.err
@@ -184,8 +201,11 @@ def test_remove_deletes_the_copy_and_the_entry(cli, tmp_path: Path) -> None:
 
 
 def test_active_pairs_refuses_when_none_is_active_or_its_copy_is_gone(tmp_path: Path) -> None:
-    with pytest.raises(Refusal, match=r"^no pair set is active in the workspace; give --pairs FILE, or import one "
-                                      r"with ster workspace import-pairs FILE$"):
+    with pytest.raises(
+        Refusal,
+        match=r"^no pair set is active in the workspace; give --pairs FILE, or import one "
+        r"with ster workspace import-pairs FILE$",
+    ):
         active_pairs()
     outcome = import_pair_set(write_set(tmp_path / "calm.json"), None)
     assert outcome.status == "imported" and active_pairs() == Path(outcome.path)
@@ -210,8 +230,10 @@ def test_train_without_pairs_uses_the_active_set(cli, tmp_path: Path) -> None:
     output = tmp_path / "calm.json"
     refused = cli("train", "--model", "ster:toy", "--output", output)
     assert refused.code == 1 and not output.exists()
-    assert refused.err.strip().endswith("error: no pair set is active in the workspace; give --pairs FILE, or import "
-                                        "one with ster workspace import-pairs FILE")
+    assert refused.err.strip().endswith(
+        "error: no pair set is active in the workspace; give --pairs FILE, or import "
+        "one with ster workspace import-pairs FILE"
+    )
     assert cli("workspace", "import-pairs", EXAMPLE_PAIRS, "--name", "calm").code == 0
     run = cli("train", "--model", "ster:toy", "--output", output, "--layers", "1,2")
     assert run.code == 0, run.err
@@ -254,23 +276,31 @@ def test_concurrent_cli_imports_lose_no_entry(tmp_path: Path) -> None:
     names = []
     for r in range(2):
         batch = [write_set(tmp_path / f"cli{r}-{p}.json", f"cli{r}-{p}") for p in range(3)]
-        procs = [subprocess.Popen([sys.executable, "-m", "ster", "workspace", "import-pairs", str(s)],
-                                  env={**os.environ, **env}, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, cwd=REPO)
-                 for s in batch]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "ster", "workspace", "import-pairs", str(s)],
+                env={**os.environ, **env},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                cwd=REPO,
+            )
+            for s in batch
+        ]
         assert [proc.wait(120) for proc in procs] == [0, 0, 0]
         names += [s.stem for s in batch]
     assert sorted(e["id"] for e in index()["entries"]) == sorted(names)
 
 
 def test_workspace_show_leaves_torch_unimported(tmp_path: Path) -> None:
-    code = ("import sys; from ster.cli import main; code = main(['workspace', 'show']); "
-            "heavy = [m for m in ('torch', 'transformers', 'textual') if m in sys.modules]; "
-            "print('HEAVY', heavy, file=sys.stderr); sys.exit(code)")
+    code = (
+        "import sys; from ster.cli import main; code = main(['workspace', 'show']); "
+        "heavy = [m for m in ('torch', 'transformers', 'textual') if m in sys.modules]; "
+        "print('HEAVY', heavy, file=sys.stderr); sys.exit(code)"
+    )
     env = {"XDG_DATA_HOME": str(tmp_path / "data"), "XDG_STATE_HOME": str(tmp_path / "state")}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, **env}, cwd=REPO,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}, cwd=REPO, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert "HEAVY []" in proc.stderr
     assert json.loads(proc.stdout)["sets"] == []

@@ -26,7 +26,10 @@ FINITE = ["abc", "nan", "inf", "-inf", "1e400", ""]
 COUNT = ["abc", "1.5", "nan", "1e3", "", "-3"]
 """A whole number of which 0 is a fine value."""
 VALUES: dict[str, list[str]] = {
-    "--max-new-tokens": WHOLE, "--batch-size": WHOLE, "--count": WHOLE, "--retry-multiplier": WHOLE,
+    "--max-new-tokens": WHOLE,
+    "--batch-size": WHOLE,
+    "--count": WHOLE,
+    "--retry-multiplier": WHOLE,
     "--seed": SEED,
     "--index": ["abc", "1.5", "-1"],
     "--dedupe-bits": ["abc", "1.5", "-1", "64"],
@@ -42,39 +45,89 @@ VALUES: dict[str, list[str]] = {
     "--chat-template": ["on", ""],
     "--method": ["svm", "CAA"],
     "--generator": ["cloud", ""],
-    "--rank": WHOLE, "--epochs": WHOLE, "--accumulation": WHOLE, "--max-sequence": [*WHOLE, "1"],
-    "--warmup-steps": COUNT, "--checkpoint-every": COUNT,
-    "--alpha": [*FINITE, "0", "-1"], "--learning-rate": [*FINITE, "0", "-1e-4"], "--beta": [*FINITE, "0", "-0.1"],
+    "--rank": WHOLE,
+    "--epochs": WHOLE,
+    "--accumulation": WHOLE,
+    "--max-sequence": [*WHOLE, "1"],
+    "--warmup-steps": COUNT,
+    "--checkpoint-every": COUNT,
+    "--alpha": [*FINITE, "0", "-1"],
+    "--learning-rate": [*FINITE, "0", "-1e-4"],
+    "--beta": [*FINITE, "0", "-0.1"],
     "--targets": ["nope", "", ",", "q,zz"],
     "--loss": ["kto", "DPO", ""],
-    "--group": [*WHOLE, "1"], "--iterations": WHOLE,
-    "--kl-budget": [*FINITE, "0", "-0.1"], "--trials": WHOLE, "--neutral-count": WHOLE,
+    "--group": [*WHOLE, "1"],
+    "--iterations": WHOLE,
+    "--kl-budget": [*FINITE, "0", "-0.1"],
+    "--trials": WHOLE,
+    "--neutral-count": WHOLE,
 }
 """Each flag whose value the request model checks, and values it must refuse."""
 
-SUBJECTS = ("supervised fine-tuning requires", "direct preference optimization requires", "reward modeling requires",
-            "group-relative policy optimization requires")
-MENTIONS = {"--layers": ("--layers", "layer range"), "--generator": ('unknown generator',),
-            "--rank": ("--rank", "adapter rank"), "--alpha": ("--alpha", "adapter alpha"),
-            "--targets": ("unknown adapter target", "no targets selected"),
-            "--max-sequence": ("--max-sequence", "max_sequence must be at least two tokens"),
-            "--beta": ("--beta", "direct preference optimization requires a finite beta",
-                       "evaluation requires a finite beta", "group-relative policy optimization requires a finite beta"),
-            "--temperature": ("--temperature", "group-relative policy optimization requires a temperature"),
-            "--max-new-tokens": ("--max-new-tokens", "max_new_tokens must be greater than zero"),
-            "--group": ("--group", "group-relative policy optimization requires a group"),
-            "--iterations": ("--iterations", "group-relative policy optimization requires at least one iteration"),
-            "--loss": ("unknown preference loss",),
-            "--batch-size": ("--batch-size", "evaluation requires a batch", *SUBJECTS),
-            **{flag: (flag, *SUBJECTS) for flag in ("--epochs", "--accumulation", "--learning-rate")}}
+SUBJECTS = (
+    "supervised fine-tuning requires",
+    "direct preference optimization requires",
+    "reward modeling requires",
+    "group-relative policy optimization requires",
+)
+MENTIONS = {
+    "--layers": ("--layers", "layer range"),
+    "--generator": ("unknown generator",),
+    "--rank": ("--rank", "adapter rank"),
+    "--alpha": ("--alpha", "adapter alpha"),
+    "--targets": ("unknown adapter target", "no targets selected"),
+    "--max-sequence": ("--max-sequence", "max_sequence must be at least two tokens"),
+    "--beta": (
+        "--beta",
+        "direct preference optimization requires a finite beta",
+        "evaluation requires a finite beta",
+        "group-relative policy optimization requires a finite beta",
+    ),
+    "--temperature": ("--temperature", "group-relative policy optimization requires a temperature"),
+    "--max-new-tokens": ("--max-new-tokens", "max_new_tokens must be greater than zero"),
+    "--group": ("--group", "group-relative policy optimization requires a group"),
+    "--iterations": ("--iterations", "group-relative policy optimization requires at least one iteration"),
+    "--loss": ("unknown preference loss",),
+    "--batch-size": ("--batch-size", "evaluation requires a batch", *SUBJECTS),
+    **{flag: (flag, *SUBJECTS) for flag in ("--epochs", "--accumulation", "--learning-rate")},
+}
 """What a refusal of the flag starts with, where it is not the flag itself."""
 
-FREE_TEXT = {"--prompt", "--positive", "--negative", "--trait", "--trait-name", "--opposite", "--name",
-             "--revision", "--generator-model", "id", "--base-model", "--judge-question"}
+FREE_TEXT = {
+    "--prompt",
+    "--positive",
+    "--negative",
+    "--trait",
+    "--trait-name",
+    "--opposite",
+    "--name",
+    "--revision",
+    "--generator-model",
+    "id",
+    "--base-model",
+    "--judge-question",
+}
 """Flags whose value is text with nothing to check (a route is checked only when it is used)."""
 
-PATHS = {"--model", "--pairs", "--vector", "--input", "--output", "--prompts", "--import-pairs", "artifact", "gguf",
-         "source", "--examples", "--adapter", "adapter", "--reward", "--neutral", "--holdout", "--judge"}
+PATHS = {
+    "--model",
+    "--pairs",
+    "--vector",
+    "--input",
+    "--output",
+    "--prompts",
+    "--import-pairs",
+    "artifact",
+    "gguf",
+    "source",
+    "--examples",
+    "--adapter",
+    "adapter",
+    "--reward",
+    "--neutral",
+    "--holdout",
+    "--judge",
+}
 """Flags that name a file or model; the job refuses a bad one (tested in ``test_a_bad_path_is_refused``)."""
 
 FRONT_END = {"--host", "--port", "--token-file", "--root", "--server", "operation"}
@@ -87,8 +140,15 @@ BASE = {
     "evaluate": ["--model", "ster:toy", "--vector", "{tmp}/missing.json"],
     "generate": ["--model", "ster:toy", "--prompt", "x"],
     "extract": ["--model", "ster:toy", "--input", "{tmp}/missing.json", "--output", "{tmp}/out.json"],
-    "sweep": ["--model", "ster:toy", "--vector", "{tmp}/missing.json", "--prompts", "{tmp}/missing.json",
-              "--strengths=1"],
+    "sweep": [
+        "--model",
+        "ster:toy",
+        "--vector",
+        "{tmp}/missing.json",
+        "--prompts",
+        "{tmp}/missing.json",
+        "--strengths=1",
+    ],
     "calibrate": ["--model", "ster:toy", "--output", "{tmp}/out.json"],
     "pairs inspect": ["--pairs", "{tmp}/missing.json"],
     "pairs remove": ["--pairs", "{tmp}/missing.json", "--index", "0"],
@@ -119,8 +179,13 @@ def _value_flags(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) ->
 FLAGS = _value_flags(build_parser())
 FINE = {("tune grpo", "--beta", "0")}
 """Values one command accepts though the flag's list refuses them elsewhere (grpo's beta 0 turns the KL off)."""
-CASES = [(command, flag, value) for command, flag in FLAGS if flag in VALUES and command.removeprefix("vector ")
-         in BASE for value in VALUES[flag] if (command, flag, value) not in FINE]
+CASES = [
+    (command, flag, value)
+    for command, flag in FLAGS
+    if flag in VALUES and command.removeprefix("vector ") in BASE
+    for value in VALUES[flag]
+    if (command, flag, value) not in FINE
+]
 
 
 def test_every_value_flag_is_covered() -> None:
@@ -140,65 +205,105 @@ def test_a_bad_value_is_refused_in_one_sentence(cli, tmp_path: Path, command: st
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize(("args", "sentence"), [
-    (["generate", "--model", "ster:toy", "--prompt", "x", "--temperature", "0.7", "--seed", "99999999999999999999999"],
-     "--seed must be between 0 and 18446744073709551615"),
-    (["generate", "--model", "ster:toy", "--prompt", "x", "--strength", "abc"],
-     '--strength must be a number such as 3 or a multiple of each layer\'s activation spread such as 0.4x; '
-     'got "abc"'),
-    (["generate", "--model", "ster:toy", "--prompt", "x", "--max-new-tokens", "x"],
-     '--max-new-tokens must be a whole number; got "x"'),
-    (["generate", "--model", "ster:toy", "--prompt", "x", "--device", "gpu"],
-     "--device must be 'cpu', 'cuda', 'mps' or 'auto'; got \"gpu\""),
-    (["sweep", "--model", "ster:toy", "--vector", "v", "--prompts", "p", "--strengths=nan"],
-     "--strengths must be a finite number; got nan"),
-    (["sweep", "--model", "ster:toy", "--vector", "v", "--prompts", "p", "--strengths=1,x"],
-     '--strengths must be a number such as 3 or a multiple of each layer\'s activation spread such as 0.4x; '
-     'got "x"'),
-    (["train", "--model", "ster:toy", "--output", "o", "--layers", "x"],
-     '--layers takes all, a comma list such as 2,5, or a half-open range such as 2..6, or a mix such as 1,4..7; '
-     'got "x"'),
-    (["pairs", "inspect", "--refusal-threshold", "2"], "--refusal-threshold must be between 0 and 1"),
-    (["pairs", "remove", "--pairs", "p", "--index", "-1"], "--index must be 0 or more"),
-])
+@pytest.mark.parametrize(
+    ("args", "sentence"),
+    [
+        (
+            [
+                "generate",
+                "--model",
+                "ster:toy",
+                "--prompt",
+                "x",
+                "--temperature",
+                "0.7",
+                "--seed",
+                "99999999999999999999999",
+            ],
+            "--seed must be between 0 and 18446744073709551615",
+        ),
+        (
+            ["generate", "--model", "ster:toy", "--prompt", "x", "--strength", "abc"],
+            "--strength must be a number such as 3 or a multiple of each layer's activation spread such as 0.4x; "
+            'got "abc"',
+        ),
+        (
+            ["generate", "--model", "ster:toy", "--prompt", "x", "--max-new-tokens", "x"],
+            '--max-new-tokens must be a whole number; got "x"',
+        ),
+        (
+            ["generate", "--model", "ster:toy", "--prompt", "x", "--device", "gpu"],
+            "--device must be 'cpu', 'cuda', 'mps' or 'auto'; got \"gpu\"",
+        ),
+        (
+            ["sweep", "--model", "ster:toy", "--vector", "v", "--prompts", "p", "--strengths=nan"],
+            "--strengths must be a finite number; got nan",
+        ),
+        (
+            ["sweep", "--model", "ster:toy", "--vector", "v", "--prompts", "p", "--strengths=1,x"],
+            "--strengths must be a number such as 3 or a multiple of each layer's activation spread such as 0.4x; "
+            'got "x"',
+        ),
+        (
+            ["train", "--model", "ster:toy", "--output", "o", "--layers", "x"],
+            "--layers takes all, a comma list such as 2,5, or a half-open range such as 2..6, or a mix such as 1,4..7; "
+            'got "x"',
+        ),
+        (["pairs", "inspect", "--refusal-threshold", "2"], "--refusal-threshold must be between 0 and 1"),
+        (["pairs", "remove", "--pairs", "p", "--index", "-1"], "--index must be 0 or more"),
+    ],
+)
 def test_the_sentences(cli, args: list[str], sentence: str) -> None:
     run = cli(*args)
     assert (run.code, run.out, run.err) == (1, "", f"error: {sentence}\n")
 
 
-@pytest.mark.parametrize("args", [
-    ["generate", "--model", "ster:toy", "--prompt", "x", "--strenght", "2"],  # unknown flag
-    ["generate", "--model", "ster:toy", "--prompt"],  # a flag without its value
-    ["generate", "--model", "ster:toy"],  # a missing required flag
-    ["sweep", "--model", "ster:toy", "--vector", "v", "--prompts", "p", "--strengths", "-8,-4"],  # no = before "-"
-    ["train", "--model", "ster:toy", "--output", "o", "--layers"],
-    ["pairs", "frobnicate"],  # unknown subcommand
-    ["frobnicate"],  # unknown command
-    ["pairs", "synthesize", "--trait", "x", "--output", "o"],
-    ["model", "import", "--output", "o"],  # the positional FILE.gguf is missing
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["generate", "--model", "ster:toy", "--prompt", "x", "--strenght", "2"],  # unknown flag
+        ["generate", "--model", "ster:toy", "--prompt"],  # a flag without its value
+        ["generate", "--model", "ster:toy"],  # a missing required flag
+        ["sweep", "--model", "ster:toy", "--vector", "v", "--prompts", "p", "--strengths", "-8,-4"],  # no = before "-"
+        ["train", "--model", "ster:toy", "--output", "o", "--layers"],
+        ["pairs", "frobnicate"],  # unknown subcommand
+        ["frobnicate"],  # unknown command
+        ["pairs", "synthesize", "--trait", "x", "--output", "o"],
+        ["model", "import", "--output", "o"],  # the positional FILE.gguf is missing
+    ],
+)
 def test_the_command_shape_is_a_usage_error(cli, args: list[str]) -> None:
     run = cli(*args)
     assert run.code == 2 and run.out == "" and "usage: ster" in run.err
 
 
-@pytest.mark.parametrize(("args", "start"), [
-    (["train", "--model", "ster:toy", "--pairs", "{tmp}/missing.json", "--output", "{tmp}/o.json"], "pair set"),
-    (["train", "--model", "ster:toy", "--pairs", "{examples}/pairs.json", "--output", "{tmp}"], "output"),
-    (["train", "--model", "{tmp}/no-model", "--pairs", "{examples}/pairs.json", "--output", "{tmp}/o.json"],
-     "model directory"),
-    (["evaluate", "--model", "ster:toy", "--pairs", "{examples}/pairs.json", "--vector", "{tmp}/v.json"],
-     "steering artifact"),
-    (["generate", "--model", "ster:toy", "--prompt", "x", "--vector", "{tmp}/v.json"], "steering artifact"),
-    (["extract", "--model", "ster:toy", "--input", "{tmp}/p.json", "--output", "{tmp}/o.json"], "input"),
-    (["sweep", "--model", "ster:toy", "--vector", "{tmp}/v.json", "--prompts", "{tmp}/p.json", "--strengths=1"], ""),
-    (["inspect", "{tmp}/v.json"], "steering artifact"),
-    (["pairs", "inspect", "--pairs", "{tmp}/p.json"], "pair set"),
-    (["pairs", "remove", "--pairs", "{tmp}/p.json", "--index", "0"], "pair set"),
-    (["workspace", "import-pairs", "{tmp}/p.json"], "pair set"),
-    (["onboarding", "--import-pairs", "{tmp}/p.json"], "pair set"),
-    (["model", "import", "{tmp}/m.gguf", "--output", "{tmp}/out"], "GGUF file"),
-])
+@pytest.mark.parametrize(
+    ("args", "start"),
+    [
+        (["train", "--model", "ster:toy", "--pairs", "{tmp}/missing.json", "--output", "{tmp}/o.json"], "pair set"),
+        (["train", "--model", "ster:toy", "--pairs", "{examples}/pairs.json", "--output", "{tmp}"], "output"),
+        (
+            ["train", "--model", "{tmp}/no-model", "--pairs", "{examples}/pairs.json", "--output", "{tmp}/o.json"],
+            "model directory",
+        ),
+        (
+            ["evaluate", "--model", "ster:toy", "--pairs", "{examples}/pairs.json", "--vector", "{tmp}/v.json"],
+            "steering artifact",
+        ),
+        (["generate", "--model", "ster:toy", "--prompt", "x", "--vector", "{tmp}/v.json"], "steering artifact"),
+        (["extract", "--model", "ster:toy", "--input", "{tmp}/p.json", "--output", "{tmp}/o.json"], "input"),
+        (
+            ["sweep", "--model", "ster:toy", "--vector", "{tmp}/v.json", "--prompts", "{tmp}/p.json", "--strengths=1"],
+            "",
+        ),
+        (["inspect", "{tmp}/v.json"], "steering artifact"),
+        (["pairs", "inspect", "--pairs", "{tmp}/p.json"], "pair set"),
+        (["pairs", "remove", "--pairs", "{tmp}/p.json", "--index", "0"], "pair set"),
+        (["workspace", "import-pairs", "{tmp}/p.json"], "pair set"),
+        (["onboarding", "--import-pairs", "{tmp}/p.json"], "pair set"),
+        (["model", "import", "{tmp}/m.gguf", "--output", "{tmp}/out"], "GGUF file"),
+    ],
+)
 def test_a_bad_path_is_refused(cli, tmp_path: Path, examples: Path, args: list[str], start: str) -> None:
     run = cli(*[arg.format(tmp=tmp_path, examples=examples) for arg in args])
     assert (run.code, run.out) == (1, ""), run.err
@@ -207,10 +312,14 @@ def test_a_bad_path_is_refused(cli, tmp_path: Path, examples: Path, args: list[s
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize(("listed", "literal"), [
-    (PRECISIONS, Precision), (CHAT_MODES, ChatMode),
-    (tuple(d for d in DEVICES if d not in DEVICE_ALIASES), typing.get_args(Device)[0]),
-])
+@pytest.mark.parametrize(
+    ("listed", "literal"),
+    [
+        (PRECISIONS, Precision),
+        (CHAT_MODES, ChatMode),
+        (tuple(d for d in DEVICES if d not in DEVICE_ALIASES), typing.get_args(Device)[0]),
+    ],
+)
 def test_the_help_lists_what_the_request_accepts(listed: tuple[str, ...], literal: object) -> None:
     assert listed == typing.get_args(literal)
 

@@ -25,9 +25,13 @@ BLANKS = ["", "   ", "\t"]
 
 def _blankable(kind) -> list[str]:
     fields = kind.model_fields
-    return [name for name, field in fields.items()
-            if is_path_field(field.annotation) or name == "model"
-            or (str in getattr(field.annotation, "__args__", ()) and type(None) in field.annotation.__args__)]
+    return [
+        name
+        for name, field in fields.items()
+        if is_path_field(field.annotation)
+        or name == "model"
+        or (str in getattr(field.annotation, "__args__", ()) and type(None) in field.annotation.__args__)
+    ]
 
 
 @pytest.mark.parametrize("job", sorted(JOBS))
@@ -47,23 +51,39 @@ def test_every_blank_path_or_optional_text_of_every_request_means_none(job: str)
 def test_blank_vector_and_adapter_generate_unsteered_on_the_bare_checkpoint(cli) -> None:
     baseline = cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--max-new-tokens", "4")
     for blank in BLANKS:
-        run = cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--max-new-tokens", "4", "--vector", blank,
-                  "--adapter", blank)
+        run = cli(
+            "generate",
+            "--model",
+            "ster:toy",
+            "--prompt",
+            PROMPT,
+            "--max-new-tokens",
+            "4",
+            "--vector",
+            blank,
+            "--adapter",
+            blank,
+        )
         assert run.code == 0, run.err
         assert run.json["vector"] is None and run.json["adapter"] is None
         assert run.json["text"] == baseline.json["text"]
 
 
-@pytest.mark.parametrize(("args", "sentence"), [
-    (["evaluate", "--model", "ster:toy", "--pairs", "ster:pairs", "--vector", ""], "--vector is required"),
-    (["inspect", " "], "ARTIFACT is required"),
-    (["train", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", ""], "--output is required"),
-    (["tune", "inspect", ""], "ARTIFACT is required"),
-    (["model", "import", "", "--output", "out"], "FILE.gguf is required"),
-    (["generate", "--model", "", "--prompt", PROMPT], "--model is required"),
-    (["tune", "sft", "--model", " ", "--examples", "ster:examples", "--output", "a.safetensors"],
-     "--model is required"),
-])
+@pytest.mark.parametrize(
+    ("args", "sentence"),
+    [
+        (["evaluate", "--model", "ster:toy", "--pairs", "ster:pairs", "--vector", ""], "--vector is required"),
+        (["inspect", " "], "ARTIFACT is required"),
+        (["train", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", ""], "--output is required"),
+        (["tune", "inspect", ""], "ARTIFACT is required"),
+        (["model", "import", "", "--output", "out"], "FILE.gguf is required"),
+        (["generate", "--model", "", "--prompt", PROMPT], "--model is required"),
+        (
+            ["tune", "sft", "--model", " ", "--examples", "ster:examples", "--output", "a.safetensors"],
+            "--model is required",
+        ),
+    ],
+)
 def test_a_blank_required_path_is_missing_not_the_current_directory(cli, args: list[str], sentence: str) -> None:
     run = cli(*args)
     assert run.code == 1 and run.err.strip() == f"error: {sentence}", run.err
@@ -78,24 +98,41 @@ def test_a_blank_pair_set_is_the_workspaces_active_set(cli, tmp_path: Path) -> N
 
 
 def test_a_blank_optional_text_is_none(tmp_path: Path) -> None:
-    request = build_job_request("tune export-peft", adapter=str(tmp_path / "a.safetensors"),
-                                output=str(tmp_path / "peft"), base_model="  ")
+    request = build_job_request(
+        "tune export-peft", adapter=str(tmp_path / "a.safetensors"), output=str(tmp_path / "peft"), base_model="  "
+    )
     assert request.base_model is None  # type: ignore[attr-defined]
-    synth = build_job_request("pairs synthesize", trait="calm", count=1, output=str(tmp_path / "p.json"),
-                              model="ster:toy", opposite="", trait_name=" ", generator_model="", revision="")
+    synth = build_job_request(
+        "pairs synthesize",
+        trait="calm",
+        count=1,
+        output=str(tmp_path / "p.json"),
+        model="ster:toy",
+        opposite="",
+        trait_name=" ",
+        generator_model="",
+        revision="",
+    )
     assert synth.opposite is None and synth.trait_name is None  # type: ignore[attr-defined]
     assert synth.revision is None and synth.generator_model is None  # type: ignore[attr-defined]
 
 
 def _request(operation: str, body: dict) -> tuple[int, dict]:
-    proc = subprocess.run([sys.executable, "-m", "ster", "request", operation], input=json.dumps(body),
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ster", "request", operation],
+        input=json.dumps(body),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     return proc.returncode, json.loads(proc.stdout.splitlines()[-1])
 
 
 def test_blank_fields_of_a_request_body_mean_none() -> None:
-    code, result = _request("generate", {"model": "ster:toy", "prompt": PROMPT, "maxNewTokens": 3, "vector": "",
-                                         "adapter": " "})
+    code, result = _request(
+        "generate", {"model": "ster:toy", "prompt": PROMPT, "maxNewTokens": 3, "vector": "", "adapter": " "}
+    )
     assert code == 0 and result["status"] == 0, result
     code, result = _request("evaluate", {"model": "ster:toy", "pairs": "ster:pairs", "vector": ""})
     assert code == 2 and result["json"] == {"error": "evaluate requires a steering artifact"}

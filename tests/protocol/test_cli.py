@@ -21,14 +21,16 @@ print("HEAVY", heavy)
 """
 
 
-@pytest.mark.parametrize("args", [["--help"], ["generate", "--help"], ["extract", "--help"],
-                                  ["model", "import", "--help"], []])
+@pytest.mark.parametrize(
+    "args", [["--help"], ["generate", "--help"], ["extract", "--help"], ["model", "import", "--help"], []]
+)
 def test_help_imports_no_torch(args: list[str]) -> None:
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", IMPORT_CHECK.format(args=args)], capture_output=True, text=True,
-                          cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-c", IMPORT_CHECK.format(args=args)], capture_output=True, text=True, cwd=REPO
+    )
     assert "usage: ster" in proc.stdout
     assert "HEAVY []" in proc.stdout
 

@@ -31,28 +31,51 @@ def tree(tmp_path: Path) -> tuple[Root, Path, Path]:
     (outside / "secret.json").write_text('{"secret": 1}')
     (root / "sub" / "f.json").write_text('{"pairs": []}')
     links = {
-        "esc": outside,                       # a relative name, an absolute target outside
-        "esc-rel": Path("../outside"),        # a relative target that climbs out
+        "esc": outside,  # a relative name, an absolute target outside
+        "esc-rel": Path("../outside"),  # a relative target that climbs out
         "sub/deep/up": Path("../../../outside"),
-        "in": Path("sub"),                    # stays inside
-        "in-abs": root / "sub",               # absolute, inside
-        "chain": Path("in"),                  # a link to a link inside
-        "chain-out": Path("esc"),             # a link to a link out
+        "in": Path("sub"),  # stays inside
+        "in-abs": root / "sub",  # absolute, inside
+        "chain": Path("in"),  # a link to a link inside
+        "chain-out": Path("esc"),  # a link to a link out
         "secret-link": outside / "secret.json",
         "missing-link": outside / "nothing.json",
         "loop": Path("loop"),
-        "sub/back": Path(".."),               # the root, by a link
+        "sub/back": Path(".."),  # the root, by a link
     }
     for name, target in links.items():
         (root / name).symlink_to(target)
     return Root(root), root, outside
 
 
-INSIDE = ["sub", "sub/f.json", "in/f.json", "in-abs/f.json", "chain/f.json", "sub/back/sub/f.json", "in/../sub/f.json",
-          "missing/../sub/f.json", "sub/deep/../f.json", ".", ""]
-OUTSIDE = ["esc/secret.json", "esc/nothing.json", "esc-rel/secret.json", "sub/deep/up/secret.json", "chain-out/x",
-           "secret-link", "missing-link", "..", "../outside/secret.json", "sub/../../outside/secret.json",
-           "missing/../../outside/secret.json", "sub/back/../outside", "in/../../outside"]
+INSIDE = [
+    "sub",
+    "sub/f.json",
+    "in/f.json",
+    "in-abs/f.json",
+    "chain/f.json",
+    "sub/back/sub/f.json",
+    "in/../sub/f.json",
+    "missing/../sub/f.json",
+    "sub/deep/../f.json",
+    ".",
+    "",
+]
+OUTSIDE = [
+    "esc/secret.json",
+    "esc/nothing.json",
+    "esc-rel/secret.json",
+    "sub/deep/up/secret.json",
+    "chain-out/x",
+    "secret-link",
+    "missing-link",
+    "..",
+    "../outside/secret.json",
+    "sub/../../outside/secret.json",
+    "missing/../../outside/secret.json",
+    "sub/back/../outside",
+    "in/../../outside",
+]
 
 
 @pytest.mark.parametrize("value", INSIDE)
@@ -80,8 +103,13 @@ def test_a_sentence_never_depends_on_what_exists_outside(tree) -> None:
     """An existing and a missing target outside get the same sentence, apart from the path itself."""
     root, path, outside = tree
     (path / "to-missing").symlink_to(outside / "nope" / "nope.json")
-    pairs = [("/etc/passwd", "/etc/passwdx"), ("secret-link", "missing-link"), ("esc/secret.json", "esc/nope.json"),
-             ("../outside/secret.json", "../outside/nope.json"), ("to-missing", "missing-link")]
+    pairs = [
+        ("/etc/passwd", "/etc/passwdx"),
+        ("secret-link", "missing-link"),
+        ("esc/secret.json", "esc/nope.json"),
+        ("../outside/secret.json", "../outside/nope.json"),
+        ("to-missing", "missing-link"),
+    ]
     for present, absent in pairs:
         sentences = []
         for value in (present, absent):
@@ -188,7 +216,8 @@ def test_without_a_root_nothing_changes(tree) -> None:
 
 
 def test_a_private_directory_a_killed_server_left_is_reclaimed_by_the_next_confined_job(
-        tree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import tempfile
 
     root, path, _ = tree

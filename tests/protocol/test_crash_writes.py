@@ -32,10 +32,20 @@ SFT = ["tune", "sft", "--model", "ster:toy", "--examples", "ster:examples", "--e
 
 def held(args: list[object], before: str) -> subprocess.Popen[str]:
     """``python -m ster ARGS``, running until it is about to rename onto a path named ``before``, and held there."""
-    env = {**os.environ, "PYTHONPATH": f"{SITE}{os.pathsep}{REPO}", "STER_TEST_PAUSE_BEFORE": before,
-           "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "ster", *map(str, args)], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{SITE}{os.pathsep}{REPO}",
+        "STER_TEST_PAUSE_BEFORE": before,
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ster", *map(str, args)],
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stderr is not None
     seen = []
     for line in proc.stderr:
@@ -84,7 +94,8 @@ def test_a_kill_between_the_pairs_renames_leaves_a_pair_every_reader_refuses(cli
     assert len(temporaries(tmp_path)) == 1
     run = cli("tune", "inspect", out)
     assert run.code == 1 and run.err.splitlines()[-1].startswith(
-        f"error: adapter {out} and its sidecar {sidecar_path(out)} are from two different writes"), run.err
+        f"error: adapter {out} and its sidecar {sidecar_path(out)} are from two different writes"
+    ), run.err
     run = cli(*SFT, "--output", out)  # the next run replaces the pair and reclaims the temporary
     assert run.code == 0, run.err
     assert names(tmp_path) == ["a.json", "a.safetensors"] and cli("tune", "inspect", out).code == 0
@@ -128,8 +139,14 @@ sys.stdin.read()
 
 
 def test_another_live_writers_temporaries_are_left_and_reclaimed_once_it_dies(tmp_path: Path) -> None:
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], cwd=REPO, text=True,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path)],
+        cwd=REPO,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert holder.stdout is not None
     file, directory = map(Path, holder.stdout.readline().split())
     write_atomic(tmp_path / "a.json", "{}")  # the same destination as the holder's file

@@ -14,8 +14,10 @@ import pytest
 
 from tests.conftest import REPO
 
-PROBE = ("import sys; from ster.cli import main; code = main(sys.argv[1:]); "
-         "print('torch' in sys.modules, file=sys.stderr); sys.exit(code)")
+PROBE = (
+    "import sys; from ster.cli import main; code = main(sys.argv[1:]); "
+    "print('torch' in sys.modules, file=sys.stderr); sys.exit(code)"
+)
 PROMPT = "question : tell me about the town . answer :"
 
 
@@ -24,23 +26,47 @@ def _refusal(*args: str) -> tuple[int, list[str]]:
     return proc.returncode, proc.stderr.splitlines()
 
 
-@pytest.mark.parametrize("args", [
-    ["train", "--model", "ster:toy", "--pairs", "{tmp}/missing.json", "--output", "{tmp}/a.json"],
-    ["optimize", "--model", "ster:toy", "--pairs", "{tmp}/missing.json", "--output", "{tmp}/a.json"],
-    ["optimize", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "{tmp}/a.json", "--layers", "9"],
-    ["evaluate", "--model", "ster:toy", "--pairs", "ster:pairs", "--vector", "{tmp}/missing.json"],
-    ["generate", "--model", "ster:toy", "--prompt", PROMPT, "--vector", "{tmp}/missing.json"],
-    ["generate", "--model", "ster:toy", "--prompt", PROMPT, "--max-new-tokens", "500"],
-    ["sweep", "--model", "ster:toy", "--vector", "{tmp}/missing.json", "--prompts", "ster:prompts"],
-    ["extract", "--model", "ster:toy", "--input", "{tmp}/missing.json", "--output", "{tmp}/a.json"],
-    ["train", "--model", "{tmp}/no-model", "--pairs", "ster:pairs", "--output", "{tmp}/a.json"],
-    ["tune", "sft", "--model", "ster:toy", "--examples", "{tmp}/missing.json", "--output", "{tmp}/a.safetensors"],
-    ["tune", "dpo", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "{tmp}/a.safetensors", "--layers", "9"],
-    ["tune", "dpo", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "{tmp}/a.safetensors",
-     "--max-sequence", "3"],
-    ["tune", "reward", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "{tmp}"],
-    ["tune", "dpo", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "{tmp}/a.safetensors", "--resume"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["train", "--model", "ster:toy", "--pairs", "{tmp}/missing.json", "--output", "{tmp}/a.json"],
+        ["optimize", "--model", "ster:toy", "--pairs", "{tmp}/missing.json", "--output", "{tmp}/a.json"],
+        ["optimize", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "{tmp}/a.json", "--layers", "9"],
+        ["evaluate", "--model", "ster:toy", "--pairs", "ster:pairs", "--vector", "{tmp}/missing.json"],
+        ["generate", "--model", "ster:toy", "--prompt", PROMPT, "--vector", "{tmp}/missing.json"],
+        ["generate", "--model", "ster:toy", "--prompt", PROMPT, "--max-new-tokens", "500"],
+        ["sweep", "--model", "ster:toy", "--vector", "{tmp}/missing.json", "--prompts", "ster:prompts"],
+        ["extract", "--model", "ster:toy", "--input", "{tmp}/missing.json", "--output", "{tmp}/a.json"],
+        ["train", "--model", "{tmp}/no-model", "--pairs", "ster:pairs", "--output", "{tmp}/a.json"],
+        ["tune", "sft", "--model", "ster:toy", "--examples", "{tmp}/missing.json", "--output", "{tmp}/a.safetensors"],
+        [
+            "tune",
+            "dpo",
+            "--model",
+            "ster:toy",
+            "--pairs",
+            "ster:pairs",
+            "--output",
+            "{tmp}/a.safetensors",
+            "--layers",
+            "9",
+        ],
+        [
+            "tune",
+            "dpo",
+            "--model",
+            "ster:toy",
+            "--pairs",
+            "ster:pairs",
+            "--output",
+            "{tmp}/a.safetensors",
+            "--max-sequence",
+            "3",
+        ],
+        ["tune", "reward", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "{tmp}"],
+        ["tune", "dpo", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "{tmp}/a.safetensors", "--resume"],
+    ],
+)
 def test_a_bad_input_is_refused_before_torch_is_imported(tmp_path: Path, args: list[str]) -> None:
     code, lines = _refusal(*(a.replace("{tmp}", str(tmp_path)) for a in args))
     assert code == 1 and lines[-2].startswith("error: ") and lines[-1] == "False", lines

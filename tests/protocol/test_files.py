@@ -24,11 +24,29 @@ from ster.engine.protocol.files import (
 )
 from ster.engine.protocol.kinds import describe_existing
 
-ARTIFACT_DOC = {"schema_version": 1, "product": "ster", "model": "ster:toy", "model_revision": None,
-                "trait_name": "calm", "method": "caa", "hidden_size": 2, "precision": "f32",
-                "chat_template": "absent", "metadata": {}, "vectors": [{"layer": 0, "vector": [1.0, 0.0]}]}
-ACTIVATIONS_DOC = {"schema_version": 1, "product": "ster", "model": "ster:toy", "model_revision": None,
-                   "hidden_size": 2, "precision": "f32", "chat_template": "absent", "records": []}
+ARTIFACT_DOC = {
+    "schema_version": 1,
+    "product": "ster",
+    "model": "ster:toy",
+    "model_revision": None,
+    "trait_name": "calm",
+    "method": "caa",
+    "hidden_size": 2,
+    "precision": "f32",
+    "chat_template": "absent",
+    "metadata": {},
+    "vectors": [{"layer": 0, "vector": [1.0, 0.0]}],
+}
+ACTIVATIONS_DOC = {
+    "schema_version": 1,
+    "product": "ster",
+    "model": "ster:toy",
+    "model_revision": None,
+    "hidden_size": 2,
+    "precision": "f32",
+    "chat_template": "absent",
+    "records": [],
+}
 PAIRS_DOC = {"trait_name": "calm", "pairs": [{"positive": "a", "negative": "b"}]}
 
 
@@ -61,11 +79,14 @@ def test_deep_nesting_is_one_sentence_and_exit_1(cli, tmp_path: Path) -> None:
     assert run.err.strip() == f"error: pair set {path} nests its arrays or objects too deeply to be read"
 
 
-@pytest.mark.parametrize("command", [
-    ["inspect", "{path}"],
-    ["pairs", "inspect", "--pairs", "{path}"],
-    ["workspace", "import-pairs", "{path}"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["inspect", "{path}"],
+        ["pairs", "inspect", "--pairs", "{path}"],
+        ["workspace", "import-pairs", "{path}"],
+    ],
+)
 def test_every_reader_refuses_duplicate_keys(cli, tmp_path: Path, command: list[str]) -> None:
     path = tmp_path / "doubled.json"
     path.write_text('{"trait_name": "calm", "vectors": [], "pairs": [], "trait_name": "wild"}')
@@ -98,8 +119,9 @@ def test_describe_existing_names_what_a_path_holds(tmp_path: Path) -> None:
         _json(tmp_path / "p.json", PAIRS_DOC): "a pair set",
         _json(tmp_path / "unnamed.json", {"pairs": []}): "a pair set",
         _json(tmp_path / "q.json", {"prompts": ["x"]}): "a prompt set",
-        _json(tmp_path / "other.json", {"product": "other", "trait_name": "x", "vectors": []}):
-            "a file that is not a Ster document",
+        _json(
+            tmp_path / "other.json", {"product": "other", "trait_name": "x", "vectors": []}
+        ): "a file that is not a Ster document",
         tmp_path / "notes.txt": "a file that is not a Ster document",
         tmp_path / "empty": "an empty file",
         model: "a model directory",
@@ -126,25 +148,32 @@ def test_the_same_kind_is_replaced_with_one_log_line(tmp_path: Path) -> None:
     check_output_file(artifact, ARTIFACT, said.append)
     check_output_file(_json(tmp_path / "x.json", ACTIVATIONS_DOC), ACTIVATIONS, said.append)
     check_output_file(tmp_path / "new.json", ARTIFACT, said.append)
-    assert said == [f"replacing the steering artifact at {artifact}",
-                    f"replacing the activation document at {tmp_path / 'x.json'}"]
+    assert said == [
+        f"replacing the steering artifact at {artifact}",
+        f"replacing the activation document at {tmp_path / 'x.json'}",
+    ]
 
 
-@pytest.mark.parametrize(("document", "kind", "holds"), [
-    (PAIRS_DOC, ARTIFACT, "a pair set"),
-    (ARTIFACT_DOC, ACTIVATIONS, "a steering artifact"),
-    (ACTIVATIONS_DOC, ARTIFACT, "an activation document"),
-    (ARTIFACT_DOC, PAIR_SET, "a steering artifact"),
-    ({"prompts": ["a"]}, ACTIVATIONS, "a prompt set"),
-    ({"name": "not ster"}, ARTIFACT, "a file that is not a Ster document"),
-])
+@pytest.mark.parametrize(
+    ("document", "kind", "holds"),
+    [
+        (PAIRS_DOC, ARTIFACT, "a pair set"),
+        (ARTIFACT_DOC, ACTIVATIONS, "a steering artifact"),
+        (ACTIVATIONS_DOC, ARTIFACT, "an activation document"),
+        (ARTIFACT_DOC, PAIR_SET, "a steering artifact"),
+        ({"prompts": ["a"]}, ACTIVATIONS, "a prompt set"),
+        ({"name": "not ster"}, ARTIFACT, "a file that is not a Ster document"),
+    ],
+)
 def test_another_kind_is_refused(tmp_path: Path, document: dict, kind: str, holds: str) -> None:
     path = _json(tmp_path / "out.json", document)
     with pytest.raises(Refusal) as refused:
         check_output_file(path, kind)
-    assert str(refused.value) == (f"output {path} already holds {holds}, which writing "
-                                  f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} there would destroy; "
-                                  "give another path")
+    assert str(refused.value) == (
+        f"output {path} already holds {holds}, which writing "
+        f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} there would destroy; "
+        "give another path"
+    )
 
 
 @pytest.mark.parametrize("make", ["fifo", "socket", "directory", "model directory"])
@@ -159,8 +188,11 @@ def test_what_is_not_a_regular_file_is_refused(tmp_path: Path, make: str) -> Non
         path.mkdir()
         if make == "model directory":
             (path / "config.json").write_text("{}")
-    with pytest.raises(Refusal, match=r"^output .* is an? (FIFO|socket|empty directory|model directory), "
-                                      "not a regular file; give a file path$"):
+    with pytest.raises(
+        Refusal,
+        match=r"^output .* is an? (FIFO|socket|empty directory|model directory), "
+        "not a regular file; give a file path$",
+    ):
         check_output_file(path, ARTIFACT)
 
 
@@ -194,8 +226,9 @@ def test_a_model_directory_or_file_is_not_an_import_destination(tmp_path: Path) 
 # --- the write itself ---------------------------------------------------------------------------------------
 
 
-def test_a_write_through_a_symlink_replaces_its_target_and_keeps_the_link(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_write_through_a_symlink_replaces_its_target_and_keeps_the_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real_dir, link_dir = tmp_path / "real", tmp_path / "links"
     real_dir.mkdir()
     link_dir.mkdir()

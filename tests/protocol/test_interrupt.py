@@ -51,8 +51,9 @@ class Interrupted:
 
 def spawn(*command: object) -> subprocess.Popen[str]:
     """Start a child; a child still running after four minutes is killed, failing the test instead of hanging it."""
-    proc = subprocess.Popen([sys.executable, *map(str, command)], cwd=REPO, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, *map(str, command)], cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     watchdog = threading.Timer(240, proc.kill)
     watchdog.daemon = True
     watchdog.start()
@@ -63,8 +64,9 @@ def start(*args: object) -> subprocess.Popen[str]:
     return spawn("-m", "ster", "--json", *args)
 
 
-def interrupt(proc: subprocess.Popen[str], ready: Callable[[dict], bool], delay: float,
-              second_after: float | None = None) -> Interrupted:
+def interrupt(
+    proc: subprocess.Popen[str], ready: Callable[[dict], bool], delay: float, second_after: float | None = None
+) -> Interrupted:
     """Read events until ``ready``, wait ``delay``, send SIGINT (and a second one if asked), collect the rest."""
     assert proc.stdout is not None
     events = []
@@ -121,8 +123,19 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pairs = json.loads((EXAMPLES_DIR / "pairs.json").read_text())
     (root / "pairs.json").write_text(json.dumps({**pairs, "pairs": pairs["pairs"] * 100}))
     (root / "prompts.json").write_text(json.dumps({"prompts": ["the sea is", "question : tell me about the town ."]}))
-    code = main(["train", "--model", str(root / "endless"), "--pairs", str(EXAMPLES_DIR / "pairs.json"), "--layers",
-                 "2", "--output", str(root / "calm.json")])
+    code = main(
+        [
+            "train",
+            "--model",
+            str(root / "endless"),
+            "--pairs",
+            str(EXAMPLES_DIR / "pairs.json"),
+            "--layers",
+            "2",
+            "--output",
+            str(root / "calm.json"),
+        ]
+    )
     assert code == 0
     return root
 
@@ -159,16 +172,34 @@ def test_ctrl_c_without_json_says_two_sentences(workdir: Path) -> None:
 @pytest.mark.parametrize("attempt", range(3))
 def test_ctrl_c_during_sweep(attempt: int, workdir: Path) -> None:
     before = contents(workdir)
-    proc = start("sweep", "--model", workdir / "endless", "--vector", workdir / "calm.json", "--prompts",
-                 workdir / "prompts.json", "--strengths=-4,-2,2,4", *LONG)
+    proc = start(
+        "sweep",
+        "--model",
+        workdir / "endless",
+        "--vector",
+        workdir / "calm.json",
+        "--prompts",
+        workdir / "prompts.json",
+        "--strengths=-4,-2,2,4",
+        *LONG,
+    )
     run = interrupt(proc, token, random.uniform(0, 0.2))
     assert_cancelled(run, sorted(set(contents(workdir)) - set(before)))
 
 
 @pytest.mark.parametrize("attempt", range(5))
 def test_ctrl_c_during_optimize(attempt: int, workdir: Path, tmp_path: Path) -> None:
-    proc = start("optimize", "--model", "ster:toy", "--pairs", workdir / "pairs.json", "--batch-size", "1",
-                 "--output", tmp_path / "calm.json")
+    proc = start(
+        "optimize",
+        "--model",
+        "ster:toy",
+        "--pairs",
+        workdir / "pairs.json",
+        "--batch-size",
+        "1",
+        "--output",
+        tmp_path / "calm.json",
+    )
     assert_cancelled(interrupt(proc, stage("read"), random.uniform(0, 0.1)), contents(tmp_path))
 
 
@@ -234,7 +265,7 @@ def test_a_second_ctrl_c_removes_the_write_in_flight(tmp_path: Path) -> None:
     assert contents(tmp_path) == ["m.gguf"], run.why()
 
 
-SELF_INTERRUPT = '''
+SELF_INTERRUPT = """
 import os, signal, sys
 import ster.cli
 
@@ -244,13 +275,27 @@ def interrupted_while_checking(args):
 
 checking, ster.cli._request = ster.cli._request, interrupted_while_checking
 sys.exit(ster.cli.main(sys.argv[1:]))
-'''
+"""
 
 
 def test_ctrl_c_before_the_job_starts(tmp_path: Path) -> None:
     """SIGINT while the request is being checked (its modules imported): one line, 130, nothing written."""
-    proc = subprocess.run([sys.executable, "-c", SELF_INTERRUPT, "optimize", "--model", "ster:toy", "--output",
-                           str(tmp_path / "calm.json")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            SELF_INTERRUPT,
+            "optimize",
+            "--model",
+            "ster:toy",
+            "--output",
+            str(tmp_path / "calm.json"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert (proc.returncode, proc.stderr, proc.stdout) == (130, INTERRUPTED + "\n", "")
     assert contents(tmp_path) == []
 
@@ -258,8 +303,20 @@ def test_ctrl_c_before_the_job_starts(tmp_path: Path) -> None:
 @pytest.mark.parametrize("attempt", range(3))
 def test_ctrl_c_during_startup(attempt: int, tmp_path: Path) -> None:
     """SIGINT at a random moment while the CLI imports and parses: exit 130 and one line, never a traceback."""
-    proc = spawn("-X", "importtime", "-m", "ster", "--json", "optimize", "--model", "ster:toy", "--pairs",
-                 EXAMPLES_DIR / "pairs.json", "--output", tmp_path / "calm.json")
+    proc = spawn(
+        "-X",
+        "importtime",
+        "-m",
+        "ster",
+        "--json",
+        "optimize",
+        "--model",
+        "ster:toy",
+        "--pairs",
+        EXAMPLES_DIR / "pairs.json",
+        "--output",
+        tmp_path / "calm.json",
+    )
     assert proc.stderr is not None
     for line in proc.stderr:  # -X importtime reports each module as its import completes
         if line.rstrip().endswith(" ster.cli"):

@@ -90,22 +90,36 @@ class Zygote:
     """One process with the heavy imports done, which forks one ``python -m ster`` at a time."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE], cwd=REPO, env=env, text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", ZYGOTE], cwd=REPO, env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
         assert self._read() == "ready"
 
     def _read(self) -> str:
         assert self.proc.stdout is not None
         return self.proc.stdout.readline().strip()
 
-    def run(self, args: list[object], workdir: Path, mark: Callable[[str], bool], delay: float | None,
-            second: float | None = None, stdin: Path | None = None, watch: str = "out") -> tuple[Ended, float]:
+    def run(
+        self,
+        args: list[object],
+        workdir: Path,
+        mark: Callable[[str], bool],
+        delay: float | None,
+        second: float | None = None,
+        stdin: Path | None = None,
+        watch: str = "out",
+    ) -> tuple[Ended, float]:
         """Run ``ster ARGS`` in ``workdir``; ``delay`` s after the first line of ``watch`` that ``mark`` accepts,
         send SIGINT (and another ``second`` s later). Returns how it ended and the seconds from the mark to the
         exit."""
         out, err = workdir.parent / f"{workdir.name}.out", workdir.parent / f"{workdir.name}.err"
-        order = {"args": [str(a) for a in args], "cwd": str(workdir), "stdout": str(out), "stderr": str(err),
-                 "stdin": str(stdin or os.devnull)}
+        order = {
+            "args": [str(a) for a in args],
+            "cwd": str(workdir),
+            "stdout": str(out),
+            "stderr": str(err),
+            "stdin": str(stdin or os.devnull),
+        }
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(order) + "\n")
         self.proc.stdin.flush()
@@ -153,8 +167,13 @@ def _interrupt(pid: int) -> None:
 @pytest.fixture(scope="module")
 def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
     home = tmp_path_factory.mktemp("home")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "XDG_DATA_HOME": str(home / "data"),
-           "XDG_STATE_HOME": str(home / "state")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+        "XDG_DATA_HOME": str(home / "data"),
+        "XDG_STATE_HOME": str(home / "state"),
+    }
     started = Zygote(env)
     yield started
     started.close()
@@ -215,7 +234,9 @@ def aimed(zygote: Zygote, tmp_path: Path, case: Case, count: int, check: Callabl
         run, _ = zygote.run(case.args, workdir, case.mark, delay, second, stdin=stdin, watch=case.watch)
         assert_one_of_two_endings(run, workdir, case, [])
         if run.code == 130 and os.listdir(workdir):  # the checkpoint a cancelled run keeps: it must resume
-            run, _ = zygote.run([*case.args, "--resume"], workdir, lambda line: True, None, stdin=stdin, watch=case.watch)
+            run, _ = zygote.run(
+                [*case.args, "--resume"], workdir, lambda line: True, None, stdin=stdin, watch=case.watch
+            )
             assert run.code == 0, run.why()
             assert sorted(os.listdir(workdir)) == sorted(case.outputs), run.why()
         if run.code == 0:
@@ -247,14 +268,20 @@ def the_artifact_is_the_result(run: Ended, workdir: Path) -> None:
 
 def test_ctrl_c_at_the_end_of_optimize(zygote: Zygote, tmp_path: Path) -> None:
     """From the final refit on: the refit, the rename of the artifact, the result, the teardown."""
-    case = Case(["--json", "optimize", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "calm.json"],
-                progress("fit", "refitting"), ["calm.json"])
+    case = Case(
+        ["--json", "optimize", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "calm.json"],
+        progress("fit", "refitting"),
+        ["calm.json"],
+    )
     aimed(zygote, tmp_path, case, 6, the_artifact_is_the_result)
 
 
 def test_ctrl_c_at_the_end_of_train(zygote: Zygote, tmp_path: Path) -> None:
-    case = Case(["--json", "train", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "calm.json"],
-                progress("fit", "layer 3"), ["calm.json"])
+    case = Case(
+        ["--json", "train", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "calm.json"],
+        progress("fit", "layer 3"),
+        ["calm.json"],
+    )
     aimed(zygote, tmp_path, case, 6, the_artifact_is_the_result)
 
 
@@ -271,9 +298,26 @@ def test_ctrl_c_at_the_end_of_tune_sft(zygote: Zygote, tmp_path: Path) -> None:
         assert sidecar["train"] == result["data"]["report"], run.why()
         assert sidecar["tensors_sha256"] == hashlib.sha256((workdir / "a.safetensors").read_bytes()).hexdigest()
 
-    case = Case(["--json", "tune", "sft", "--model", "ster:toy", "--examples", "ster:examples", "--epochs", "2",
-                 "--checkpoint-every", "1", "--output", "a.safetensors"],
-                progress("train", "step 2/2"), ["a.json", "a.safetensors"], kept=["a.safetensors.checkpoint"])
+    case = Case(
+        [
+            "--json",
+            "tune",
+            "sft",
+            "--model",
+            "ster:toy",
+            "--examples",
+            "ster:examples",
+            "--epochs",
+            "2",
+            "--checkpoint-every",
+            "1",
+            "--output",
+            "a.safetensors",
+        ],
+        progress("train", "step 2/2"),
+        ["a.json", "a.safetensors"],
+        kept=["a.safetensors.checkpoint"],
+    )
     aimed(zygote, tmp_path, case, 6, adapter_complete)
 
 
@@ -285,8 +329,12 @@ def test_ctrl_c_at_the_end_of_generate(zygote: Zygote, tmp_path: Path) -> None:
         whole.append(whole[0] if whole else run.out)
         assert run.out == whole[0] and json.loads(run.out)["text"], run.why()
 
-    case = Case(["generate", "--model", "ster:toy", "--prompt", "the sea is", "--max-new-tokens", "6"],
-                lambda line: line.startswith("generating up to"), [], watch="err")
+    case = Case(
+        ["generate", "--model", "ster:toy", "--prompt", "the sea is", "--max-new-tokens", "6"],
+        lambda line: line.startswith("generating up to"),
+        [],
+        watch="err",
+    )
     aimed(zygote, tmp_path, case, 6, the_whole_document)
 
 
@@ -307,16 +355,25 @@ def test_ctrl_c_at_the_end_of_ster_request(zygote: Zygote, tmp_path: Path) -> No
 
 def test_fresh_interpreters(tmp_path: Path) -> None:
     """A few of the same signals in plain ``python -m ster`` processes, with no fork involved."""
-    case = Case(["--json", "optimize", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "calm.json"],
-                progress("fit", "refitting"), ["calm.json"])
+    case = Case(
+        ["--json", "optimize", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "calm.json"],
+        progress("fit", "refitting"),
+        ["calm.json"],
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     for i, delay in enumerate((0.0, 0.05, 0.3)):
         workdir = tmp_path / f"run{i}"
         workdir.mkdir()
         out = tmp_path / f"run{i}.out"
         with out.open("w") as sink:
-            proc = subprocess.Popen([sys.executable, "-m", "ster", *case.args], cwd=workdir, env=env, stdout=sink,
-                                    stderr=subprocess.PIPE, text=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "ster", *case.args],
+                cwd=workdir,
+                env=env,
+                stdout=sink,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             marked = _wait_for(out, case.mark, proc.pid)
             _sleep_until(marked + delay)
             _interrupt(proc.pid)

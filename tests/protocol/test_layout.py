@@ -38,8 +38,11 @@ def _part(module: str) -> str | None:
 
 
 def test_every_engine_module_lives_in_a_part() -> None:
-    loose = [name for name in _imports() if name != "ster.engine" and _part(name) not in PARTS
-             and name.split(".")[-1] not in PARTS]
+    loose = [
+        name
+        for name in _imports()
+        if name != "ster.engine" and _part(name) not in PARTS and name.split(".")[-1] not in PARTS
+    ]
     assert loose == []
 
 
@@ -63,7 +66,7 @@ def test_no_module_import_cycle() -> None:
         state[module] = 1
         for target in sorted(graph.get(module, ())):
             if state.get(target) == 1:
-                cycles.append(trail[trail.index(target):] + [target])
+                cycles.append(trail[trail.index(target) :] + [target])
             elif target in graph and not state.get(target):
                 visit(target, trail + [target])
         state[module] = 2
@@ -81,6 +84,9 @@ def test_no_module_imports_another_modules_private_names() -> None:
     for path in package.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ster"):
-                taken += [f"{path.relative_to(package.parent)}: {node.module}.{alias.name}" for alias in node.names
-                          if alias.name.startswith("_") and not alias.name.startswith("__")]
+                taken += [
+                    f"{path.relative_to(package.parent)}: {node.module}.{alias.name}"
+                    for alias in node.names
+                    if alias.name.startswith("_") and not alias.name.startswith("__")
+                ]
     assert taken == []

@@ -36,8 +36,10 @@ def test_an_artifact_over_its_own_pair_set_is_refused(cli, pairs: Path, job: str
     before = pairs.read_bytes()
     run = cli(*job.split(), "--model", "ster:toy", "--pairs", pairs, "--output", pairs)
     _refused_before_running(run, pairs, before, "--output", "--pairs")
-    assert run.err.strip() == (f"error: --output {pairs} is the same file as --pairs {pairs}, so writing it would "
-                               "destroy the input; give --output another path")
+    assert run.err.strip() == (
+        f"error: --output {pairs} is the same file as --pairs {pairs}, so writing it would "
+        "destroy the input; give --output another path"
+    )
 
 
 def test_extract_over_its_own_input_is_refused(cli, tmp_path: Path) -> None:
@@ -48,8 +50,9 @@ def test_extract_over_its_own_input_is_refused(cli, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("spelling", ["symlink", "hardlink", "dotted", "relative"])
-def test_the_same_file_under_another_name_is_refused(cli, pairs: Path, spelling: str,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_same_file_under_another_name_is_refused(
+    cli, pairs: Path, spelling: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     other = pairs.parent / "other.json"
     if spelling == "symlink":
         other.symlink_to(pairs.name)
@@ -75,29 +78,47 @@ def test_model_import_over_its_own_gguf_is_refused(cli, tmp_path: Path) -> None:
 
 def test_every_job_that_writes_declares_its_outputs() -> None:
     """The rule the check rests on: each path field a job writes is listed in ``outputs``."""
-    writers = {name: request_class(name).outputs for name in JOBS
-               if any(f in request_class(name).model_fields for f in request_class(name).outputs)}
+    writers = {
+        name: request_class(name).outputs
+        for name in JOBS
+        if any(f in request_class(name).model_fields for f in request_class(name).outputs)
+    }
     assert writers == {
-        "extract": ("output",), "train": ("output",), "optimize": ("output",), "calibrate": ("output",),
+        "extract": ("output",),
+        "train": ("output",),
+        "optimize": ("output",),
+        "calibrate": ("output",),
         "pairs add": ("pairs",),
-        "pairs remove": ("pairs",), "pairs save": ("pairs",), "pairs synthesize": ("output",),
-        "model import": ("output",), "tune sft": ("output",), "tune dpo": ("output",), "tune reward": ("output",),
+        "pairs remove": ("pairs",),
+        "pairs save": ("pairs",),
+        "pairs synthesize": ("output",),
+        "model import": ("output",),
+        "tune sft": ("output",),
+        "tune dpo": ("output",),
+        "tune reward": ("output",),
         "tune grpo": ("output",),
-        "tune merge": ("output",), "tune export-peft": ("output",)}
+        "tune merge": ("output",),
+        "tune export-peft": ("output",),
+    }
     for name in writers:
         fields = request_class(name).model_fields
         assert all(is_path_field(fields[out].annotation) for out in writers[name])
 
 
-@pytest.mark.parametrize(("args", "flag"), [
-    (["train", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "ster:pairs"], "--output"),
-    (["extract", "--model", "ster:toy", "--input", "ster:prompts", "--output", "ster:prompts"], "--output"),
-    (["pairs", "synthesize", "--trait", "calm", "--count", "1", "--model", "ster:toy", "--output", "ster:pairs"],
-     "--output"),
-    (["pairs", "add", "--pairs", "ster:pairs", "--positive", "a", "--negative", "b"], "--pairs"),
-    (["pairs", "remove", "--pairs", "ster:pairs", "--index", "0"], "--pairs"),
-    (["model", "import", "x.gguf", "--output", "ster:toy"], "--output"),
-])
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["train", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", "ster:pairs"], "--output"),
+        (["extract", "--model", "ster:toy", "--input", "ster:prompts", "--output", "ster:prompts"], "--output"),
+        (
+            ["pairs", "synthesize", "--trait", "calm", "--count", "1", "--model", "ster:toy", "--output", "ster:pairs"],
+            "--output",
+        ),
+        (["pairs", "add", "--pairs", "ster:pairs", "--positive", "a", "--negative", "b"], "--pairs"),
+        (["pairs", "remove", "--pairs", "ster:pairs", "--index", "0"], "--pairs"),
+        (["model", "import", "x.gguf", "--output", "ster:toy"], "--output"),
+    ],
+)
 def test_a_bundled_name_is_never_an_output(cli, args: list[str], flag: str) -> None:
     before = PAIRS.read_bytes()
     run = cli(*args)
@@ -127,14 +148,18 @@ def test_an_artifact_replaces_an_older_artifact_and_says_so(cli, tmp_path: Path)
     assert out.stat().st_mode & 0o777 == 0o640
 
 
-@pytest.mark.parametrize(("job", "existing", "holds"), [
-    (["train", "--pairs", "ster:pairs"], PAIRS, "a pair set"),
-    (["optimize", "--pairs", "ster:pairs"], PROMPTS, "a prompt set"),
-    (["extract", "--input", "ster:prompts"], PAIRS, "a pair set"),
-    (["train", "--pairs", "ster:pairs"], None, "a file that is not a Ster document"),
-])
-def test_another_kind_of_file_is_never_replaced(cli, tmp_path: Path, job: list[str], existing: Path | None,
-                                                holds: str) -> None:
+@pytest.mark.parametrize(
+    ("job", "existing", "holds"),
+    [
+        (["train", "--pairs", "ster:pairs"], PAIRS, "a pair set"),
+        (["optimize", "--pairs", "ster:pairs"], PROMPTS, "a prompt set"),
+        (["extract", "--input", "ster:prompts"], PAIRS, "a pair set"),
+        (["train", "--pairs", "ster:pairs"], None, "a file that is not a Ster document"),
+    ],
+)
+def test_another_kind_of_file_is_never_replaced(
+    cli, tmp_path: Path, job: list[str], existing: Path | None, holds: str
+) -> None:
     out = tmp_path / "out.json"
     if existing is None:
         out.write_text("my notes\n")
@@ -179,8 +204,7 @@ def test_the_editor_save_never_replaces_an_artifact(cli, tmp_path: Path) -> None
     artifact = tmp_path / "calm.json"
     assert cli("train", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", artifact).code == 0
     before = artifact.read_bytes()
-    request = build_job_request("pairs save", pairs=artifact,
-                                pair_set=PairSet.model_validate_json(PAIRS.read_text()))
+    request = build_job_request("pairs save", pairs=artifact, pair_set=PairSet.model_validate_json(PAIRS.read_text()))
     final = run_job("pairs save", request, lambda event: None)
     assert isinstance(final, Error) and "already holds a steering artifact" in final.message
     assert artifact.read_bytes() == before

@@ -59,8 +59,14 @@ class Server:
 
 def start_server(cwd: Path, *args: str, env: dict[str, str] | None = None, wait: float = 60.0) -> Server:
     """Start ``ster serve ARGS`` in ``cwd`` and wait for its ready line."""
-    process = subprocess.Popen([PYTHON, "-m", "ster", "serve", *args], cwd=cwd, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    process = subprocess.Popen(
+        [PYTHON, "-m", "ster", "serve", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
     assert process.stdout is not None
     deadline = time.monotonic() + wait
     line = process.stdout.readline()

@@ -90,8 +90,12 @@ class Health:
                 try:
                     response = client.get("/v1/health")
                     body = response.json()
-                    ok = (response.status_code == 200 and body["status"] == "ok" and body["running"] in (0, 1)
-                          and body["queued"] >= 0)
+                    ok = (
+                        response.status_code == 200
+                        and body["status"] == "ok"
+                        and body["running"] in (0, 1)
+                        and body["queued"] >= 0
+                    )
                 except Exception as exc:
                     ok, body = False, repr(exc)
                 with self.lock:
@@ -161,8 +165,15 @@ class Refusals:
 class Client(threading.Thread):
     """One streamed job: its status, its id, every line it read, and whatever went wrong."""
 
-    def __init__(self, server: Server, path: str, body: dict[str, Any], deadline: Deadline,
-                 stop_after: Callable[[list[dict]], bool] | None = None, delay: float = 0.0) -> None:
+    def __init__(
+        self,
+        server: Server,
+        path: str,
+        body: dict[str, Any],
+        deadline: Deadline,
+        stop_after: Callable[[list[dict]], bool] | None = None,
+        delay: float = 0.0,
+    ) -> None:
         super().__init__(daemon=True)
         self.server, self.path, self.body, self.deadline = server, path, body, deadline
         self.stop_after, self.delay = stop_after, delay
@@ -205,8 +216,10 @@ def vanish_mid_upload(server: Server) -> None:
     body = json.dumps({"model": TOY, "prompt": RIVER, "maxNewTokens": 5}).encode()
     host, port = server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(b"POST /v1/generate HTTP/1.1\r\nhost: ster\r\ncontent-type: application/json\r\n"
-                     b"content-length: %d\r\n\r\n" % len(body) + body[: len(body) // 2])
+        sock.sendall(
+            b"POST /v1/generate HTTP/1.1\r\nhost: ster\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % len(body) + body[: len(body) // 2]
+        )
 
 
 def health(server: Server) -> dict[str, Any]:
@@ -230,8 +243,10 @@ def join(server: Server, threads: list[threading.Thread], deadline: Deadline, wh
         thread.join(timeout=deadline.left())
         if thread.is_alive():
             seen = (thread.path, thread.lines[-2:]) if isinstance(thread, Client) else thread.name
-            raise AssertionError(f"a {what} client was still blocked at the deadline: {seen}; health "
-                                 f"{health(server)}; so far: {deadline.story()}")
+            raise AssertionError(
+                f"a {what} client was still blocked at the deadline: {seen}; health "
+                f"{health(server)}; so far: {deadline.story()}"
+            )
     deadline.note(f"{what} clients done")
 
 
@@ -241,16 +256,24 @@ def one_round(server: Server, out: Path, number: int, deadline: Deadline) -> dic
     stop = threading.Event()
     polls = Health()
     refusals = Refusals()
-    background = [threading.Thread(target=polls.poll, args=(server, stop, deadline), daemon=True)
-                  for _ in range(HEALTH_THREADS)]
-    background.append(threading.Thread(target=refusals.send, args=(server, out / f"bad{number}.safetensors", stop,
-                                                                    deadline), daemon=True))
+    background = [
+        threading.Thread(target=polls.poll, args=(server, stop, deadline), daemon=True) for _ in range(HEALTH_THREADS)
+    ]
+    background.append(
+        threading.Thread(
+            target=refusals.send, args=(server, out / f"bad{number}.safetensors", stop, deadline), daemon=True
+        )
+    )
     for thread in background:
         thread.start()
 
     def sft(name: str, epochs: int) -> dict[str, Any]:
-        return {"model": TOY, "examples": "ster:examples", "output": str(out / f"r{number}-{name}.safetensors"),
-                "epochs": epochs}
+        return {
+            "model": TOY,
+            "examples": "ster:examples",
+            "output": str(out / f"r{number}-{name}.safetensors"),
+            "epochs": epochs,
+        }
 
     generate = {"model": TOY, "prompt": RIVER, "maxNewTokens": 40}
     holder = Client(server, "/v1/tune/sft", sft("holder", ENDLESS), deadline)
@@ -258,24 +281,35 @@ def one_round(server: Server, out: Path, number: int, deadline: Deadline) -> dic
     assert holder.first_line.wait(deadline.left()) and holder.job_id, f"the holder got no stream: {holder.error}"
     wait_for(server, deadline, "the holder to take the model", lambda h: h["running"] == 1)
 
-    readers = [Client(server, "/v1/generate", generate, deadline),
-               Client(server, "/v1/train", {"model": TOY, "pairs": "ster:pairs",
-                                            "output": str(out / f"r{number}-vector.json")}, deadline),
-               Client(server, "/v1/tune/sft", sft("short", 3), deadline),
-               Client(server, "/v1/generate", {**generate, "maxNewTokens": 12}, deadline),
-               Client(server, "/v1/tune/sft", sft("slow", 6), deadline, delay=0.02),
-               Client(server, "/v1/generate", generate, deadline, delay=0.05)]
+    readers = [
+        Client(server, "/v1/generate", generate, deadline),
+        Client(
+            server,
+            "/v1/train",
+            {"model": TOY, "pairs": "ster:pairs", "output": str(out / f"r{number}-vector.json")},
+            deadline,
+        ),
+        Client(server, "/v1/tune/sft", sft("short", 3), deadline),
+        Client(server, "/v1/generate", {**generate, "maxNewTokens": 12}, deadline),
+        Client(server, "/v1/tune/sft", sft("slow", 6), deadline, delay=0.02),
+        Client(server, "/v1/generate", generate, deadline, delay=0.05),
+    ]
     for client in readers:
         client.start()
     wait_for(server, deadline, "the readers to queue", lambda h: h["queued"] == len(readers))
 
-    quitters = [Client(server, "/v1/generate", generate, deadline, stop_after=lambda lines: True)
-                for _ in range(VANISH_QUEUED)]
+    quitters = [
+        Client(server, "/v1/generate", generate, deadline, stop_after=lambda lines: True) for _ in range(VANISH_QUEUED)
+    ]
     for client in quitters:
         client.start()
     join(server, quitters, deadline, "vanishing")
-    wait_for(server, deadline, "the vanished clients' places to be given up",
-             lambda h: h["queued"] == len(readers) and h["jobs"]["cancelled"] - before["cancelled"] == VANISH_QUEUED)
+    wait_for(
+        server,
+        deadline,
+        "the vanished clients' places to be given up",
+        lambda h: h["queued"] == len(readers) and h["jobs"]["cancelled"] - before["cancelled"] == VANISH_QUEUED,
+    )
 
     uploads = [threading.Thread(target=vanish_mid_upload, args=(server,), daemon=True) for _ in range(VANISH_UPLOAD)]
     for thread in uploads:
@@ -285,8 +319,10 @@ def one_round(server: Server, out: Path, number: int, deadline: Deadline) -> dic
     def started(lines: list[dict]) -> bool:
         return QUEUE_LINE not in lines[-1].get("chunk", "")
 
-    runners = [Client(server, "/v1/tune/sft", sft(f"endless{i}", ENDLESS), deadline, stop_after=started)
-               for i in range(VANISH_RUNNING)]
+    runners = [
+        Client(server, "/v1/tune/sft", sft(f"endless{i}", ENDLESS), deadline, stop_after=started)
+        for i in range(VANISH_RUNNING)
+    ]
     for client in runners:
         client.start()
     wait_for(server, deadline, "the endless jobs to queue", lambda h: h["queued"] == len(readers) + VANISH_RUNNING)
@@ -300,9 +336,16 @@ def one_round(server: Server, out: Path, number: int, deadline: Deadline) -> dic
     join(server, [holder, *readers, *runners], deadline, "job")
     stop.set()
     join(server, background, deadline, "health or refused-body")
-    after = wait_for(server, deadline, "every job to end",
-                     lambda h: h["running"] == 0 and h["queued"] == 0
-                     and h["jobs"]["accepted"] == sum(h["jobs"][k] for k in ("finished", "cancelled", "failed")))
+    after = wait_for(
+        server,
+        deadline,
+        "every job to end",
+        lambda h: (
+            h["running"] == 0
+            and h["queued"] == 0
+            and h["jobs"]["accepted"] == sum(h["jobs"][k] for k in ("finished", "cancelled", "failed"))
+        ),
+    )
 
     for client in [holder, *readers, *quitters, *runners]:
         assert client.error is None and client.status == 200, (client.path, client.status, client.error)
@@ -323,8 +366,12 @@ def one_round(server: Server, out: Path, number: int, deadline: Deadline) -> dic
         assert not Path(client.body["output"]).exists(), "a cancelled job wrote its output"
 
     delta = {key: after["jobs"][key] - before[key] for key in before}
-    assert delta == {"accepted": 1 + len(readers) + VANISH_QUEUED + VANISH_RUNNING, "finished": len(readers),
-                     "cancelled": 1 + VANISH_QUEUED + VANISH_RUNNING, "failed": 0}, delta
+    assert delta == {
+        "accepted": 1 + len(readers) + VANISH_QUEUED + VANISH_RUNNING,
+        "finished": len(readers),
+        "cancelled": 1 + VANISH_QUEUED + VANISH_RUNNING,
+        "failed": 0,
+    }, delta
 
     assert not polls.problems, polls.problems[:5]
     assert polls.answered >= HEALTH_PER_ROUND and polls.running_seen > 0

@@ -17,8 +17,14 @@ from tests.serve.conftest import RIVER, TOY, Server, start_server, stop_server
 
 
 def ster(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ster", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "ster", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def health(server: Server) -> dict:
@@ -43,14 +49,20 @@ def test_json_mode_streams_the_same_events(server: Server, tmp_path: Path) -> No
     local = ster(*args, "--output", str(tmp_path / "l.json"), cwd=tmp_path)
     remote_events = [json.loads(line) for line in remote.stdout.splitlines()]
     local_events = [json.loads(line) for line in local.stdout.splitlines()]
-    progress = [(e["stage"], e["current"], e["total"]) for e in remote_events if e["type"] == "progress"
-                and e["stage"] != "load"]  # the server may have the model loaded already
-    assert progress == [(e["stage"], e["current"], e["total"]) for e in local_events if e["type"] == "progress"
-                        and e["stage"] != "load"]
+    progress = [
+        (e["stage"], e["current"], e["total"])
+        for e in remote_events
+        if e["type"] == "progress" and e["stage"] != "load"
+    ]  # the server may have the model loaded already
+    assert progress == [
+        (e["stage"], e["current"], e["total"]) for e in local_events if e["type"] == "progress" and e["stage"] != "load"
+    ]
     remote_result, local_result = remote_events[-1]["data"], local_events[-1]["data"]
     assert remote_result == local_result
-    assert json.loads((tmp_path / "r.json").read_text())["vectors"] == json.loads(
-        (tmp_path / "l.json").read_text())["vectors"]
+    assert (
+        json.loads((tmp_path / "r.json").read_text())["vectors"]
+        == json.loads((tmp_path / "l.json").read_text())["vectors"]
+    )
 
 
 def test_refusals_keep_their_exit_codes(server: Server, tmp_path: Path) -> None:
@@ -75,8 +87,12 @@ def test_a_token_from_a_file_or_the_environment(tmp_path: Path) -> None:
         assert without.returncode == 1 and "requires a bearer token" in without.stderr
         assert "a-long-random-token-0123456789abcdef" not in without.stderr
         assert ster("--server", guarded.url, "--token-file", str(token), *args, cwd=tmp_path).returncode == 0
-        assert ster("--server", guarded.url, *args, cwd=tmp_path, env={"STER_TOKEN": "a-long-random-token-0123456789abcdef"}
-                    ).returncode == 0
+        assert (
+            ster(
+                "--server", guarded.url, *args, cwd=tmp_path, env={"STER_TOKEN": "a-long-random-token-0123456789abcdef"}
+            ).returncode
+            == 0
+        )
         unreadable = ster("--server", guarded.url, "--token-file", str(tmp_path / "none"), *args, cwd=tmp_path)
         assert unreadable.returncode == 1 and unreadable.stderr.startswith("error: cannot read the token file")
     finally:
@@ -86,9 +102,29 @@ def test_a_token_from_a_file_or_the_environment(tmp_path: Path) -> None:
 def test_ctrl_c_cancels_the_job_on_the_server(server: Server, tmp_path: Path) -> None:
     out = tmp_path / "long.safetensors"
     cancelled = health(server)["jobs"]["cancelled"]
-    process = subprocess.Popen([sys.executable, "-m", "ster", "--server", server.url, "tune", "sft", "--model", TOY,
-                                "--examples", "ster:examples", "--output", str(out), "--epochs", "5000"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ster",
+            "--server",
+            server.url,
+            "tune",
+            "sft",
+            "--model",
+            TOY,
+            "--examples",
+            "ster:examples",
+            "--output",
+            str(out),
+            "--epochs",
+            "5000",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     deadline = time.monotonic() + 60
     while health(server)["running"] != 1 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -109,8 +145,10 @@ def test_ctrl_c_cancels_the_job_on_the_server(server: Server, tmp_path: Path) ->
 
 def test_the_client_imports_no_torch(server: Server, tmp_path: Path) -> None:
     """A laptop driving a GPU server needs neither torch nor its import time."""
-    code = ("import sys; from ster.cli import main; "
-            f"code = main(['--server', '{server.url}', 'inspect', 'missing.json']); "
-            "print(code, 'torch' in sys.modules, 'transformers' in sys.modules)")
+    code = (
+        "import sys; from ster.cli import main; "
+        f"code = main(['--server', '{server.url}', 'inspect', 'missing.json']); "
+        "print(code, 'torch' in sys.modules, 'transformers' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.stdout.split() == ["1", "False", "False"], done.stderr

@@ -15,8 +15,9 @@ from tests.serve.conftest import RIVER, TOY, Server
 
 def request(operation: str, stdin: bytes | str, cwd: Path) -> subprocess.CompletedProcess:
     data = stdin.encode() if isinstance(stdin, str) else stdin
-    return subprocess.run([sys.executable, "-m", "ster", "request", operation], input=data, capture_output=True,
-                          cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ster", "request", operation], input=data, capture_output=True, cwd=cwd, timeout=300
+    )
 
 
 def lines_of(done: subprocess.CompletedProcess) -> list[dict]:
@@ -49,10 +50,16 @@ def test_a_failure_while_running_exits_1(tmp_path: Path) -> None:
     done = request("inspect", json.dumps({"artifact": "missing.json"}), tmp_path)
     lines = lines_of(done)
     assert done.returncode == 1
-    assert lines[-2] == {"chunk": "error: steering artifact missing.json does not exist\n", "stream": "stderr",
-                         "type": "log"}
-    assert lines[-1] == {"json": {"error": "steering artifact missing.json does not exist"}, "status": 1,
-                         "type": "result"}
+    assert lines[-2] == {
+        "chunk": "error: steering artifact missing.json does not exist\n",
+        "stream": "stderr",
+        "type": "log",
+    }
+    assert lines[-1] == {
+        "json": {"error": "steering artifact missing.json does not exist"},
+        "status": 1,
+        "type": "result",
+    }
 
 
 def test_refusals_exit_2_with_one_line_and_no_log(tmp_path: Path) -> None:
@@ -64,8 +71,11 @@ def test_refusals_exit_2_with_one_line_and_no_log(tmp_path: Path) -> None:
         ("generate", b"  \n", "generate requires a model"),
         ("generate", json.dumps({"model": TOY}).encode(), "generate requires a prompt"),
         ("generate", json.dumps({"model": TOY, "prompt": "a", "seed": -1}).encode(), "--seed must be between"),
-        ("train", json.dumps({"model": TOY, "pairs": "ster:pairs", "output": "ster:pairs"}).encode(),
-         "--output ster:pairs names Ster's bundled data"),
+        (
+            "train",
+            json.dumps({"model": TOY, "pairs": "ster:pairs", "output": "ster:pairs"}).encode(),
+            "--output ster:pairs names Ster's bundled data",
+        ),
     ]
     for operation, body, sentence in cases:
         done = request(operation, body, tmp_path)
@@ -77,8 +87,13 @@ def test_refusals_exit_2_with_one_line_and_no_log(tmp_path: Path) -> None:
 
 
 def test_stdout_closed_exits_1(tmp_path: Path) -> None:
-    process = subprocess.Popen([sys.executable, "-m", "ster", "request", "generate"], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ster", "request", "generate"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
     assert process.stdout is not None and process.stdin is not None
     process.stdout.close()  # nobody reads the lines
     process.stdin.write(json.dumps({"model": TOY, "prompt": RIVER, "maxNewTokens": 3}).encode())
@@ -89,9 +104,14 @@ def test_stdout_closed_exits_1(tmp_path: Path) -> None:
 def test_ctrl_c_cancels_and_writes_nothing(tmp_path: Path) -> None:
     out = tmp_path / "long.safetensors"
     body = {"model": TOY, "examples": "ster:examples", "output": str(out), "epochs": 5000}
-    process = subprocess.Popen([sys.executable, "-m", "ster", "request", "tune/sft"], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ster", "request", "tune/sft"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert process.stdout is not None and process.stdin is not None
     process.stdin.write(json.dumps(body).encode())
     process.stdin.close()

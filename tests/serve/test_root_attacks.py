@@ -78,10 +78,11 @@ def test_a_folder_named_like_a_bundled_name_is_a_path_like_any_other(guarded_out
     added = result(server, "pairs/add", {"pairs": "./ster:x/p.json", "positive": "calm", "negative": "alarmed"})
     assert added["status"] == 0 and (root / "ster:x" / "p.json").is_file()
     sneaky = f"ster:x/../../{outside.name}/model"
-    for operation, body in (("generate", {"model": sneaky, "prompt": RIVER, "maxNewTokens": 2}),
-                            ("tune/merge", {"model": sneaky, "adapter": "a.safetensors", "output": "copied"}),
-                            ("train", {"model": TOY, "pairs": f"ster:x/../../{outside.name}/secret.json",
-                                       "output": "x.json"})):
+    for operation, body in (
+        ("generate", {"model": sneaky, "prompt": RIVER, "maxNewTokens": 2}),
+        ("tune/merge", {"model": sneaky, "adapter": "a.safetensors", "output": "copied"}),
+        ("train", {"model": TOY, "pairs": f"ster:x/../../{outside.name}/secret.json", "output": "x.json"}),
+    ):
         assert OUTSIDE in refused_before(server, operation, body)
     (root / "ster:evil").symlink_to(outside / "model")
     error = refused_before(server, "generate", {"model": "ster:evil", "prompt": RIVER, "maxNewTokens": 2})
@@ -102,7 +103,9 @@ def test_a_model_named_by_a_link_out_or_holding_files_that_link_out_is_refused(g
     (leaky / "config.json").unlink()
     (leaky / "config.json").symlink_to(outside / "model" / "config.json")
     last = result(server, "generate", {"model": "leaky-model", "prompt": RIVER, "maxNewTokens": 2})
-    assert last["status"] == 1 and OUTSIDE in last["json"]["error"] and "leaky-model/config.json" in last["json"]["error"]
+    assert (
+        last["status"] == 1 and OUTSIDE in last["json"]["error"] and "leaky-model/config.json" in last["json"]["error"]
+    )
 
 
 def test_the_grpo_reward_is_a_path_inside_the_root(guarded_outside) -> None:
@@ -110,10 +113,16 @@ def test_the_grpo_reward_is_a_path_inside_the_root(guarded_outside) -> None:
     (root / "sub").mkdir(exist_ok=True)
     shutil.copy(outside / "secret.json", outside / "reward.safetensors")
     try:
-        for reward in ("../outside/reward.safetensors", str(outside / "reward.safetensors"),
-                       "sub/../../outside/reward.safetensors"):
-            error = refused_before(server, "tune/grpo", {"model": TOY, "prompts": "ster:grpo-prompts",
-                                                         "reward": reward, "output": "g.safetensors"})
+        for reward in (
+            "../outside/reward.safetensors",
+            str(outside / "reward.safetensors"),
+            "sub/../../outside/reward.safetensors",
+        ):
+            error = refused_before(
+                server,
+                "tune/grpo",
+                {"model": TOY, "prompts": "ster:grpo-prompts", "reward": reward, "output": "g.safetensors"},
+            )
             assert error.startswith(f"--reward {reward} {OUTSIDE}"), error
     finally:
         (outside / "reward.safetensors").unlink()
@@ -125,8 +134,11 @@ def test_an_outputs_sidecar_or_checkpoint_that_links_out_is_never_written(guarde
     last = result(server, "tune/sft", {"model": TOY, "examples": "ster:examples", "output": "side.safetensors"})
     assert last["status"] == 1 and OUTSIDE in last["json"]["error"]
     (root / "ck.safetensors.checkpoint").symlink_to(outside / "ck.checkpoint")
-    last = result(server, "tune/sft", {"model": TOY, "examples": "ster:examples", "output": "ck.safetensors",
-                                       "checkpointEvery": 1, "epochs": 2})
+    last = result(
+        server,
+        "tune/sft",
+        {"model": TOY, "examples": "ster:examples", "output": "ck.safetensors", "checkpointEvery": 1, "epochs": 2},
+    )
     assert last["status"] == 1 and OUTSIDE in last["json"]["error"]
     assert not (outside / "side.json").exists() and not (outside / "ck.checkpoint").exists()
     assert not (root / "side.safetensors").exists() and not (root / "ck.safetensors").exists()
@@ -138,8 +150,9 @@ def test_an_outputs_sidecar_or_checkpoint_that_links_out_is_never_written(guarde
 def _hold_the_model(server: Server, output: str) -> tuple[httpx.Client, Any, Iterator[str], str]:
     """A long training run that holds the model, read until its first step (its outputs are checked by then)."""
     client = server.client()
-    stream = client.stream("POST", "/v1/tune/sft", json={"model": TOY, "examples": "ster:examples", "epochs": 5000,
-                                                         "output": output})
+    stream = client.stream(
+        "POST", "/v1/tune/sft", json={"model": TOY, "examples": "ster:examples", "epochs": 5000, "output": output}
+    )
     response = stream.__enter__()
     lines = response.iter_lines()
     for line in lines:
@@ -153,8 +166,14 @@ def test_a_link_swapped_in_while_a_job_waits_in_the_queue_does_not_redirect_its_
     (root / "queued").mkdir()
     holder, held, _, job = _hold_the_model(server, "holder.safetensors")
     try:
-        with server.client() as client, client.stream("POST", "/v1/train", json={
-                "model": TOY, "pairs": "ster:pairs", "layers": "2", "output": "queued/calm.json"}) as waiting:
+        with (
+            server.client() as client,
+            client.stream(
+                "POST",
+                "/v1/train",
+                json={"model": TOY, "pairs": "ster:pairs", "layers": "2", "output": "queued/calm.json"},
+            ) as waiting,
+        ):
             lines = waiting.iter_lines()
             assert "waiting for the model" in json.loads(next(lines))["chunk"]
             (root / "queued").rename(root / "queued-was")
@@ -194,8 +213,10 @@ def test_an_output_cannot_replace_a_models_weights_inside_the_root(guarded_outsi
     model = root / "mine"
     shutil.copytree(TOY_DIR, model)
     before = _snapshot(model)
-    for body in ({"model": "mine", "examples": "ster:examples", "output": "mine/model.safetensors"},
-                 {"model": TOY, "examples": "ster:examples", "output": "mine/model.safetensors"}):
+    for body in (
+        {"model": "mine", "examples": "ster:examples", "output": "mine/model.safetensors"},
+        {"model": TOY, "examples": "ster:examples", "output": "mine/model.safetensors"},
+    ):
         status, lines = server.post_lines("/v1/tune/sft", body)
         assert status == 400 or lines[-1]["status"] == 1, lines[-2:]
     assert _snapshot(model) == before
@@ -204,10 +225,26 @@ def test_an_output_cannot_replace_a_models_weights_inside_the_root(guarded_outsi
 # --- every path field of every endpoint ---------------------------------------------------------------
 
 
-_FILLERS = {"model": TOY, "pairs": "ster:pairs", "output": "o.json", "prompt": RIVER, "input": "ster:prompts",
-            "vector": "v.json", "prompts": "ster:prompts", "examples": "ster:examples", "artifact": "a.json",
-            "adapter": "a.safetensors", "trait": "calm", "count": 1, "positive": "a", "negative": "b", "index": 0,
-            "id": "x", "source": "ster:pairs", "gguf": "x.gguf"}
+_FILLERS = {
+    "model": TOY,
+    "pairs": "ster:pairs",
+    "output": "o.json",
+    "prompt": RIVER,
+    "input": "ster:prompts",
+    "vector": "v.json",
+    "prompts": "ster:prompts",
+    "examples": "ster:examples",
+    "artifact": "a.json",
+    "adapter": "a.safetensors",
+    "trait": "calm",
+    "count": 1,
+    "positive": "a",
+    "negative": "b",
+    "index": 0,
+    "id": "x",
+    "source": "ster:pairs",
+    "gguf": "x.gguf",
+}
 
 
 def _path_fields() -> list[tuple[str, str]]:
@@ -243,10 +280,16 @@ def test_no_refusal_tells_whether_a_path_outside_exists(rooted, operation: str, 
     if not (root / "to-secret").is_symlink():
         (root / "to-secret").symlink_to(outside / "secret.json")
         (root / "to-nothing").symlink_to(outside / "nothing.json")
-    for present, absent in ((str(outside / "secret.json"), str(outside / "nothing.json")), ("to-secret", "to-nothing"),
-                            ("../outside/secret.json", "../outside/nothing.json"), ("/etc/passwd", "/etc/passwd-x")):
-        sentences = [refused_before(server, operation, _body(operation, field, value)).replace(value, "PATH")
-                     for value in (present, absent)]
+    for present, absent in (
+        (str(outside / "secret.json"), str(outside / "nothing.json")),
+        ("to-secret", "to-nothing"),
+        ("../outside/secret.json", "../outside/nothing.json"),
+        ("/etc/passwd", "/etc/passwd-x"),
+    ):
+        sentences = [
+            refused_before(server, operation, _body(operation, field, value)).replace(value, "PATH")
+            for value in (present, absent)
+        ]
         assert sentences[0] == sentences[1], (operation, field, sentences)
 
 
@@ -258,12 +301,14 @@ def test_confined_jobs_write_and_read_back_inside_the_root(guarded_outside) -> N
     from tests.protocol.toy_gguf import write_toy_gguf
 
     server, root, _ = guarded_outside
-    steps = [("tune/sft", {"model": TOY, "examples": "ster:examples", "output": "w/facts.safetensors"}),
-             ("tune/inspect", {"adapter": "w/facts.safetensors"}),
-             ("tune/merge", {"model": TOY, "adapter": "w/facts.safetensors", "output": "w/merged"}),
-             ("tune/export-peft", {"adapter": "w/facts.safetensors", "output": "w/peft"}),
-             ("generate", {"model": "w/merged", "prompt": RIVER, "maxNewTokens": 3}),
-             ("generate", {"model": TOY, "adapter": "w/peft", "prompt": RIVER, "maxNewTokens": 3})]
+    steps = [
+        ("tune/sft", {"model": TOY, "examples": "ster:examples", "output": "w/facts.safetensors"}),
+        ("tune/inspect", {"adapter": "w/facts.safetensors"}),
+        ("tune/merge", {"model": TOY, "adapter": "w/facts.safetensors", "output": "w/merged"}),
+        ("tune/export-peft", {"adapter": "w/facts.safetensors", "output": "w/peft"}),
+        ("generate", {"model": "w/merged", "prompt": RIVER, "maxNewTokens": 3}),
+        ("generate", {"model": TOY, "adapter": "w/peft", "prompt": RIVER, "maxNewTokens": 3}),
+    ]
     texts = []
     for operation, body in steps:
         last = result(server, operation, body)

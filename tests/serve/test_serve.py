@@ -82,31 +82,59 @@ def test_typed_stream_is_what_ster_json_prints(server: Server, cli) -> None:
 
 
 def test_camel_case_fields_defaults_and_unknown_fields(server: Server) -> None:
-    status, lines = server.post_lines("/v1/generate", {"model": TOY, "prompt": RIVER, "maxNewTokens": 3,
-                                                       "chatTemplate": "off", "somethingNew": [1, 2]})
+    status, lines = server.post_lines(
+        "/v1/generate",
+        {"model": TOY, "prompt": RIVER, "maxNewTokens": 3, "chatTemplate": "off", "somethingNew": [1, 2]},
+    )
     assert status == 200 and result_of(lines)["status"] == 0
-    status, typed = server.post_lines("/v1/generate?stream=events", {"model": TOY, "prompt": RIVER, "maxNewTokens": 3,
-                                                                     "temperature": 0.7, "topP": 0.9, "seed": 3})
+    status, typed = server.post_lines(
+        "/v1/generate?stream=events",
+        {"model": TOY, "prompt": RIVER, "maxNewTokens": 3, "temperature": 0.7, "topP": 0.9, "seed": 3},
+    )
     data = typed[-1]["data"]
     assert (data["temperature"], data["top_p"], data["seed"], data["precision"]) == (0.7, 0.9, 3, "f32")
 
 
 def test_steering_endpoints_equal_the_cli(server: Server, cli, tmp_path: Path) -> None:
     artifact = tmp_path / "wire.ster.json"
-    status, lines = server.post_lines("/v1/train", {"model": TOY, "pairs": "ster:pairs", "output": str(artifact),
-                                                    "method": "caa", "layers": "1..3", "batchSize": 4})
+    status, lines = server.post_lines(
+        "/v1/train",
+        {
+            "model": TOY,
+            "pairs": "ster:pairs",
+            "output": str(artifact),
+            "method": "caa",
+            "layers": "1..3",
+            "batchSize": 4,
+        },
+    )
     summary = result_of(lines)["json"]
-    local = cli("train", "--model", TOY, "--pairs", "ster:pairs", "--output", str(tmp_path / "cli.ster.json"),
-                "--layers", "1..3", "--batch-size", "4").json
+    local = cli(
+        "train",
+        "--model",
+        TOY,
+        "--pairs",
+        "ster:pairs",
+        "--output",
+        str(tmp_path / "cli.ster.json"),
+        "--layers",
+        "1..3",
+        "--batch-size",
+        "4",
+    ).json
     written = json.loads((tmp_path / "cli.ster.json").read_text())
     assert json.loads(artifact.read_text())["vectors"] == written["vectors"]
     assert summary["layers"] == local["layers"] and [row["layer"] for row in summary["layers"]] == [1, 2]
 
-    status, lines = server.post_lines("/v1/optimize", {"model": TOY, "pairs": "ster:pairs",
-                                                       "output": str(tmp_path / "opt.ster.json")})
-    assert result_of(lines)["json"]["selection"] == cli(
-        "optimize", "--model", TOY, "--pairs", "ster:pairs", "--output", str(tmp_path / "opt2.ster.json")
-    ).json["selection"]
+    status, lines = server.post_lines(
+        "/v1/optimize", {"model": TOY, "pairs": "ster:pairs", "output": str(tmp_path / "opt.ster.json")}
+    )
+    assert (
+        result_of(lines)["json"]["selection"]
+        == cli("optimize", "--model", TOY, "--pairs", "ster:pairs", "--output", str(tmp_path / "opt2.ster.json")).json[
+            "selection"
+        ]
+    )
 
     lines = server.post_lines("/v1/evaluate", {"model": TOY, "pairs": "ster:pairs", "vector": str(artifact)})[1]
     local = cli("evaluate", "--model", TOY, "--pairs", "ster:pairs", "--vector", str(artifact)).json
@@ -119,21 +147,37 @@ def test_steering_endpoints_equal_the_cli(server: Server, cli, tmp_path: Path) -
     lines = server.post_lines("/v1/extract", {"model": TOY, "input": "ster:prompts", "output": str(out)})[1]
     assert result_of(lines)["json"] == {"path": str(out)} and out.exists()
 
-    lines = server.post_lines("/v1/sweep", {"model": TOY, "vector": str(artifact), "promptTexts": [RIVER],
-                                            "strengths": ["0.4x"], "maxNewTokens": 4})[1]
+    lines = server.post_lines(
+        "/v1/sweep",
+        {"model": TOY, "vector": str(artifact), "promptTexts": [RIVER], "strengths": ["0.4x"], "maxNewTokens": 4},
+    )[1]
     assert len(result_of(lines)["json"]["rows"]) == 2
 
-    lines = server.post_lines("/v1/generate", {"model": TOY, "prompt": RIVER, "vector": str(artifact),
-                                               "strength": "0.4x", "maxNewTokens": 6})[1]
-    steered = cli("generate", "--model", TOY, "--prompt", RIVER, "--vector", str(artifact), "--strength", "0.4x",
-                  "--max-new-tokens", "6").json["text"]
+    lines = server.post_lines(
+        "/v1/generate", {"model": TOY, "prompt": RIVER, "vector": str(artifact), "strength": "0.4x", "maxNewTokens": 6}
+    )[1]
+    steered = cli(
+        "generate",
+        "--model",
+        TOY,
+        "--prompt",
+        RIVER,
+        "--vector",
+        str(artifact),
+        "--strength",
+        "0.4x",
+        "--max-new-tokens",
+        "6",
+    ).json["text"]
     assert result_of(lines)["json"] == {"text": steered}
 
 
 def test_pair_endpoints(server: Server, tmp_path: Path) -> None:
     saved = tmp_path / "mine.json"
-    entries = [{"positive": "calm river", "negative": "alarmed river"},
-               {"positive": "calm sea", "negative": "alarmed sea"}]
+    entries = [
+        {"positive": "calm river", "negative": "alarmed river"},
+        {"positive": "calm sea", "negative": "alarmed sea"},
+    ]
     lines = server.post_lines("/v1/pairs/save", {"traitName": "calm", "entries": entries, "output": str(saved)})[1]
     assert result_of(lines)["json"] == {"pairCount": 2, "path": str(saved)}
     assert json.loads(saved.read_text())["pairs"] == entries
@@ -165,8 +209,9 @@ def test_pair_endpoints(server: Server, tmp_path: Path) -> None:
     assert result_of(lines)["status"] == 0
 
     out = tmp_path / "synth.json"
-    lines = server.post_lines("/v1/pairs/synthesize", {"model": TOY, "trait": "calm", "count": 1,
-                                                       "output": str(out), "maxNewTokens": 8})[1]
+    lines = server.post_lines(
+        "/v1/pairs/synthesize", {"model": TOY, "trait": "calm", "count": 1, "output": str(out), "maxNewTokens": 8}
+    )[1]
     result = result_of(lines)
     if result["status"] == 0:
         assert result["json"]["path"] == str(out) and result["json"]["report"]["requested"] == 1
@@ -176,35 +221,69 @@ def test_pair_endpoints(server: Server, tmp_path: Path) -> None:
 
 def test_tune_endpoints(server: Server, cli, tmp_path: Path) -> None:
     adapter = tmp_path / "sft.safetensors"
-    lines = server.post_lines("/v1/tune/sft", {"model": TOY, "examples": "ster:examples", "output": str(adapter),
-                                               "epochs": 1, "seed": 7})[1]
+    lines = server.post_lines(
+        "/v1/tune/sft", {"model": TOY, "examples": "ster:examples", "output": str(adapter), "epochs": 1, "seed": 7}
+    )[1]
     result = result_of(lines)["json"]
     assert result["path"] == str(adapter) and result["report"]["trainable_tensors"] == 16
     local = tmp_path / "cli.safetensors"
-    cli("tune", "sft", "--model", TOY, "--examples", "ster:examples", "--output", str(local), "--epochs", "1",
-        "--seed", "7")
+    cli(
+        "tune",
+        "sft",
+        "--model",
+        TOY,
+        "--examples",
+        "ster:examples",
+        "--output",
+        str(local),
+        "--epochs",
+        "1",
+        "--seed",
+        "7",
+    )
     assert adapter.read_bytes() == local.read_bytes()
 
-    dpo = result_of(server.post_lines("/v1/tune/dpo", {"model": TOY, "pairs": "ster:pairs", "epochs": 1,
-                                                        "output": str(tmp_path / "dpo.safetensors")})[1])["json"]
+    dpo = result_of(
+        server.post_lines(
+            "/v1/tune/dpo",
+            {"model": TOY, "pairs": "ster:pairs", "epochs": 1, "output": str(tmp_path / "dpo.safetensors")},
+        )[1]
+    )["json"]
     assert dpo["report"]["first_loss"] == pytest.approx(0.693147, abs=1e-5)
-    reward = result_of(server.post_lines("/v1/tune/reward", {"model": TOY, "pairs": "ster:pairs", "epochs": 1,
-                                                              "output": str(tmp_path / "rm.safetensors")})[1])["json"]
+    reward = result_of(
+        server.post_lines(
+            "/v1/tune/reward",
+            {"model": TOY, "pairs": "ster:pairs", "epochs": 1, "output": str(tmp_path / "rm.safetensors")},
+        )[1]
+    )["json"]
     assert reward["report"]["first_loss"] == pytest.approx(0.693147, abs=1e-5)
-    grpo = result_of(server.post_lines("/v1/tune/grpo", {"model": TOY, "prompts": "ster:grpo-prompts",
-                                                          "group": 2, "maxNewTokens": 4,
-                                                          "output": str(tmp_path / "grpo.safetensors")})[1])["json"]
+    grpo = result_of(
+        server.post_lines(
+            "/v1/tune/grpo",
+            {
+                "model": TOY,
+                "prompts": "ster:grpo-prompts",
+                "group": 2,
+                "maxNewTokens": 4,
+                "output": str(tmp_path / "grpo.safetensors"),
+            },
+        )[1]
+    )["json"]
     assert grpo["report"]["first_loss"] == 0
 
-    evaluated = result_of(server.post_lines("/v1/tune/evaluate", {"model": TOY, "examples": "ster:examples",
-                                                                   "adapter": str(adapter)})[1])["json"]
-    assert evaluated == cli("tune", "evaluate", "--model", TOY, "--examples", "ster:examples", "--adapter",
-                            str(adapter)).json
+    evaluated = result_of(
+        server.post_lines("/v1/tune/evaluate", {"model": TOY, "examples": "ster:examples", "adapter": str(adapter)})[1]
+    )["json"]
+    assert (
+        evaluated
+        == cli("tune", "evaluate", "--model", TOY, "--examples", "ster:examples", "--adapter", str(adapter)).json
+    )
     inspected = result_of(server.post_lines("/v1/tune/inspect", {"adapter": str(adapter)})[1])["json"]
     assert inspected == cli("tune", "inspect", str(adapter)).json
     merged = tmp_path / "merged"
-    result = result_of(server.post_lines("/v1/tune/merge", {"model": TOY, "adapter": str(adapter),
-                                                             "output": str(merged)})[1])
+    result = result_of(
+        server.post_lines("/v1/tune/merge", {"model": TOY, "adapter": str(adapter), "output": str(merged)})[1]
+    )
     assert result["status"] == 0 and (merged / "config.json").exists()
     peft = tmp_path / "peft"
     result = result_of(server.post_lines("/v1/tune/export-peft", {"adapter": str(adapter), "output": str(peft)})[1])
@@ -231,15 +310,27 @@ REQUIRED = [
     ("pairs/inspect", {}, "pairs inspect requires a pairs file"),
     ("pairs/save", {"entries": [{"positive": "a", "negative": "b"}]}, "pairs save requires an output path"),
     ("pairs/save", {"output": "x.json", "entries": []}, "pairs save requires at least one pair"),
-    ("pairs/synthesize", {"count": 2, "output": "x.json", "model": TOY},
-     "pairs synthesize requires a trait description"),
+    (
+        "pairs/synthesize",
+        {"count": 2, "output": "x.json", "model": TOY},
+        "pairs synthesize requires a trait description",
+    ),
     ("pairs/synthesize", {"trait": "calm", "count": 2, "model": TOY}, "pairs synthesize requires an output path"),
-    ("pairs/synthesize", {"trait": "calm", "count": 0, "output": "x.json", "model": TOY},
-     "pairs synthesize requires a pair count above zero"),
-    ("pairs/synthesize", {"trait": "calm", "count": 2, "output": "x.json", "generator": "brama"},
-     "pairs synthesize with the brama generator requires generatorModel"),
-    ("pairs/synthesize", {"trait": "calm", "count": 2, "output": "x.json", "generator": "other"},
-     "unknown generator; expected local or brama"),
+    (
+        "pairs/synthesize",
+        {"trait": "calm", "count": 0, "output": "x.json", "model": TOY},
+        "pairs synthesize requires a pair count above zero",
+    ),
+    (
+        "pairs/synthesize",
+        {"trait": "calm", "count": 2, "output": "x.json", "generator": "brama"},
+        "pairs synthesize with the brama generator requires generatorModel",
+    ),
+    (
+        "pairs/synthesize",
+        {"trait": "calm", "count": 2, "output": "x.json", "generator": "other"},
+        "unknown generator; expected local or brama",
+    ),
     ("pairs/synthesize", {"trait": "calm", "count": 2, "output": "x.json"}, "pairs synthesize requires a model"),
     ("tune/sft", {}, "tune sft requires a model"),
     ("tune/sft", {"model": TOY}, "tune sft requires an example set"),
@@ -268,17 +359,22 @@ def test_bodies_refused_before_any_job(server: Server, tmp_path: Path) -> None:
             (b"[1, 2]", "request body is not valid JSON"),
             (b"\xff\xfe{}", "request body is not valid JSON"),
             (b"x" * (wire.BODY_LIMIT + 1), "request body too large"),
-            (json.dumps({"model": TOY, "prompt": "a", "maxNewTokens": "many"}).encode(),
-             '--max-new-tokens must be a whole number; got "many"'),
-            (json.dumps({"model": TOY, "prompt": "a", "precision": "f64"}).encode(),
-             "--precision must be 'f32', 'f16', 'bf16' or 'int8'"),
+            (
+                json.dumps({"model": TOY, "prompt": "a", "maxNewTokens": "many"}).encode(),
+                '--max-new-tokens must be a whole number; got "many"',
+            ),
+            (
+                json.dumps({"model": TOY, "prompt": "a", "precision": "f64"}).encode(),
+                "--precision must be 'f32', 'f16', 'bf16' or 'int8'",
+            ),
         ]
         for body, sentence in cases:
             response = client.post("/v1/generate", content=body)
             assert response.status_code == 400 and response.json()["error"].startswith(sentence), body[:30]
         output = tmp_path / "never.json"
-        response = client.post("/v1/train", json={"model": TOY, "pairs": "ster:pairs", "output": str(output),
-                                                  "batchSize": 0})
+        response = client.post(
+            "/v1/train", json={"model": TOY, "pairs": "ster:pairs", "output": str(output), "batchSize": 0}
+        )
         assert response.status_code == 400 and not output.exists()
         # an empty body is {}: the first required field is what is missing
         assert client.post("/v1/generate", content=b"").json() == {"error": "generate requires a model"}
@@ -305,8 +401,7 @@ def test_openapi_documents_every_operation_in_camel_case(server: Server) -> None
 # --- the queue and cancellation -------------------------------------------------------------------
 
 
-def test_a_waiting_job_is_told_its_place_and_a_vanished_client_cancels_its_job(server: Server,
-                                                                               tmp_path: Path) -> None:
+def test_a_waiting_job_is_told_its_place_and_a_vanished_client_cancels_its_job(server: Server, tmp_path: Path) -> None:
     wait_idle(server)
     with server.client() as client:
         cancelled_before = client.get("/v1/health").json()["jobs"]["cancelled"]
@@ -341,8 +436,9 @@ def test_a_queued_client_that_goes_away_gives_up_its_place(server: Server, tmp_p
         lines = held.iter_lines()
         next(lines)
         with server.client() as client:
-            with client.stream("POST", "/v1/train", json={"model": TOY, "pairs": "ster:pairs",
-                                                          "output": str(tmp_path / "never.json")}) as queued:
+            with client.stream(
+                "POST", "/v1/train", json={"model": TOY, "pairs": "ster:pairs", "output": str(tmp_path / "never.json")}
+            ) as queued:
                 assert "waiting for the model" in json.loads(next(queued.iter_lines()))["chunk"]
             deadline = time.monotonic() + 10
             while client.get("/v1/health").json()["queued"] and time.monotonic() < deadline:
@@ -369,8 +465,10 @@ def test_models_stay_loaded_between_requests(server: Server) -> None:
 
 
 def test_off_loopback_needs_a_token_and_a_root(tmp_path: Path) -> None:
-    for args, sentence in ((["--host", "0.0.0.0"], "requires a bearer token"),
-                           (["--host", "0.0.0.0", "--token-file", str(_token(tmp_path))], "requires --root DIR")):
+    for args, sentence in (
+        (["--host", "0.0.0.0"], "requires a bearer token"),
+        (["--host", "0.0.0.0", "--token-file", str(_token(tmp_path))], "requires --root DIR"),
+    ):
         with pytest.raises(AssertionError, match=sentence):
             start_server(tmp_path, *args, env={"STER_SERVE_TOKEN": ""})
     taken = start_server(tmp_path)
@@ -427,14 +525,16 @@ def test_the_root_confines_every_path(guarded) -> None:
     (root / "escape").symlink_to(base)
     (root / "out.json").symlink_to(outside)
     with server.client() as client:
-        for body in ({"model": TOY, "pairs": "ster:pairs", "output": str(outside)},
-                     {"model": TOY, "pairs": "ster:pairs", "output": "../outside.json"},
-                     {"model": TOY, "pairs": "ster:pairs", "output": "inside/../../outside.json"},
-                     {"model": TOY, "pairs": "ster:pairs", "output": "escape/outside.json"},
-                     {"model": TOY, "pairs": "ster:pairs", "output": "out.json"},
-                     {"model": TOY, "pairs": str(base / "pairs.json"), "output": "ok.json"},
-                     {"model": str(base), "pairs": "ster:pairs", "output": "ok.json"},
-                     {"model": "someone/some-model", "pairs": "ster:pairs", "output": "ok.json"}):
+        for body in (
+            {"model": TOY, "pairs": "ster:pairs", "output": str(outside)},
+            {"model": TOY, "pairs": "ster:pairs", "output": "../outside.json"},
+            {"model": TOY, "pairs": "ster:pairs", "output": "inside/../../outside.json"},
+            {"model": TOY, "pairs": "ster:pairs", "output": "escape/outside.json"},
+            {"model": TOY, "pairs": "ster:pairs", "output": "out.json"},
+            {"model": TOY, "pairs": str(base / "pairs.json"), "output": "ok.json"},
+            {"model": str(base), "pairs": "ster:pairs", "output": "ok.json"},
+            {"model": "someone/some-model", "pairs": "ster:pairs", "output": "ok.json"},
+        ):
             response = client.post("/v1/train", json=body)
             assert response.status_code == 400, body
             error = response.json()["error"]
@@ -467,10 +567,12 @@ def test_ctrl_c_stops_the_server_and_cancels_its_jobs(tmp_path: Path) -> None:
 
 
 def test_bad_server_flags_are_refused_in_one_sentence(tmp_path: Path) -> None:
-    cases = ((["--port", "x"], 'error: --port must be a whole number from 0 to 65535; got "x"'),
-             (["--port", "70000"], 'error: --port must be a whole number from 0 to 65535; got "70000"'),
-             (["--token-file", str(tmp_path / "none")], f"error: cannot read the token file {tmp_path / 'none'}"),
-             (["--root", str(tmp_path / "none")], f"error: --root {tmp_path / 'none'} is not a directory"))
+    cases = (
+        (["--port", "x"], 'error: --port must be a whole number from 0 to 65535; got "x"'),
+        (["--port", "70000"], 'error: --port must be a whole number from 0 to 65535; got "70000"'),
+        (["--token-file", str(tmp_path / "none")], f"error: cannot read the token file {tmp_path / 'none'}"),
+        (["--root", str(tmp_path / "none")], f"error: --root {tmp_path / 'none'} is not a directory"),
+    )
     for args, sentence in cases:
         with pytest.raises(AssertionError, match="exit 1") as failed:
             start_server(tmp_path, *args)

@@ -21,8 +21,23 @@ def test_generate_and_a_steered_run_equal_the_cli(smol: Path, tmp_path: Path) ->
         body = {"model": smol.name, "prompt": PROMPT, "maxNewTokens": 12}
         status, lines = server.post_lines("/v1/generate", body)
         assert status == 200 and lines[-1]["status"] == 0
-        local = subprocess.run([sys.executable, "-m", "ster", "generate", "--model", str(smol), "--prompt", PROMPT,
-                                "--max-new-tokens", "12"], capture_output=True, text=True, timeout=600)
+        local = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ster",
+                "generate",
+                "--model",
+                str(smol),
+                "--prompt",
+                PROMPT,
+                "--max-new-tokens",
+                "12",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert lines[-1]["json"]["text"] == json.loads(local.stdout)["text"]
         # a second job reuses the loaded model
         status, again = server.post_lines("/v1/generate?stream=events", body)

@@ -32,8 +32,12 @@ def impatient(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A loopback server that gives a connection 1 s for its headers and a body 1 s between chunks."""
     cwd = tmp_path_factory.mktemp("impatient")
     home = tmp_path_factory.mktemp("impatient-xdg")
-    env = {"XDG_DATA_HOME": str(home / "data"), "XDG_STATE_HOME": str(home / "state"),
-           "STER_SERVE_HEADER_TIMEOUT": "1", "STER_SERVE_BODY_TIMEOUT": "1"}
+    env = {
+        "XDG_DATA_HOME": str(home / "data"),
+        "XDG_STATE_HOME": str(home / "state"),
+        "STER_SERVE_HEADER_TIMEOUT": "1",
+        "STER_SERVE_BODY_TIMEOUT": "1",
+    }
     server = start_server(cwd, env=env)
     yield server
     stop_server(server)
@@ -86,8 +90,10 @@ def test_a_client_that_stalls_in_its_headers_is_dropped_while_others_are_served(
 
 def test_a_client_that_stalls_in_its_body_gets_408_and_is_dropped(impatient: Server) -> None:
     stalled = _raw(impatient)
-    stalled.sendall(b"POST /v1/generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                    b"Content-Length: 100\r\n\r\n{\"model\": ")
+    stalled.sendall(
+        b"POST /v1/generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 100\r\n\r\n{"model": '
+    )
     answer = _read_until_closed(stalled)
     assert answer.startswith(b"HTTP/1.1 408"), answer
     assert b"the request body stalled for more than 1 s" in answer
@@ -95,16 +101,22 @@ def test_a_client_that_stalls_in_its_body_gets_408_and_is_dropped(impatient: Ser
 
 
 def test_hostile_bytes_get_answers_and_never_a_traceback(impatient: Server) -> None:
-    for raw in (b"GARBAGE\r\n\r\n", b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Length: zz\r\n\r\n",
-                b"POST /v1/\xff\xfe HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
-                b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n\xff\xfe\xfd\xfc"):
+    for raw in (
+        b"GARBAGE\r\n\r\n",
+        b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Length: zz\r\n\r\n",
+        b"POST /v1/\xff\xfe HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+        b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n\xff\xfe\xfd\xfc",
+    ):
         sock = _raw(impatient)
         sock.sendall(raw)
         _read_until_closed(sock) if b"Content-Length: 4" not in raw else sock.recv(65536)
         sock.close()
     with httpx.Client(base_url=impatient.url, timeout=60) as client:
-        for body in ('{"model": "ster:toy", "prompt": "\\ud800", "maxNewTokens": 2}', '{"model": 1e999999}',
-                     '{"model": "ster:toy", "prompt": "a", "maxNewTokens": 1' + "0" * 5000 + "}"):
+        for body in (
+            '{"model": "ster:toy", "prompt": "\\ud800", "maxNewTokens": 2}',
+            '{"model": 1e999999}',
+            '{"model": "ster:toy", "prompt": "a", "maxNewTokens": 1' + "0" * 5000 + "}",
+        ):
             assert client.post("/v1/generate", content=body.encode()).status_code == 400
         with client.stream("POST", "/v1/generate", json={"model": TOY, "prompt": RIVER, "maxNewTokens": 500}) as r:
             next(r.iter_lines())  # and goes away mid-stream
@@ -142,9 +154,24 @@ def test_a_weak_token_is_refused_before_the_server_binds(tmp_path: Path) -> None
     for token in ("x", "s3cret-token-value", "a" * 64, "abababababababababababababababab"):
         (tmp_path / "token").write_text(token + "\n")
         for host in ("127.0.0.1", "0.0.0.0"):
-            proc = subprocess.run([sys.executable, "-m", "ster", "serve", "--host", host, "--token-file",
-                                   str(tmp_path / "token"), "--root", str(tmp_path)], capture_output=True, text=True,
-                                  cwd=REPO, timeout=60)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "ster",
+                    "serve",
+                    "--host",
+                    host,
+                    "--token-file",
+                    str(tmp_path / "token"),
+                    "--root",
+                    str(tmp_path),
+                ],
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+                timeout=60,
+            )
             assert proc.returncode == 1 and proc.stdout == "", (token, proc)
             assert proc.stderr.startswith("error: the bearer token is too weak to guard a server"), proc.stderr
             assert (len(token) < 4 or token not in proc.stderr) and proc.stderr.count("\n") == 1
@@ -153,13 +180,24 @@ def test_a_weak_token_is_refused_before_the_server_binds(tmp_path: Path) -> None
 # --- ster request --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("body", [b"nope", b"[1]", b'{"a":', b"\xff\xfe", DEEP.encode(),
-                                  b'{"model": "ster:toy", "prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}",
-                                  b'{"n": 1' + b"0" * 5000 + b"}", b'{"prompt": "\\ud800", "model": "ster:toy"}'],
-                         ids=["word", "list", "cut", "utf8", "deep", "deep-field", "huge-number", "surrogate"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"nope",
+        b"[1]",
+        b'{"a":',
+        b"\xff\xfe",
+        DEEP.encode(),
+        b'{"model": "ster:toy", "prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+        b'{"n": 1' + b"0" * 5000 + b"}",
+        b'{"prompt": "\\ud800", "model": "ster:toy"}',
+    ],
+    ids=["word", "list", "cut", "utf8", "deep", "deep-field", "huge-number", "surrogate"],
+)
 def test_ster_request_refuses_an_unparseable_body_with_status_2(body: bytes) -> None:
-    proc = subprocess.run([sys.executable, "-m", "ster", "request", "generate"], input=body, capture_output=True,
-                          cwd=REPO, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ster", "request", "generate"], input=body, capture_output=True, cwd=REPO, timeout=120
+    )
     assert proc.returncode == 2, proc
     last = json.loads(proc.stdout.decode().splitlines()[-1])
     assert last["status"] == 2 and last["type"] == "result" and "\n" not in last["json"]["error"]
@@ -173,8 +211,9 @@ def _ster(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "ster", *args], capture_output=True, text=True, cwd=REPO, timeout=120)
 
 
-@pytest.mark.parametrize("url", ["nope", "ftp://127.0.0.1:8765", "http://", "http://127.0.0.1:99999",
-                                 "http://[::1", "http://127.0.0.1:9"])
+@pytest.mark.parametrize(
+    "url", ["nope", "ftp://127.0.0.1:8765", "http://", "http://127.0.0.1:99999", "http://[::1", "http://127.0.0.1:9"]
+)
 def test_a_server_url_that_is_no_url_or_reaches_nothing_is_one_sentence(url: str) -> None:
     proc = _ster("--server", url, "generate", "--model", TOY, "--prompt", "a")
     assert proc.returncode == 1, proc
@@ -209,9 +248,11 @@ def test_a_server_that_is_not_sters_is_said_in_one_sentence() -> None:
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{httpd.server_address[1]}"
     try:
-        for args in (["generate", "--model", TOY, "--prompt", "a"],
-                     ["train", "--model", TOY, "--pairs", "ster:pairs", "--output", "x.json"],
-                     ["inspect", "x.json"]):
+        for args in (
+            ["generate", "--model", TOY, "--prompt", "a"],
+            ["train", "--model", TOY, "--pairs", "ster:pairs", "--output", "x.json"],
+            ["inspect", "x.json"],
+        ):
             proc = _ster("--server", url, *args)
             assert proc.returncode == 1, proc
             assert proc.stderr == f"error: {url} is not a Ster server" + proc.stderr.split("is not a Ster server")[1]

@@ -14,8 +14,10 @@ import torch
 from ster.engine.protocol.errors import Refusal
 from ster.engine.steering.directions import NO_SIGNAL, fit
 
-SAME = {"positive": "question : how is the sea ? answer : the sea is calm and we rest .",
-        "negative": "question : how is the sea ? answer : the sea is wild and we flee ."}
+SAME = {
+    "positive": "question : how is the sea ? answer : the sea is calm and we rest .",
+    "negative": "question : how is the sea ? answer : the sea is wild and we flee .",
+}
 
 
 def last_error(run) -> str:
@@ -32,10 +34,13 @@ def test_pca_on_five_identical_pairs_is_refused(cli, tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     run = cli("train", "--model", "ster:toy", "--pairs", pairs, "--output", out, "--method", "pca", "--layers", "2")
     assert run.code == 1 and run.out == "" and not out.exists()
-    assert last_error(run).startswith("error: pca finds no direction: the pairs' differences do not vary (each lies "
-                                      "within 0 of their mean, against states of norm ")
-    assert last_error(run).endswith("so every direction explains them equally; remove duplicate pairs (pairs inspect "
-                                    "finds them) or use caa")
+    assert last_error(run).startswith(
+        "error: pca finds no direction: the pairs' differences do not vary (each lies "
+        "within 0 of their mean, against states of norm "
+    )
+    assert last_error(run).endswith(
+        "so every direction explains them equally; remove duplicate pairs (pairs inspect finds them) or use caa"
+    )
     assert cli("optimize", "--model", "ster:toy", "--pairs", pairs, "--output", out).code == 1 and not out.exists()
     caa = cli("train", "--model", "ster:toy", "--pairs", pairs, "--output", out, "--layers", "2")
     assert caa.code == 0 and caa.json["layers"][0]["train_accuracy"] == 1.0  # one real difference, five times
@@ -47,8 +52,10 @@ def test_pairs_whose_sides_read_the_same_are_refused(cli, tmp_path: Path, method
     pairs = write_pairs(tmp_path / "twins.json", twins)
     run = cli("train", "--model", "ster:toy", "--pairs", pairs, "--output", tmp_path / "o.json", "--method", method)
     assert run.code == 1 and not (tmp_path / "o.json").exists()
-    assert last_error(run).startswith(f"error: {method} finds no direction: every pair's two sides read the same "
-                                      f"(the largest difference is 0, against states of norm ")
+    assert last_error(run).startswith(
+        f"error: {method} finds no direction: every pair's two sides read the same "
+        f"(the largest difference is 0, against states of norm "
+    )
 
 
 def states(count: int, width: int = 16, seed: int = 0) -> torch.Tensor:

@@ -47,27 +47,54 @@ def test_the_chosen_strengths_keep_the_budget_and_move_behaviour_their_way(calib
 
 def test_a_sweep_without_strengths_walks_around_the_calibrated_ones_and_says_so(cli, calibrated) -> None:
     artifact, out = calibrated
-    run = cli("--json", "sweep", "--model", "ster:toy", "--vector", out, "--prompts", "ster/data/examples/prompts.json",
-              "--max-new-tokens", "2", "--neutral-count", "2")
+    run = cli(
+        "--json",
+        "sweep",
+        "--model",
+        "ster:toy",
+        "--vector",
+        out,
+        "--prompts",
+        "ster/data/examples/prompts.json",
+        "--max-new-tokens",
+        "2",
+        "--neutral-count",
+        "2",
+    )
     assert run.code == 0, run.err
     positive, negative = (round(artifact["calibration"][side]["strength"], 4) for side in ("positive", "negative"))
     expected = sorted({round(step * s, 4) for s in (positive, negative) for step in (0.5, 1.0, 2.0)} | {0.0})
     assert [row["strength"] for row in run.events[-1]["data"]["rows"]] == expected
-    assert any(e["type"] == "log" and e["message"].startswith("sweeping half, once and twice the artifact's "
-                                                              "calibrated strengths") for e in run.events)
+    assert any(
+        e["type"] == "log"
+        and e["message"].startswith("sweeping half, once and twice the artifact's calibrated strengths")
+        for e in run.events
+    )
 
 
 def test_generate_steers_at_the_calibrated_strength_and_says_so(cli, calibrated) -> None:
     artifact, out = calibrated
-    run = cli("--json", "generate", "--model", "ster:toy", "--vector", out, "--prompt",
-              "question : tell me about the town . answer :")
+    run = cli(
+        "--json",
+        "generate",
+        "--model",
+        "ster:toy",
+        "--vector",
+        out,
+        "--prompt",
+        "question : tell me about the town . answer :",
+    )
     assert run.code == 0, run.err
     result = run.events[-1]["data"]
     assert result["strength"] == round(artifact["calibration"]["positive"]["strength"], 4)
     assert result["strength_unit"] == "relative"
-    assert any(e["type"] == "log" and e["message"].startswith("steering at the artifact's calibrated strength")
-               for e in run.events)
-    given = cli("--json", "generate", "--model", "ster:toy", "--vector", out, "--strength", "0.4x", "--prompt", "the sea is")
+    assert any(
+        e["type"] == "log" and e["message"].startswith("steering at the artifact's calibrated strength")
+        for e in run.events
+    )
+    given = cli(
+        "--json", "generate", "--model", "ster:toy", "--vector", out, "--strength", "0.4x", "--prompt", "the sea is"
+    )
     assert given.events[-1]["data"]["strength"] == 0.4  # a given strength wins
 
 
@@ -87,8 +114,13 @@ def test_the_budget_is_read_off_the_ladder() -> None:
 
 
 def test_a_trial_scores_the_behaviour_each_sign_moves_at_its_budget() -> None:
-    ladder = [point(0, 0, 1.0), point(0.1, 0.01, 1.5), point(0.2, 0.04, 2.5), point(-0.1, 0.01, 1.2),
-              point(-0.2, 0.04, 1.4)]
+    ladder = [
+        point(0, 0, 1.0),
+        point(0.1, 0.01, 1.5),
+        point(0.2, 0.04, 2.5),
+        point(-0.1, 0.01, 1.2),
+        point(-0.2, 0.04, 1.4),
+    ]
     assert behaviour_at(ladder, 0.15) == pytest.approx(2.0)
     assert behaviour_at(ladder, 0.05) == pytest.approx(1.25)
     positive, negative, value = score(ladder, 0.04)
@@ -97,9 +129,20 @@ def test_a_trial_scores_the_behaviour_each_sign_moves_at_its_budget() -> None:
 
 
 def test_the_front_keeps_only_points_nothing_beats_on_both_measures() -> None:
-    trial = Trial(layers=[1], method="caa", positive=None, negative=None, score=0.0,
-                  points=[point(0, 0, 1.0), point(0.1, 0.01, 1.5), point(0.2, 0.05, 1.2), point(0.4, 0.2, 3.0),
-                          point(-0.1, 0.02, 0.5)])
+    trial = Trial(
+        layers=[1],
+        method="caa",
+        positive=None,
+        negative=None,
+        score=0.0,
+        points=[
+            point(0, 0, 1.0),
+            point(0.1, 0.01, 1.5),
+            point(0.2, 0.05, 1.2),
+            point(0.4, 0.2, 3.0),
+            point(-0.1, 0.02, 0.5),
+        ],
+    )
     front = pareto([trial])
     assert [(p.strength, p.behaviour_shift) for p in front] == [(0.1, 0.5), (0.4, 2.0), (-0.1, 0.5)]
 
@@ -112,29 +155,44 @@ def test_the_plan_screens_every_layer_then_methods_then_ranges() -> None:
         span, method = candidate
         seen.append((tuple(span), method))
         value = 1.0 if span == [21] and method == "logistic" else 0.9 if span == [21] else 0.1 * (span[0] % 7)
-        trials.append(Trial(layers=span, method=method, points=[point(0, 0)], positive=None, negative=None,
-                            score=value))
+        trials.append(
+            Trial(layers=span, method=method, points=[point(0, 0)], positive=None, negative=None, score=value)
+        )
     assert seen[:30] == [((layer,), "caa") for layer in layers]
-    assert seen[30:36] == [((21,), "pca"), ((21,), "logistic"), ((6,), "pca"), ((6,), "logistic"), ((13,), "pca"),
-                           ((13,), "logistic")]
-    assert seen[36:] == [((21, 22), "logistic"), ((20, 21), "logistic"), ((20, 21, 22), "logistic"),
-                         ((19, 20, 21, 22, 23), "logistic")]
+    assert seen[30:36] == [
+        ((21,), "pca"),
+        ((21,), "logistic"),
+        ((6,), "pca"),
+        ((6,), "logistic"),
+        ((13,), "pca"),
+        ((13,), "logistic"),
+    ]
+    assert seen[36:] == [
+        ((21, 22), "logistic"),
+        ((20, 21), "logistic"),
+        ((20, 21, 22), "logistic"),
+        ((19, 20, 21, 22, 23), "logistic"),
+    ]
     assert [span for span, _ in (c for c in seen[:10])] == [(i,) for i in range(10)]
     few = plan_next(layers, [], 8)
     assert few == ([0], "caa")
 
 
-@pytest.mark.parametrize(("flags", "sentence"), [
-    (["--kl-budget", "0"], "--kl-budget must be a number above 0 (nats per token); got 0"),
-    (["--kl-budget", "-1"], "--kl-budget must be a number above 0"),
-    (["--kl-budget", "nan"], "--kl-budget must be a number above 0"),
-    (["--trials", "0"], "--trials"),
-    (["--neutral", "{empty}"], "it contains no prompts"),
-    (["--neutral", "{long}"], "has 1001 prompts; KL is measured on at most 1000"),
-    (["--resume"], "--resume found no calibration study at"),
-])
-def test_bad_input_gets_one_sentence_and_nothing_is_written(cli, tmp_path: Path, flags: list[str],
-                                                            sentence: str) -> None:
+@pytest.mark.parametrize(
+    ("flags", "sentence"),
+    [
+        (["--kl-budget", "0"], "--kl-budget must be a number above 0 (nats per token); got 0"),
+        (["--kl-budget", "-1"], "--kl-budget must be a number above 0"),
+        (["--kl-budget", "nan"], "--kl-budget must be a number above 0"),
+        (["--trials", "0"], "--trials"),
+        (["--neutral", "{empty}"], "it contains no prompts"),
+        (["--neutral", "{long}"], "has 1001 prompts; KL is measured on at most 1000"),
+        (["--resume"], "--resume found no calibration study at"),
+    ],
+)
+def test_bad_input_gets_one_sentence_and_nothing_is_written(
+    cli, tmp_path: Path, flags: list[str], sentence: str
+) -> None:
     (tmp_path / "empty.json").write_text(json.dumps({"prompts": []}))
     (tmp_path / "long.json").write_text(json.dumps({"prompts": [f"request {i}" for i in range(1001)]}))
     flags = [f.format(empty=tmp_path / "empty.json", long=tmp_path / "long.json") for f in flags]
@@ -182,7 +240,8 @@ def test_ctrl_c_leaves_a_study_that_resume_finishes_as_the_whole_run_does(tmp_pa
     assert proc.returncode == 130, err
     last = err.splitlines()[-1]
     assert last.startswith("cancelled after trial ") and last.endswith(
-        f"the study at {study_path(out)} continues it when the same command is given with --resume"), err
+        f"the study at {study_path(out)} continues it when the same command is given with --resume"
+    ), err
     assert sorted(p.name for p in out.parent.iterdir()) == ["calm.study.json"]
     saved = len(json.loads(study_path(out).read_text())["trials"])
     assert saved >= 1

@@ -41,6 +41,7 @@ def write_pairs(path: Path, positive: str) -> Path:
 
 # --- generate -------------------------------------------------------------------------------------
 
+
 def test_a_prompt_longer_than_the_context_is_refused_before_the_weights_load(cli) -> None:
     run = cli("generate", "--model", "ster:toy", "--prompt", SENTENCE * 1100)  # 19,800 characters
     assert run.code == 1 and run.out == ""
@@ -52,8 +53,10 @@ def test_the_default_budget_stays_within_the_context_and_says_so(cli) -> None:
     run = cli("generate", "--model", "ster:toy", "--prompt", PROMPT)
     assert run.code == 0, run.err
     assert run.json["max_new_tokens"] == 117 and run.json["prompt_tokens"] == 11
-    assert ("generating at most 117 tokens rather than the default 128: the model's context of 128 leaves that much "
-            "room after the 11-token prompt") in run.err.splitlines()
+    assert (
+        "generating at most 117 tokens rather than the default 128: the model's context of 128 leaves that much "
+        "room after the 11-token prompt"
+    ) in run.err.splitlines()
     full = cli("generate", "--model", "ster:toy", "--prompt", SENTENCE * 25)  # 126 tokens: room for 2
     assert full.code == 0 and full.json["max_new_tokens"] == 2
 
@@ -62,7 +65,8 @@ def test_an_explicit_budget_past_the_context_is_refused(cli) -> None:
     run = cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--max-new-tokens", "118")
     assert run.code == 1 and last_error(run) == (
         "error: the 11-token prompt and --max-new-tokens 118 need 129 positions, more than the model's context of "
-        "128; give --max-new-tokens 117 or fewer")
+        "128; give --max-new-tokens 117 or fewer"
+    )
     assert "loading" not in run.err
     fits = cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--max-new-tokens", "117")
     assert fits.code == 0 and fits.json["max_new_tokens"] == 117
@@ -72,7 +76,8 @@ def test_a_prompt_that_fills_the_context_leaves_no_room(cli) -> None:
     prompt = SENTENCE * 25 + "the sea"  # 128 tokens
     run = cli("generate", "--model", "ster:toy", "--prompt", prompt)
     assert run.code == 1 and last_error(run) == (
-        "error: the 128-token prompt fills the model's context of 128 tokens, leaving no room to generate")
+        "error: the 128-token prompt fills the model's context of 128 tokens, leaving no room to generate"
+    )
 
 
 def test_the_quick_start_still_runs_with_its_defaults(cli, tmp_path: Path) -> None:
@@ -85,9 +90,9 @@ def test_the_quick_start_still_runs_with_its_defaults(cli, tmp_path: Path) -> No
 
 # --- the other readers ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("command", ["train", "optimize", "evaluate"])
-def test_a_five_megabyte_pair_side_is_refused_quickly_and_nothing_is_written(cli, tmp_path: Path,
-                                                                             command: str) -> None:
+def test_a_five_megabyte_pair_side_is_refused_quickly_and_nothing_is_written(cli, tmp_path: Path, command: str) -> None:
     pairs = write_pairs(tmp_path / "big.json", SENTENCE * 280_000)  # 5.04 MB
     out = tmp_path / "out.json"
     if command == "evaluate":
@@ -96,8 +101,9 @@ def test_a_five_megabyte_pair_side_is_refused_quickly_and_nothing_is_written(cli
     else:
         run = cli(command, "--model", "ster:toy", "--pairs", pairs, "--output", out)
     assert run.code == 1 and run.out == ""
-    assert last_error(run) == ("error: pair 1's positive side is at least 569 tokens long, more than the model's "
-                               "context of 128 tokens")
+    assert last_error(run) == (
+        "error: pair 1's positive side is at least 569 tokens long, more than the model's context of 128 tokens"
+    )
     assert "loading" not in run.err
     assert out.exists() == (command == "evaluate")
 
@@ -107,7 +113,8 @@ def test_an_extract_prompt_longer_than_the_context_is_refused(cli, tmp_path: Pat
     prompts.write_text(json.dumps({"prompts": ["the sea is calm", SENTENCE * 30]}))
     run = cli("extract", "--model", "ster:toy", "--input", prompts, "--output", tmp_path / "x.json")
     assert run.code == 1 and last_error(run) == (
-        "error: prompt 1 is 151 tokens long, more than the model's context of 128 tokens")
+        "error: prompt 1 is 151 tokens long, more than the model's context of 128 tokens"
+    )
     assert not (tmp_path / "x.json").exists() and "loading" not in run.err
 
 
@@ -119,17 +126,20 @@ def test_sweep_prompts_and_budget_are_checked_against_the_context(cli, tmp_path:
     prompts.write_text(json.dumps({"prompts": [PROMPT, SENTENCE * 30]}))
     run = cli(*sweep)
     assert run.code == 1 and last_error(run) == (
-        "error: sweep prompt 1 is 151 tokens long, more than the model's context of 128 tokens")
+        "error: sweep prompt 1 is 151 tokens long, more than the model's context of 128 tokens"
+    )
     prompts.write_text(json.dumps({"prompts": [PROMPT, SENTENCE * 20]}))  # the longest is 101 tokens
     assert last_error(cli(*sweep, "--max-new-tokens", "28")) == (
         "error: the 101-token prompt and --max-new-tokens 28 need 129 positions, more than the model's context of "
-        "128; give --max-new-tokens 27 or fewer")
+        "128; give --max-new-tokens 27 or fewer"
+    )
     fitted = cli(*sweep)
     assert fitted.code == 0, fitted.err
     assert fitted.json["max_new_tokens"] == 27  # the default 48, within the context
 
 
 # --- the count itself -----------------------------------------------------------------------------
+
 
 def test_the_count_is_the_codecs_own_and_the_probe_only_refuses() -> None:
     checkpoint = codec_of("ster:toy")
@@ -158,8 +168,10 @@ def test_generation_budgets() -> None:
         generation_budget(11, 118, 48, 128)
     notes: list[str] = []
     generation_budget(100, None, 48, 128, notes.append)
-    assert notes == ["generating at most 28 tokens rather than the default 48: the model's context of 128 leaves "
-                     "that much room after the 100-token prompt"]
+    assert notes == [
+        "generating at most 28 tokens rather than the default 48: the model's context of 128 leaves "
+        "that much room after the 100-token prompt"
+    ]
 
 
 @pytest.mark.real

@@ -45,14 +45,28 @@ def test_nothing_to_judge_against() -> None:
 
 
 def row(strength: float, effect: float | None, distinguishable: bool = True, fluent: bool = True) -> Judged:
-    return Judged(strength=strength, label=f"{strength:+g}x", effect=effect, threshold=1.0,
-                  distinguishable=distinguishable, fluent=fluent)
+    return Judged(
+        strength=strength,
+        label=f"{strength:+g}x",
+        effect=effect,
+        threshold=1.0,
+        distinguishable=distinguishable,
+        fluent=fluent,
+    )
 
 
 def test_the_suggestion_is_the_largest_fluent_distinguishable_strength_on_its_own_side() -> None:
-    rows = [row(-0.8, -3.0, fluent=False), row(-0.4, +2.0), row(-0.2, -1.5), row(0, 0.0, False),
-            row(0.2, 0.5, distinguishable=False), row(0.4, 2.0), row(0.6, 1.0, distinguishable=False),
-            row(0.8, 9.0, fluent=False), row(1.2, 9.0)]
+    rows = [
+        row(-0.8, -3.0, fluent=False),
+        row(-0.4, +2.0),
+        row(-0.2, -1.5),
+        row(0, 0.0, False),
+        row(0.2, 0.5, distinguishable=False),
+        row(0.4, 2.0),
+        row(0.6, 1.0, distinguishable=False),
+        row(0.8, 9.0, fluent=False),
+        row(1.2, 9.0),
+    ]
     assert suggest(rows, 1) == 0.4  # 0.6 is noise, and the walk stops at 0.8, which breaks the text
     assert suggest(rows, -1) == -0.2  # -0.4 moved the text the wrong way
 
@@ -60,7 +74,9 @@ def test_the_suggestion_is_the_largest_fluent_distinguishable_strength_on_its_ow
 def test_when_nothing_moves_one_sentence_says_so() -> None:
     assert stillness([row(0, 0.0, False), row(0.4, 2.0)], 6) is None
     sentence = stillness([row(-0.4, 0.3, False), row(0, 0.0, False), row(0.4, -0.9, False)], 6)
-    assert sentence == ("no strength moved the text distinguishably from its noise: the largest effect, -0.9 at "
-                        "+0.4x, is within 1 of 0 over 6 prompts; try larger strengths, more prompts, or another layer")
+    assert sentence == (
+        "no strength moved the text distinguishably from its noise: the largest effect, -0.9 at "
+        "+0.4x, is within 1 of 0 over 6 prompts; try larger strengths, more prompts, or another layer"
+    )
     assert "all 6 texts are the same as unsteered" in stillness([row(0, 0.0, False), row(0.4, 0.0, False)], 6)
     assert "on one prompt" in stillness([row(0, 0.0, False), row(0.4, 2.0, False)], 1)

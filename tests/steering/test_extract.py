@@ -14,8 +14,12 @@ from ster.engine.protocol.jobs import JobContext
 from ster.engine.steering.activations import read_last_states
 from ster.engine.steering.requests import ExtractRequest
 
-PROMPTS = ["question : what is the river like ? answer :", "the sea is",
-           "question : how many legs does a spider have ? answer : a spider has", "help !"]
+PROMPTS = [
+    "question : what is the river like ? answer :",
+    "the sea is",
+    "question : how many legs does a spider have ? answer : a spider has",
+    "help !",
+]
 
 
 def write_prompts(path: Path, prompts: list[str] = PROMPTS) -> Path:
@@ -37,7 +41,9 @@ def reference_states(model_dir: Path, prompts: list[str]) -> list[list[torch.Ten
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     last_block: list[torch.Tensor] = []
-    model.model.layers[-1].register_forward_hook(lambda m, a, out: last_block.append(out[0] if isinstance(out, tuple) else out))
+    model.model.layers[-1].register_forward_hook(
+        lambda m, a, out: last_block.append(out[0] if isinstance(out, tuple) else out)
+    )
     states = []
     for prompt in prompts:
         ids = torch.tensor([tokenizer.encode(prompt).ids])
@@ -53,10 +59,18 @@ def test_states_equal_transformers_hidden_states(cli, tmp_path: Path) -> None:
     run, out = extract(cli, tmp_path)
     assert run.code == 0, run.err
     document = json.loads(out.read_text())
-    assert {k: document[k] for k in ("schema_version", "product", "model", "model_revision", "hidden_size",
-                                     "precision", "chat_template")} == {
-        "schema_version": 1, "product": "ster", "model": "ster:toy", "model_revision": None, "hidden_size": 64,
-        "precision": "f32", "chat_template": "absent"}
+    assert {
+        k: document[k]
+        for k in ("schema_version", "product", "model", "model_revision", "hidden_size", "precision", "chat_template")
+    } == {
+        "schema_version": 1,
+        "product": "ster",
+        "model": "ster:toy",
+        "model_revision": None,
+        "hidden_size": 64,
+        "precision": "f32",
+        "chat_template": "absent",
+    }
     expected = reference_states(TOY_DIR, PROMPTS)
     assert [r["prompt"] for r in document["records"]] == PROMPTS
     for record, reference in zip(document["records"], expected):
@@ -78,8 +92,9 @@ def test_batched_reads_equal_one_at_a_time(cli, tmp_path: Path) -> None:
     b = json.loads((many / "states.json").read_text())["records"]
     for x, y in zip(a, b):
         for layer in x["layers"]:
-            torch.testing.assert_close(torch.tensor(x["layers"][layer]), torch.tensor(y["layers"][layer]),
-                                       atol=1e-5, rtol=0)
+            torch.testing.assert_close(
+                torch.tensor(x["layers"][layer]), torch.tensor(y["layers"][layer]), atol=1e-5, rtol=0
+            )
 
 
 @pytest.mark.parametrize(("spec", "layers"), [("1,3", ["1", "3"]), ("1..3", ["1", "2"]), ("2", ["2"])])
@@ -109,13 +124,19 @@ def test_the_read_stops_after_the_deepest_layer_and_skips_the_vocabulary() -> No
     assert states.shape == (2, 2, 64)
 
 
-@pytest.mark.parametrize(("spec", "sentence"), [
-    ("7", "layer 7 is out of range: this model has 4 layers, numbered 0..3"),
-    ("2..9", "layer 4 is out of range: this model has 4 layers, numbered 0..3"),
-    ("two", '--layers takes all, a comma list such as 2,5, or a half-open range such as 2..6, or a mix such as '
-            '1,4..7; got "two"'),
-    ("3..1", "layer range 3..1 is empty: a..b selects a up to but not including b"),
-])
+@pytest.mark.parametrize(
+    ("spec", "sentence"),
+    [
+        ("7", "layer 7 is out of range: this model has 4 layers, numbered 0..3"),
+        ("2..9", "layer 4 is out of range: this model has 4 layers, numbered 0..3"),
+        (
+            "two",
+            "--layers takes all, a comma list such as 2,5, or a half-open range such as 2..6, or a mix such as "
+            '1,4..7; got "two"',
+        ),
+        ("3..1", "layer range 3..1 is empty: a..b selects a up to but not including b"),
+    ],
+)
 def test_bad_layers_are_refused_and_nothing_is_written(cli, tmp_path: Path, spec: str, sentence: str) -> None:
     run, out = extract(cli, tmp_path, "--layers", spec)
     assert run.code == 1
@@ -123,12 +144,15 @@ def test_bad_layers_are_refused_and_nothing_is_written(cli, tmp_path: Path, spec
     assert "Traceback" not in run.err and not out.exists()
 
 
-@pytest.mark.parametrize(("content", "fragment"), [
-    ("{not json", "is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2"),
-    ('{"prompts": []}', "prompts: it contains no prompts"),
-    ('{"prompts": ["ok", "  "]}', "prompts: prompt 1 is empty"),
-    ('["a"]', "is not in the expected shape"),
-])
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        ("{not json", "is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2"),
+        ('{"prompts": []}', "prompts: it contains no prompts"),
+        ('{"prompts": ["ok", "  "]}', "prompts: prompt 1 is empty"),
+        ('["a"]', "is not in the expected shape"),
+    ],
+)
 def test_bad_input_is_refused(cli, tmp_path: Path, content: str, fragment: str) -> None:
     source = tmp_path / "in.json"
     source.write_text(content)
@@ -142,20 +166,32 @@ def test_missing_input_is_refused(cli, tmp_path: Path) -> None:
     assert run.code == 1 and f"input {tmp_path / 'nope.json'} does not exist" in run.err
 
 
-@pytest.mark.parametrize(("fields", "sentence"), [
-    ({"model_type": "bert", "architectures": ["BertForMaskedLM"]},
-     "declares architectures BertForMaskedLM, which is not a causal language model; Ster reads and steers causal "
-     "language models only"),
-    ({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]},
-     'declares model_type "t5", which is not a causal language model'),
-    ({"model_type": "no_such_family"},
-     'declares model_type "no_such_family", which Ster cannot load: it has no decoder for it (natively: "llama", '
-     '"qwen2", "mistral", "qwen3", "phi3", "gemma3_text", "gemma3") and transformers does not know it'),
-    ({"model_type": "gpt2", "auto_map": {"AutoModelForCausalLM": "modeling.Custom"}},
-     "needs its own modelling code (auto_map); Ster does not run code a checkpoint ships"),
-])
-def test_a_checkpoint_ster_cannot_run_is_refused_before_weights_are_read(cli, tmp_path: Path, toy_copy: Path,
-                                                                        fields: dict, sentence: str) -> None:
+@pytest.mark.parametrize(
+    ("fields", "sentence"),
+    [
+        (
+            {"model_type": "bert", "architectures": ["BertForMaskedLM"]},
+            "declares architectures BertForMaskedLM, which is not a causal language model; Ster reads and steers causal "
+            "language models only",
+        ),
+        (
+            {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]},
+            'declares model_type "t5", which is not a causal language model',
+        ),
+        (
+            {"model_type": "no_such_family"},
+            'declares model_type "no_such_family", which Ster cannot load: it has no decoder for it (natively: "llama", '
+            '"qwen2", "mistral", "qwen3", "phi3", "gemma3_text", "gemma3") and transformers does not know it',
+        ),
+        (
+            {"model_type": "gpt2", "auto_map": {"AutoModelForCausalLM": "modeling.Custom"}},
+            "needs its own modelling code (auto_map); Ster does not run code a checkpoint ships",
+        ),
+    ],
+)
+def test_a_checkpoint_ster_cannot_run_is_refused_before_weights_are_read(
+    cli, tmp_path: Path, toy_copy: Path, fields: dict, sentence: str
+) -> None:
     config = json.loads((toy_copy / "config.json").read_text())
     (toy_copy / "config.json").write_text(json.dumps({**config, "architectures": [], **fields}))
     (toy_copy / "model.safetensors").write_bytes(b"not weights at all")  # never opened

@@ -66,11 +66,18 @@ def test_cached_decoding_equals_recomputing_the_whole_sequence() -> None:
     checkpoint = model_store(ctx).open(request, ctx)
     model = model_store(ctx).decoder(checkpoint, ctx)
     prompt = checkpoint.codec.encode_prompt("the sea is")
-    generated = decode(model, prompt, max_new_tokens=12, sampling=Sampling(), eos_ids=frozenset(),
-                       on_token=lambda i, t: None, check_cancelled=lambda: None).ids
+    generated = decode(
+        model,
+        prompt,
+        max_new_tokens=12,
+        sampling=Sampling(),
+        eos_ids=frozenset(),
+        on_token=lambda i, t: None,
+        check_cancelled=lambda: None,
+    ).ids
     with torch.inference_mode():
         logits = model(torch.tensor([prompt + generated]), vocab="all").logits[0]
-    expected = logits[len(prompt) - 1: -1].argmax(-1).tolist()
+    expected = logits[len(prompt) - 1 : -1].argmax(-1).tolist()
     assert generated == expected
 
 

@@ -11,24 +11,30 @@ from ster.engine.protocol.errors import Refusal
 from ster.engine.steering.layers import LayerSpec
 
 
-@pytest.mark.parametrize(("text", "layers"), [
-    ("all", list(range(30))),
-    ("1,4..7", [1, 4, 5, 6]),
-    ("2..6", [2, 3, 4, 5]),
-    ("2,5", [2, 5]),
-    (" 12..14 , 3 ", [3, 12, 13]),
-    ("0..2,1", [0, 1]),
-    ("29", [29]),
-])
+@pytest.mark.parametrize(
+    ("text", "layers"),
+    [
+        ("all", list(range(30))),
+        ("1,4..7", [1, 4, 5, 6]),
+        ("2..6", [2, 3, 4, 5]),
+        ("2,5", [2, 5]),
+        (" 12..14 , 3 ", [3, 12, 13]),
+        ("0..2,1", [0, 1]),
+        ("29", [29]),
+    ],
+)
 def test_items_are_layers_and_half_open_ranges(text: str, layers: list[int]) -> None:
     assert LayerSpec.parse(text).resolve(30) == layers
 
 
-@pytest.mark.parametrize(("text", "sentence"), [
-    ("30", "layer 30 is out of range: this model has 30 layers, numbered 0..29"),
-    ("28..31", "layer 30 is out of range: this model has 30 layers, numbered 0..29"),
-    ("1,0..99999999999", "layer 30 is out of range: this model has 30 layers, numbered 0..29"),
-])
+@pytest.mark.parametrize(
+    ("text", "sentence"),
+    [
+        ("30", "layer 30 is out of range: this model has 30 layers, numbered 0..29"),
+        ("28..31", "layer 30 is out of range: this model has 30 layers, numbered 0..29"),
+        ("1,0..99999999999", "layer 30 is out of range: this model has 30 layers, numbered 0..29"),
+    ],
+)
 def test_a_layer_the_model_lacks_is_refused_without_building_the_range(text: str, sentence: str) -> None:
     with pytest.raises(Refusal, match=f"^{sentence}$"):
         LayerSpec.parse(text).resolve(30)
@@ -48,7 +54,6 @@ def test_an_empty_range_is_refused(text: str) -> None:
 
 def test_train_fits_the_layers_a_mixed_list_names(cli, tmp_path: Path, examples: Path) -> None:
     out = tmp_path / "calm.json"
-    run = cli("train", "--model", "ster:toy", "--pairs", examples / "pairs.json", "--layers", "0,2..4",
-              "--output", out)
+    run = cli("train", "--model", "ster:toy", "--pairs", examples / "pairs.json", "--layers", "0,2..4", "--output", out)
     assert run.code == 0, run.err
     assert [vector["layer"] for vector in json.loads(out.read_text())["vectors"]] == [0, 2, 3]

@@ -43,11 +43,13 @@ def pair_of_models(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
 
 def hf_log_probs(model, ids: list[int], additions: dict[int, torch.Tensor]) -> torch.Tensor:
     """transformers' log-softmax [T, V] of ``ids`` with ``additions[layer]`` added to that layer's output."""
+
     def hook_for(vector: torch.Tensor):
         def hook(module, args, output):
             if isinstance(output, tuple):
                 return (output[0] + vector, *output[1:])
             return output + vector
+
         return hook
 
     layers = text_layers(model)
@@ -81,7 +83,7 @@ def test_kl_and_behaviour_equal_transformers_with_a_hook(pair_of_models, first: 
     base = hf_log_probs(reference, ids, {})
     for r, row in enumerate(scales):
         steered = hf_log_probs(reference, ids, {layer: torch.tensor(vectors[layer]) * s for layer, s in row.items()})
-        kl = (base.exp() * (base - steered)).sum(-1)[len(prompt) - 1:]  # one per continuation token
+        kl = (base.exp() * (base - steered)).sum(-1)[len(prompt) - 1 :]  # one per continuation token
         assert abs(cost.first[r] - float(kl[0])) <= TOLERANCE
         assert abs(cost.mean[r] - float(kl.mean())) <= TOLERANCE
     assert cost.first[0] == 0.0 and cost.mean[0] == 0.0 and cost.mean[1] > 0.0
@@ -91,8 +93,9 @@ def test_kl_and_behaviour_equal_transformers_with_a_hook(pair_of_models, first: 
     for r, row in enumerate(scales):
         added = {layer: torch.tensor(vectors[layer]) * s for layer, s in row.items()}
         pos, neg = hf_log_probs(reference, positive, added), hf_log_probs(reference, negative, added)
-        want = (sum(float(pos[i - 1, positive[i]]) for i in range(3, len(positive)))
-                - sum(float(neg[i - 1, negative[i]]) for i in range(3, len(negative))))
+        want = sum(float(pos[i - 1, positive[i]]) for i in range(3, len(positive))) - sum(
+            float(neg[i - 1, negative[i]]) for i in range(3, len(negative))
+        )
         assert abs(gaps[r] - want) <= TOLERANCE
 
 
@@ -117,8 +120,9 @@ def test_a_pair_with_no_shared_prompt_is_scored_from_each_sides_second_token(pai
     positive, negative = [14, 20, 33], [60, 71, 80, 90]
     [gap] = behaviour(decoder, positive, negative, Rows({}, 1))
     pos, neg = hf_log_probs(reference, positive, {}), hf_log_probs(reference, negative, {})
-    want = (sum(float(pos[i - 1, positive[i]]) for i in range(1, 3))
-            - sum(float(neg[i - 1, negative[i]]) for i in range(1, 4)))
+    want = sum(float(pos[i - 1, positive[i]]) for i in range(1, 3)) - sum(
+        float(neg[i - 1, negative[i]]) for i in range(1, 4)
+    )
     assert abs(gap - want) <= TOLERANCE
 
 
@@ -132,7 +136,7 @@ def test_perplexity_and_greedy_continuations_equal_transformers(pair_of_models) 
             ids.append(int(hf_log_probs(reference, ids, {})[-1].argmax()))
             if ids[-1] == 2:
                 break
-        assert continuation == ids[len(prompt):]
+        assert continuation == ids[len(prompt) :]
         lp = hf_log_probs(reference, ids, {})
         want = math.exp(-sum(float(lp[i - 1, ids[i]]) for i in range(len(prompt), len(ids))) / len(continuation))
         assert perplexity(decoder, prompt, continuation) == pytest.approx(want, rel=1e-5)

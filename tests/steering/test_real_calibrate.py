@@ -23,9 +23,25 @@ DATA = Path(__file__).parents[1] / "data"
 @pytest.fixture(scope="module")
 def calibrated(smol: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("calibrated") / "calm.json"
-    code = main(["calibrate", "--model", str(smol), "--pairs", str(DATA / "calm-fit.json"), "--holdout",
-                 str(DATA / "calm-holdout.json"), "--layers", "20..30", "--trials", "12", "--judge", "none",
-                 "--output", str(out)])
+    code = main(
+        [
+            "calibrate",
+            "--model",
+            str(smol),
+            "--pairs",
+            str(DATA / "calm-fit.json"),
+            "--holdout",
+            str(DATA / "calm-holdout.json"),
+            "--layers",
+            "20..30",
+            "--trials",
+            "12",
+            "--judge",
+            "none",
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 0
     return out
 
@@ -44,8 +60,9 @@ def test_both_signs_move_held_out_behaviour_their_way_within_the_budget(calibrat
 
 def test_generate_steers_smollm2_at_the_calibrated_strength(cli, smol: Path, calibrated: Path) -> None:
     prompt = json.loads((DATA / "calm-prompts.json").read_text())["prompts"][0]
-    steered = cli("--json", "generate", "--model", smol, "--vector", calibrated, "--prompt", prompt,
-                  "--max-new-tokens", "24")
+    steered = cli(
+        "--json", "generate", "--model", smol, "--vector", calibrated, "--prompt", prompt, "--max-new-tokens", "24"
+    )
     plain = cli("generate", "--model", smol, "--prompt", prompt, "--max-new-tokens", "24")
     assert steered.code == 0 and plain.code == 0, steered.err + plain.err
     result = steered.events[-1]["data"]

@@ -40,12 +40,14 @@ def test_the_selected_direction_separates_held_out_pairs(cli, smol: Path, calm: 
     assert all(layer["accuracy"] >= 0.9 for layer in result["layers"])
 
 
-def test_strength_zero_reproduces_the_unsteered_text_and_the_default_strength_moves_it(cli, smol: Path,
-                                                                                        calm: Path) -> None:
+def test_strength_zero_reproduces_the_unsteered_text_and_the_default_strength_moves_it(
+    cli, smol: Path, calm: Path
+) -> None:
     prompt = json.loads(PROMPTS.read_text())["prompts"][0]
     baseline = cli("generate", "--model", smol, "--prompt", prompt, "--max-new-tokens", "24").json
-    zero = cli("generate", "--model", smol, "--prompt", prompt, "--max-new-tokens", "24", "--vector", calm,
-               "--strength", "0").json
+    zero = cli(
+        "generate", "--model", smol, "--prompt", prompt, "--max-new-tokens", "24", "--vector", calm, "--strength", "0"
+    ).json
     assert zero["text"] == baseline["text"]
     pushed = cli("generate", "--model", smol, "--prompt", prompt, "--max-new-tokens", "24", "--vector", calm).json
     assert (pushed["strength"], pushed["strength_unit"]) == (0.4, "relative")

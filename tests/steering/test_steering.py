@@ -37,7 +37,8 @@ def reference_states(reference_model):
     tokenizer = Tokenizer.from_file(str(TOY_DIR / "tokenizer.json"))
     captured: list[torch.Tensor] = []
     handle = reference_model.model.layers[-1].register_forward_hook(
-        lambda m, a, out: captured.append(out[0] if isinstance(out, tuple) else out))
+        lambda m, a, out: captured.append(out[0] if isinstance(out, tuple) else out)
+    )
 
     def read(text: str) -> np.ndarray:
         ids = torch.tensor([tokenizer.encode(text).ids])
@@ -128,7 +129,9 @@ def test_optimize_ranks_on_separation_and_refits_like_train(cli, tmp_path: Path,
     selection = result["selection"]
     assert selection["holdout"] == {"fit_pairs": 9, "holdout_pairs": 3}
     rows = selection["candidates"]
-    assert [(r["layer"], r["method"]) for r in rows] == [(layer, m) for layer in range(4) for m in ("caa", "pca", "logistic")]
+    assert [(r["layer"], r["method"]) for r in rows] == [
+        (layer, m) for layer in range(4) for m in ("caa", "pca", "logistic")
+    ]
     chosen = [r for r in rows if r["selected"]]
     assert len(chosen) == 1
     best = max(rows, key=lambda r: (r["holdout_accuracy"], r["holdout_separation"], r["relative_margin"]))
@@ -136,7 +139,9 @@ def test_optimize_ranks_on_separation_and_refits_like_train(cli, tmp_path: Path,
     # the raw margin grows with depth and would pick the last layer; separation picks one that steers
     assert max(rows, key=lambda r: (r["holdout_accuracy"], r["holdout_margin"]))["layer"] == 3
     assert (best["layer"], best["method"]) == (2, "logistic")
-    assert result["metadata"] == {"selection": "chosen over 12 candidates on a 3-pair holdout, then refitted on all 12 pairs"}
+    assert result["metadata"] == {
+        "selection": "chosen over 12 candidates on a 3-pair holdout, then refitted on all 12 pairs"
+    }
     refit = json.loads(out.read_text())
     assert refit["method"] == best["method"] and [v["layer"] for v in refit["vectors"]] == [best["layer"]]
     _, trained = train(cli, tmp_path, "--method", best["method"], "--layers", str(best["layer"]), name="t.json")
@@ -200,8 +205,10 @@ def test_a_one_pair_holdout_warns(cli, tmp_path: Path) -> None:
     small.write_text(json.dumps({**pairs, "pairs": pairs["pairs"][:4]}))
     run = cli("optimize", "--model", "ster:toy", "--pairs", small, "--output", tmp_path / "o.json")
     assert run.code == 0
-    assert ("warning: a one-pair holdout scores every candidate 0 or 1, so this ranking separates almost nothing; "
-            "add pairs to make the choice mean something") in run.err
+    assert (
+        "warning: a one-pair holdout scores every candidate 0 or 1, so this ranking separates almost nothing; "
+        "add pairs to make the choice mean something"
+    ) in run.err
     assert "fitting each candidate on 3 pairs and ranking on a 1-pair holdout" in run.err
 
 
@@ -210,8 +217,9 @@ def test_pair_prefix_sharing_reads_what_a_whole_sequence_read_does() -> None:
     checkpoint = model_store(ctx).open(GenerateRequest(model="ster:toy", prompt="x"), ctx)
     model = model_store(ctx).decoder(checkpoint, ctx)
     pairs = json.loads(PAIRS.read_text())["pairs"]
-    encoded = [(checkpoint.codec.encode_prompt(p["positive"]), checkpoint.codec.encode_prompt(p["negative"]))
-               for p in pairs]
+    encoded = [
+        (checkpoint.codec.encode_prompt(p["positive"]), checkpoint.codec.encode_prompt(p["negative"])) for p in pairs
+    ]
     encoded.append(([1, 5, 6, 7], [1, 5, 6, 7]))  # identical sides
     encoded.append(([1, 9], [4, 9, 10, 11, 12]))  # nothing shared
     pos, neg = read_pair_states(model, encoded, [0, 3], batch_size=5)
@@ -220,8 +228,9 @@ def test_pair_prefix_sharing_reads_what_a_whole_sequence_read_does() -> None:
     torch.testing.assert_close(neg, whole[1::2], atol=1e-5, rtol=0)
 
 
-def reference_steered_greedy(reference_model, prompt_ids: list[int], layer: int, addition: torch.Tensor,
-                             steps: int, eos: int) -> list[int]:
+def reference_steered_greedy(
+    reference_model, prompt_ids: list[int], layer: int, addition: torch.Tensor, steps: int, eos: int
+) -> list[int]:
     """Greedy decoding by full recomputation, steering with a forward hook on transformers' own block."""
 
     def hook(module, args, output):
@@ -240,7 +249,7 @@ def reference_steered_greedy(reference_model, prompt_ids: list[int], layer: int,
                 ids.append(token)
     finally:
         handle.remove()
-    return ids[len(prompt_ids):]
+    return ids[len(prompt_ids) :]
 
 
 def test_steered_generation_equals_a_reference_hook(cli, tmp_path: Path, reference_model) -> None:
@@ -266,14 +275,30 @@ def test_strength_zero_reproduces_the_baseline(cli, tmp_path: Path) -> None:
     _, vector = train(cli, tmp_path)
     for prompt in (PROMPT, "the sea is", "question : what is the river like ? answer :"):
         baseline = cli("generate", "--model", "ster:toy", "--prompt", prompt, "--temperature", "0.8").json
-        zero = cli("generate", "--model", "ster:toy", "--prompt", prompt, "--temperature", "0.8", "--vector", vector,
-                   "--strength", "0").json
+        zero = cli(
+            "generate",
+            "--model",
+            "ster:toy",
+            "--prompt",
+            prompt,
+            "--temperature",
+            "0.8",
+            "--vector",
+            vector,
+            "--strength",
+            "0",
+        ).json
         assert zero["text"] == baseline["text"] and zero["tokens"] == baseline["tokens"]
 
 
-ALARMED = ["question : tell me about the town . answer :", "question : tell me about the forest . answer :",
-           "question : how is the market today ? answer :", "question : tell me about the bridge . answer :",
-           "question : tell me about the hill . answer :", "question : tell me about the park . answer :"]
+ALARMED = [
+    "question : tell me about the town . answer :",
+    "question : tell me about the forest . answer :",
+    "question : how is the market today ? answer :",
+    "question : tell me about the bridge . answer :",
+    "question : tell me about the hill . answer :",
+    "question : tell me about the park . answer :",
+]
 """Six toy prompts whose unsteered answers are alarmed, so pushing toward calm has somewhere to go."""
 
 
@@ -281,8 +306,19 @@ def test_sweep_reports_every_strength_and_suggests_per_sign(cli, tmp_path: Path)
     _, vector = train(cli, tmp_path, "--layers", "3")
     prompts = tmp_path / "alarmed.json"
     prompts.write_text(json.dumps({"prompts": ALARMED}))
-    run = cli("--json", "sweep", "--model", "ster:toy", "--vector", vector, "--prompts", prompts,
-              "--strengths=-12,-4,4,8", "--max-new-tokens", "16")
+    run = cli(
+        "--json",
+        "sweep",
+        "--model",
+        "ster:toy",
+        "--vector",
+        vector,
+        "--prompts",
+        prompts,
+        "--strengths=-12,-4,4,8",
+        "--max-new-tokens",
+        "16",
+    )
     assert run.code == 0
     events = run.events
     result = events[-1]["data"]
@@ -296,8 +332,9 @@ def test_sweep_reports_every_strength_and_suggests_per_sign(cli, tmp_path: Path)
         assert row["distinguishable"] and row["effect"] > row["threshold"] > 0
         assert all(o["effect"] >= 0 for o in row["outputs"])
         assert row["effect"] == pytest.approx(sum(o["effect"] for o in row["outputs"]) / 6)
-        assert row["relative_effect"] == pytest.approx(row["effect"] / json.loads(vector.read_text())["vectors"][0]
-                                                       ["activation_norm"])
+        assert row["relative_effect"] == pytest.approx(
+            row["effect"] / json.loads(vector.read_text())["vectors"][0]["activation_norm"]
+        )
     assert rows[8]["outputs"][0]["text"] == "the town is gentle and still."
     # -12 breaks the answers into "the is flooding today.", which loses the "we flee" the direction reads most
     # alarm in: a distinguishable effect on the wrong side, never suggested
@@ -314,8 +351,16 @@ def test_an_effect_carried_by_one_changed_text_is_noise(cli, tmp_path: Path) -> 
     text is exactly one standard error from 0, so it is neither distinguishable nor suggested, and a warning
     says that nothing moved."""
     _, vector = train(cli, tmp_path, "--layers", "3")
-    run = cli("sweep", "--model", "ster:toy", "--vector", vector, "--prompts", EXAMPLES_DIR / "prompts.json",
-              "--strengths=-0.3x,0.3x")
+    run = cli(
+        "sweep",
+        "--model",
+        "ster:toy",
+        "--vector",
+        vector,
+        "--prompts",
+        EXAMPLES_DIR / "prompts.json",
+        "--strengths=-0.3x,0.3x",
+    )
     assert run.code == 0, run.err
     result = run.json
     low = result["rows"][0]
@@ -332,8 +377,17 @@ def test_sweep_without_strengths_walks_the_default_relative_sweep(cli, tmp_path:
     from ster.engine.steering.strength import DEFAULT_SWEEP, parse_strengths
 
     _, vector = train(cli, tmp_path, "--layers", "2")
-    run = cli("sweep", "--model", "ster:toy", "--vector", vector, "--prompts", EXAMPLES_DIR / "prompts.json",
-              "--max-new-tokens", "8")
+    run = cli(
+        "sweep",
+        "--model",
+        "ster:toy",
+        "--vector",
+        vector,
+        "--prompts",
+        EXAMPLES_DIR / "prompts.json",
+        "--max-new-tokens",
+        "8",
+    )
     assert run.code == 0, run.err
     result = run.json
     assert result["strength_unit"] == "relative"
@@ -345,17 +399,54 @@ def test_sweep_without_strengths_walks_the_default_relative_sweep(cli, tmp_path:
 
 def test_a_strength_past_ten_activation_norms_warns(cli, tmp_path: Path) -> None:
     _, vector = train(cli, tmp_path, "--layers", "3")
-    run = cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--vector", vector, "--strength", "1e30",
-              "--max-new-tokens", "4")
+    run = cli(
+        "generate",
+        "--model",
+        "ster:toy",
+        "--prompt",
+        PROMPT,
+        "--vector",
+        vector,
+        "--strength",
+        "1e30",
+        "--max-new-tokens",
+        "4",
+    )
     assert run.code == 0, run.err
     norm = json.loads(vector.read_text())["vectors"][0]["activation_norm"]
-    assert (f"warning: strength 1e+30 is {1e30 / norm:.3g} times layer 3's activation norm ({norm:.4g}); past 10 "
-            f"times the norm the direction drowns out the residual stream and the text is noise rather than "
-            f"steered") in run.err
-    assert "activation norm" not in cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--vector", vector,
-                                        "--strength", "9x", "--max-new-tokens", "4").err
-    swept = cli("sweep", "--model", "ster:toy", "--vector", vector, "--prompts", EXAMPLES_DIR / "prompts.json",
-                "--strengths=-11x,-1x,1x", "--max-new-tokens", "4")
+    assert (
+        f"warning: strength 1e+30 is {1e30 / norm:.3g} times layer 3's activation norm ({norm:.4g}); past 10 "
+        f"times the norm the direction drowns out the residual stream and the text is noise rather than "
+        f"steered"
+    ) in run.err
+    assert (
+        "activation norm"
+        not in cli(
+            "generate",
+            "--model",
+            "ster:toy",
+            "--prompt",
+            PROMPT,
+            "--vector",
+            vector,
+            "--strength",
+            "9x",
+            "--max-new-tokens",
+            "4",
+        ).err
+    )
+    swept = cli(
+        "sweep",
+        "--model",
+        "ster:toy",
+        "--vector",
+        vector,
+        "--prompts",
+        EXAMPLES_DIR / "prompts.json",
+        "--strengths=-11x,-1x,1x",
+        "--max-new-tokens",
+        "4",
+    )
     assert swept.code == 0 and swept.err.count("times layer 3's activation norm") == 1
     spread = json.loads(vector.read_text())["vectors"][0]["activation_spread"]  # what 1x is: the spread
     assert f"warning: strength -11x is {11 * spread / norm:.3g} times layer 3's activation norm" in swept.err
@@ -374,8 +465,9 @@ def test_a_strength_without_a_vector_warns_and_the_default_strength_is_relative(
     default = Strength.model_validate(DEFAULT_STRENGTH)
     assert (steered.json["strength"], steered.json["strength_unit"]) == (default.value, default.unit)
     layer = json.loads(vector.read_text())["vectors"][0]  # 1x is the layer's spread; relative is over its norm
-    assert steered.json["relative_strength"] == {"2": pytest.approx(default.value * layer["activation_spread"]
-                                                                    / layer["activation_norm"])}
+    assert steered.json["relative_strength"] == {
+        "2": pytest.approx(default.value * layer["activation_spread"] / layer["activation_norm"])
+    }
     assert "no effect" not in steered.err
 
 
@@ -388,8 +480,9 @@ def test_sweep_measures_degeneracy() -> None:
 
 
 def test_vector_aliases(cli, tmp_path: Path) -> None:
-    run = cli("vector", "train", "--model", "ster:toy", "--pairs", PAIRS, "--output", tmp_path / "v.json",
-              "--layers", "1")
+    run = cli(
+        "vector", "train", "--model", "ster:toy", "--pairs", PAIRS, "--output", tmp_path / "v.json", "--layers", "1"
+    )
     assert run.code == 0 and (tmp_path / "v.json").exists()
     assert cli("vector", "inspect", tmp_path / "v.json").json["layers"][0]["layer"] == 1
 

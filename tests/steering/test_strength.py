@@ -15,10 +15,16 @@ from ster.engine.steering.strength import DEFAULT_STRENGTH, DEFAULT_SWEEP, Stren
 PROMPT = "question : tell me about the town . answer :"
 
 
-@pytest.mark.parametrize(("raw", "value", "unit"), [
-    (3, 3.0, "absolute"), ("3", 3.0, "absolute"), ("-0.4x", -0.4, "relative"), (" 0.5X ", 0.5, "relative"),
-    ({"value": 2, "unit": "relative"}, 2.0, "relative"),
-])
+@pytest.mark.parametrize(
+    ("raw", "value", "unit"),
+    [
+        (3, 3.0, "absolute"),
+        ("3", 3.0, "absolute"),
+        ("-0.4x", -0.4, "relative"),
+        (" 0.5X ", 0.5, "relative"),
+        ({"value": 2, "unit": "relative"}, 2.0, "relative"),
+    ],
+)
 def test_one_spelling_for_both_units(raw: object, value: float, unit: str) -> None:
     strength = Strength.model_validate(raw)
     assert (strength.value, strength.unit) == (value, unit)
@@ -53,22 +59,35 @@ def test_a_sweep_takes_one_unit_and_always_includes_zero() -> None:
 
 def test_a_relative_strength_scales_each_layer_by_its_spread_and_0x_is_the_baseline(cli, tmp_path: Path) -> None:
     vector = tmp_path / "calm.json"
-    assert cli("train", "--model", "ster:toy", "--pairs", "ster/data/examples/pairs.json", "--output", vector,
-               "--layers", "2,3").code == 0
+    assert (
+        cli(
+            "train",
+            "--model",
+            "ster:toy",
+            "--pairs",
+            "ster/data/examples/pairs.json",
+            "--output",
+            vector,
+            "--layers",
+            "2,3",
+        ).code
+        == 0
+    )
     document = json.loads(vector.read_text())
     assert document["strength_unit"] == "spread"
     spreads = {v["layer"]: v["activation_spread"] for v in document["vectors"]}
     norms = {v["layer"]: v["activation_norm"] for v in document["vectors"]}
     assert spreads[2] != spreads[3]
-    relative = cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--vector", vector,
-                   "--strength", "0.3x").json
+    relative = cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--vector", vector, "--strength", "0.3x").json
     assert relative["strength_unit"] == "relative"
     assert relative["absolute_strength"] == {str(k): pytest.approx(0.3 * s) for k, s in spreads.items()}
     assert relative["relative_strength"] == {str(k): pytest.approx(0.3 * spreads[k] / n) for k, n in norms.items()}
     base = cli("generate", "--model", "ster:toy", "--prompt", PROMPT).json["text"]
     assert relative["text"] != base
-    assert cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--vector", vector,
-               "--strength", "0x").json["text"] == base
+    assert (
+        cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--vector", vector, "--strength", "0x").json["text"]
+        == base
+    )
 
 
 @pytest.mark.parametrize(("command", "default"), [("generate", DEFAULT_STRENGTH), ("sweep", DEFAULT_SWEEP)])

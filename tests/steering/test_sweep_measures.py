@@ -41,8 +41,23 @@ def test_each_row_measures_its_strength_as_the_measures_do_alone(cli, vector: Pa
         kl_costs,
     )
 
-    run = cli("--json", "sweep", "--model", "ster:toy", "--vector", vector, "--prompts", PROMPTS,
-              "--strengths=-0.4x,0.4x", "--max-new-tokens", "4", "--neutral-count", "4", "--holdout", "ster:pairs")
+    run = cli(
+        "--json",
+        "sweep",
+        "--model",
+        "ster:toy",
+        "--vector",
+        vector,
+        "--prompts",
+        PROMPTS,
+        "--strengths=-0.4x,0.4x",
+        "--max-new-tokens",
+        "4",
+        "--neutral-count",
+        "4",
+        "--holdout",
+        "ster:pairs",
+    )
     assert run.code == 0, run.err
     result = run.events[-1]["data"]
     assert (result["neutral"], result["neutral_prompts"], result["holdout_pairs"]) == ("ster:neutral", 4, 12)
@@ -69,34 +84,55 @@ def test_each_row_measures_its_strength_as_the_measures_do_alone(cli, vector: Pa
         assert rows[strength]["behaviour_shift"] == pytest.approx(shift, rel=1e-9, abs=1e-12)
         assert rows[strength]["preferred"] == sum(g[1] > 0 for g in gaps) / len(gaps)
     assert rows[0.4]["behaviour_shift"] > 0 > rows[-0.4]["behaviour_shift"]  # toward calm and away
-    assert any(e["type"] == "log" and e["message"].startswith("within the KL budget of 0.25 (mean over 4 neutral")
-               for e in run.events)
+    assert any(
+        e["type"] == "log" and e["message"].startswith("within the KL budget of 0.25 (mean over 4 neutral")
+        for e in run.events
+    )
 
 
 def test_without_a_holdout_no_behaviour_is_claimed(cli, vector: Path) -> None:
-    run = cli("--json", "sweep", "--model", "ster:toy", "--vector", vector, "--prompts", PROMPTS,
-              "--strengths=0.4x", "--max-new-tokens", "2", "--neutral-count", "2")
+    run = cli(
+        "--json",
+        "sweep",
+        "--model",
+        "ster:toy",
+        "--vector",
+        vector,
+        "--prompts",
+        PROMPTS,
+        "--strengths=0.4x",
+        "--max-new-tokens",
+        "2",
+        "--neutral-count",
+        "2",
+    )
     assert run.code == 0, run.err
     result = run.events[-1]["data"]
     assert result["holdout_pairs"] is None
-    assert all(row["behaviour"] is None and row["preferred"] is None and row["kl"] is not None
-               for row in result["rows"])
+    assert all(
+        row["behaviour"] is None and row["preferred"] is None and row["kl"] is not None for row in result["rows"]
+    )
 
 
 def test_the_budget_suggests_the_last_strength_before_the_first_over_it() -> None:
-    rows = [SimpleNamespace(strength=s, kl=kl) for s, kl in
-            [(-0.8, 0.9), (-0.4, 0.2), (-0.2, 0.05), (0.0, 0.0), (0.2, 0.1), (0.4, 0.3), (0.8, 0.2)]]
+    rows = [
+        SimpleNamespace(strength=s, kl=kl)
+        for s, kl in [(-0.8, 0.9), (-0.4, 0.2), (-0.2, 0.05), (0.0, 0.0), (0.2, 0.1), (0.4, 0.3), (0.8, 0.2)]
+    ]
     assert within_budget(rows, 1, 0.25) == 0.2  # 0.8 is under again, but past a strength over the budget
     assert within_budget(rows, -1, 0.25) == -0.4
     assert within_budget(rows, 1, 0.01) is None
 
 
-@pytest.mark.parametrize(("flags", "sentence"), [
-    (["--kl-budget", "0"], "--kl-budget must be a number above 0 (nats per token); got 0"),
-    (["--neutral-count", "0"], "--neutral-count"),
-    (["--neutral", "{empty}"], "it contains no prompts"),
-    (["--holdout", "{missing}"], "missing.json"),
-])
+@pytest.mark.parametrize(
+    ("flags", "sentence"),
+    [
+        (["--kl-budget", "0"], "--kl-budget must be a number above 0 (nats per token); got 0"),
+        (["--neutral-count", "0"], "--neutral-count"),
+        (["--neutral", "{empty}"], "it contains no prompts"),
+        (["--holdout", "{missing}"], "missing.json"),
+    ],
+)
 def test_bad_input_gets_one_sentence(cli, tmp_path: Path, vector: Path, flags: list[str], sentence: str) -> None:
     (tmp_path / "empty.json").write_text(json.dumps({"prompts": []}))
     flags = [f.format(empty=tmp_path / "empty.json", missing=tmp_path / "missing.json") for f in flags]

@@ -26,15 +26,26 @@ def toy_config(model: str = "ster:toy") -> tuple[DecoderConfig, str]:
     return config, checkpoint_fingerprint(config, source.weights)
 
 
-def write_adapter(path: Path, *, model: str = "ster:toy", kind: str = "adapter", rank: int = 4, alpha: float = 8.0,
-                  targets: tuple[str, ...] = ("query", "value"), layers: tuple[int, ...] = (0, 1, 2, 3),
-                  b_scale: float = 0.0, head_scale: float = 0.0, seed: int = 0,
-                  train: dict[str, Any] | None = None) -> Adapter:
+def write_adapter(
+    path: Path,
+    *,
+    model: str = "ster:toy",
+    kind: str = "adapter",
+    rank: int = 4,
+    alpha: float = 8.0,
+    targets: tuple[str, ...] = ("query", "value"),
+    layers: tuple[int, ...] = (0, 1, 2, 3),
+    b_scale: float = 0.0,
+    head_scale: float = 0.0,
+    seed: int = 0,
+    train: dict[str, Any] | None = None,
+) -> Adapter:
     """A Ster adapter artifact for the toy: A drawn as training draws it, B (and a reward head) drawn at
     ``b_scale`` (``head_scale``); zero B is a fresh, identity adapter."""
     config, fingerprint = toy_config(model)
-    adapter = Adapter.fresh(config, rank, alpha, list(targets), list(layers), seed, torch.device("cpu"),
-                            reward=kind == "reward")
+    adapter = Adapter.fresh(
+        config, rank, alpha, list(targets), list(layers), seed, torch.device("cpu"), reward=kind == "reward"
+    )
     generator = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for layer in layers:
@@ -43,8 +54,17 @@ def write_adapter(path: Path, *, model: str = "ster:toy", kind: str = "adapter",
                 b.copy_(torch.randn(b.shape, generator=generator) * b_scale)
         if adapter.head is not None:
             adapter.head.copy_(torch.randn(adapter.head.shape, generator=generator) * head_scale)
-    sidecar = AdapterSidecar(kind=kind, model=model, model_fingerprint=fingerprint, rank=rank, alpha=alpha,
-                             targets=list(targets), layers=list(layers), hidden_size=config.hidden_size, train=train)
+    sidecar = AdapterSidecar(
+        kind=kind,
+        model=model,
+        model_fingerprint=fingerprint,
+        rank=rank,
+        alpha=alpha,
+        targets=list(targets),
+        layers=list(layers),
+        hidden_size=config.hidden_size,
+        train=train,
+    )
     save_adapter(path, sidecar, adapter, config)
     return adapter
 

@@ -18,11 +18,31 @@ def trained(smol: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, P
 
     where = tmp_path_factory.mktemp("tuned")
     runs = {
-        "sft": ["tune", "sft", "--examples", FORMAT_TRAIN, "--learning-rate", "2e-3", "--accumulation", "4",
-                "--epochs", "2"],
+        "sft": [
+            "tune",
+            "sft",
+            "--examples",
+            FORMAT_TRAIN,
+            "--learning-rate",
+            "2e-3",
+            "--accumulation",
+            "4",
+            "--epochs",
+            "2",
+        ],
         "dpo": ["tune", "dpo", "--pairs", CALM_FIT, "--learning-rate", "5e-4", "--accumulation", "4"],
-        "reward": ["tune", "reward", "--pairs", CALM_FIT, "--learning-rate", "2e-3", "--accumulation", "4",
-                   "--epochs", "2"],
+        "reward": [
+            "tune",
+            "reward",
+            "--pairs",
+            CALM_FIT,
+            "--learning-rate",
+            "2e-3",
+            "--accumulation",
+            "4",
+            "--epochs",
+            "2",
+        ],
     }
     paths = {}
     for name, args in runs.items():

@@ -34,8 +34,17 @@ def readers(adapter: Path, tmp_path: Path) -> dict[str, list[Any]]:
     """Every command that reads a generation adapter, as arguments."""
     return {
         "inspect": ["tune", "inspect", adapter],
-        "generate": ["generate", "--model", "ster:toy", "--prompt", PROMPT, "--max-new-tokens", "2",
-                     "--adapter", adapter],
+        "generate": [
+            "generate",
+            "--model",
+            "ster:toy",
+            "--prompt",
+            PROMPT,
+            "--max-new-tokens",
+            "2",
+            "--adapter",
+            adapter,
+        ],
         "evaluate": ["tune", "evaluate", "--model", "ster:toy", "--examples", "ster:examples", "--adapter", adapter],
         "merge": ["tune", "merge", "--model", "ster:toy", "--adapter", adapter, "--output", tmp_path / "merged"],
         "export-peft": ["tune", "export-peft", adapter, "--output", tmp_path / "peft"],
@@ -65,8 +74,9 @@ def _two_writes(adapter: Path) -> str:
     return f"adapter {adapter} and its sidecar {sidecar_path(adapter)} are from two different writes"
 
 
-def test_new_tensors_beside_an_old_sidecar_are_refused_by_every_reader(cli, pair: tuple[Path, Path],
-                                                                       tmp_path: Path) -> None:
+def test_new_tensors_beside_an_old_sidecar_are_refused_by_every_reader(
+    cli, pair: tuple[Path, Path], tmp_path: Path
+) -> None:
     first, second = pair
     shutil.copyfile(second, first)  # what a kill between the two renames of an older writer left
     refused_by_every_reader(cli, first, tmp_path, _two_writes(first))
@@ -83,8 +93,20 @@ def test_a_reward_model_from_two_writes_is_refused_by_grpo(cli, tmp_path: Path) 
     write_adapter(judge, kind="reward", head_scale=1.0, seed=0)
     write_adapter(other, kind="reward", head_scale=1.0, seed=1)
     shutil.copyfile(other, judge)
-    run = cli("tune", "grpo", "--model", "ster:toy", "--prompts", "ster:grpo-prompts", "--max-new-tokens", "4",
-              "--reward", judge, "--output", tmp_path / "policy.safetensors")
+    run = cli(
+        "tune",
+        "grpo",
+        "--model",
+        "ster:toy",
+        "--prompts",
+        "ster:grpo-prompts",
+        "--max-new-tokens",
+        "4",
+        "--reward",
+        judge,
+        "--output",
+        tmp_path / "policy.safetensors",
+    )
     assert run.code == 1 and run.err.splitlines()[-1].startswith("error: " + _two_writes(judge)), run.err
     assert not (tmp_path / "policy.safetensors").exists()
 
@@ -115,15 +137,16 @@ def test_an_adapter_cut_in_half_is_refused_by_every_reader(cli, tmp_path: Path) 
     path = tmp_path / "a.safetensors"
     write_adapter(path, b_scale=0.1)
     data = path.read_bytes()
-    path.write_bytes(data[:len(data) // 2])
-    refused_by_every_reader(cli, path, tmp_path, f"failed to read adapter {path}: it is truncated (its header "
-                                                 "describes")
+    path.write_bytes(data[: len(data) // 2])
+    refused_by_every_reader(
+        cli, path, tmp_path, f"failed to read adapter {path}: it is truncated (its header describes"
+    )
 
 
 def _header(path: Path) -> tuple[dict[str, Any], bytes]:
     data = path.read_bytes()
     (length,) = struct.unpack("<Q", data[:8])
-    return json.loads(data[8:8 + length]), data[8 + length:]
+    return json.loads(data[8 : 8 + length]), data[8 + length :]
 
 
 def _rewritten(path: Path, header: dict[str, Any], body: bytes) -> None:
@@ -132,15 +155,27 @@ def _rewritten(path: Path, header: dict[str, Any], body: bytes) -> None:
     record_hash(path)  # one defect at a time
 
 
-@pytest.mark.parametrize(("damage", "phrase"), [
-    (lambda header, body: (header, body + b"\0" * 16), "holds 16 bytes after its last tensor"),
-    (lambda header, body: ({**header, "layers.0.query.a": {**header["layers.0.query.a"], "dtype": "I32"}}, body),
-     "adapter tensor layers.0.query.a is stored as I32, not as floating-point numbers"),
-    (lambda header, body: ({**header, "layers.0.query.a": {**header["layers.0.query.a"], "shape": [4, 32]}}, body),
-     "gives tensor layers.0.query.a 1024 bytes where its shape [4, 32] of F32 takes 512"),
-    (lambda header, body: ({**header, "layers.0.query.a": {**header["layers.0.query.a"], "dtype": "F99"}}, body),
-     "names dtype 'F99' for tensor layers.0.query.a, which is not a safetensors dtype"),
-])
+@pytest.mark.parametrize(
+    ("damage", "phrase"),
+    [
+        (lambda header, body: (header, body + b"\0" * 16), "holds 16 bytes after its last tensor"),
+        (
+            lambda header, body: ({**header, "layers.0.query.a": {**header["layers.0.query.a"], "dtype": "I32"}}, body),
+            "adapter tensor layers.0.query.a is stored as I32, not as floating-point numbers",
+        ),
+        (
+            lambda header, body: (
+                {**header, "layers.0.query.a": {**header["layers.0.query.a"], "shape": [4, 32]}},
+                body,
+            ),
+            "gives tensor layers.0.query.a 1024 bytes where its shape [4, 32] of F32 takes 512",
+        ),
+        (
+            lambda header, body: ({**header, "layers.0.query.a": {**header["layers.0.query.a"], "dtype": "F99"}}, body),
+            "names dtype 'F99' for tensor layers.0.query.a, which is not a safetensors dtype",
+        ),
+    ],
+)
 def test_a_header_that_does_not_describe_its_data_is_refused(cli, tmp_path: Path, damage, phrase: str) -> None:
     path = tmp_path / "a.safetensors"
     write_adapter(path, b_scale=0.1)
@@ -163,14 +198,20 @@ def _filled(name: str, value: float):
     return lambda tensors: {**tensors, name: torch.full_like(tensors[name], value)}
 
 
-@pytest.mark.parametrize(("change", "phrase"), [
-    (_filled("layers.0.query.b", 3e38), ("adapter tensors layers.0.query.a and layers.0.query.b can make an update "
-                                        "as large as")),
-    (_filled("layers.0.query.a", 3e38), "adapter tensor layers.0.query.a holds 3e+38, beyond 1e+24"),
-    (_filled("layers.2.value.b", float("inf")), "adapter tensor layers.2.value.b contains a non-finite value"),
-])
-def test_values_that_overflow_once_applied_are_refused_by_every_reader(cli, tmp_path: Path, change,
-                                                                       phrase: str) -> None:
+@pytest.mark.parametrize(
+    ("change", "phrase"),
+    [
+        (
+            _filled("layers.0.query.b", 3e38),
+            ("adapter tensors layers.0.query.a and layers.0.query.b can make an update as large as"),
+        ),
+        (_filled("layers.0.query.a", 3e38), "adapter tensor layers.0.query.a holds 3e+38, beyond 1e+24"),
+        (_filled("layers.2.value.b", float("inf")), "adapter tensor layers.2.value.b contains a non-finite value"),
+    ],
+)
+def test_values_that_overflow_once_applied_are_refused_by_every_reader(
+    cli, tmp_path: Path, change, phrase: str
+) -> None:
     path = tmp_path / "a.safetensors"
     write_adapter(path, b_scale=0.1)
     rewrite_tensors(path, change)
@@ -196,8 +237,9 @@ def test_the_writer_refuses_what_a_reader_would(tmp_path: Path) -> None:
         config, _ = toy_config()
         adapter = write_adapter(tmp_path / "good.safetensors")
         adapter.tensors["layers.0.query.a"].data.fill_(3e30)
-        sidecar = AdapterSidecar(model="ster:toy", rank=4, alpha=8.0, targets=["query", "value"], layers=[0, 1, 2, 3],
-                                 hidden_size=64)
+        sidecar = AdapterSidecar(
+            model="ster:toy", rank=4, alpha=8.0, targets=["query", "value"], layers=[0, 1, 2, 3], hidden_size=64
+        )
         save_adapter(path, sidecar, adapter, config)
     assert not path.exists() and not sidecar_path(path).exists()
 
@@ -205,24 +247,26 @@ def test_the_writer_refuses_what_a_reader_would(tmp_path: Path) -> None:
 # --- the sidecar's own fields ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("changes", "phrase"), [
-    ({"rank": -1}, "adapter rank -1 trains nothing"),
-    ({"rank": 2 ** 40}, f"gives rank {2 ** 40}, outside 1 to"),
-    ({"rank": "4"}, "rank: Input should be a valid integer"),
-    ({"rank": True}, "rank: Input should be a valid integer"),
-    ({"alpha": float("nan")}, "adapter alpha nan is not a positive finite number"),
-    ({"alpha": 0}, "adapter alpha 0.0 is not a positive finite number"),
-    ({"layers": [-1]}, "lists layer -1, which no model has"),
-    ({"layers": [10 ** 30]}, f"lists layer {10 ** 30}, which no model has"),
-    ({"layers": [0, 0, 1, 2, 3]}, "lists layer 0 twice"),
-    ({"layers": []}, "lists no layers, so the adapter changes nothing"),
-    ({"targets": ["query", "query"]}, "names target query twice"),
-    ({"targets": ["query", "nose"]}, 'unknown adapter target "nose"'),
-    ({"hidden_size": 0}, "gives hidden_size 0, outside 1 to"),
-    ({"tensors_sha256": "not a hash"}, "gives tensors_sha256 'not a hash', which is not a SHA-256 in hex"),
-])
-def test_a_sidecar_field_no_adapter_has_is_refused(cli, tmp_path: Path, changes: dict[str, Any],
-                                                   phrase: str) -> None:
+@pytest.mark.parametrize(
+    ("changes", "phrase"),
+    [
+        ({"rank": -1}, "adapter rank -1 trains nothing"),
+        ({"rank": 2**40}, f"gives rank {2**40}, outside 1 to"),
+        ({"rank": "4"}, "rank: Input should be a valid integer"),
+        ({"rank": True}, "rank: Input should be a valid integer"),
+        ({"alpha": float("nan")}, "adapter alpha nan is not a positive finite number"),
+        ({"alpha": 0}, "adapter alpha 0.0 is not a positive finite number"),
+        ({"layers": [-1]}, "lists layer -1, which no model has"),
+        ({"layers": [10**30]}, f"lists layer {10**30}, which no model has"),
+        ({"layers": [0, 0, 1, 2, 3]}, "lists layer 0 twice"),
+        ({"layers": []}, "lists no layers, so the adapter changes nothing"),
+        ({"targets": ["query", "query"]}, "names target query twice"),
+        ({"targets": ["query", "nose"]}, 'unknown adapter target "nose"'),
+        ({"hidden_size": 0}, "gives hidden_size 0, outside 1 to"),
+        ({"tensors_sha256": "not a hash"}, "gives tensors_sha256 'not a hash', which is not a SHA-256 in hex"),
+    ],
+)
+def test_a_sidecar_field_no_adapter_has_is_refused(cli, tmp_path: Path, changes: dict[str, Any], phrase: str) -> None:
     path = tmp_path / "a.safetensors"
     write_adapter(path, b_scale=0.1)
     edit_sidecar(path, **changes)
@@ -242,14 +286,16 @@ def peft_dir(cli, tmp_path: Path) -> Path:
 
 
 def _peft_readers(peft: Path, tmp_path: Path) -> list[list[Any]]:
-    return [["tune", "inspect", peft],
-            ["tune", "evaluate", "--model", "ster:toy", "--examples", "ster:examples", "--adapter", peft],
-            ["tune", "merge", "--model", "ster:toy", "--adapter", peft, "--output", tmp_path / "merged"]]
+    return [
+        ["tune", "inspect", peft],
+        ["tune", "evaluate", "--model", "ster:toy", "--examples", "ster:examples", "--adapter", peft],
+        ["tune", "merge", "--model", "ster:toy", "--adapter", peft, "--output", tmp_path / "merged"],
+    ]
 
 
 def test_a_peft_directory_with_its_weights_cut_in_half_is_refused(cli, peft_dir: Path, tmp_path: Path) -> None:
     weights = peft_dir / "adapter_model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     for args in _peft_readers(peft_dir, tmp_path):
         run = cli(*args)
         assert run.code == 1 and "is truncated (its header describes" in run.err.splitlines()[-1], (args, run.err)

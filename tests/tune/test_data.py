@@ -80,9 +80,11 @@ def test_the_content_decides_not_the_suffix(tmp_path: Path) -> None:
 
 def test_conversations_split_at_their_last_assistant_turn(tmp_path: Path) -> None:
     turns = [{"role": "system", "content": "be brief"}, user("a cat ?"), assistant("four ."), user("a bird ?")]
-    records = [{"messages": [*turns, assistant("two .")]},
-               {"prompt": turns, "completion": [assistant("two .")]},  # TRL's conversational prompt/completion
-               {"prompt": turns, "completion": "two ."}]
+    records = [
+        {"messages": [*turns, assistant("two .")]},
+        {"prompt": turns, "completion": [assistant("two .")]},  # TRL's conversational prompt/completion
+        {"prompt": turns, "completion": "two ."},
+    ]
     examples = load_examples(jsonl(tmp_path / "chat.jsonl", records)).examples
     assert examples == [Example(turns, "two .")] * 3
 
@@ -121,8 +123,12 @@ def test_conversational_pairs_share_their_leading_turns_as_the_prompt(tmp_path: 
     records = [
         {"chosen": [*turns, assistant("calm .")], "rejected": [*turns, assistant("wild .")]},  # implicit prompt
         {"prompt": turns, "chosen": [assistant("calm .")], "rejected": [assistant("wild .")]},  # explicit
-        {"prompt": "a cat ?", "chosen": [*turns, assistant("calm .")],  # UltraFeedback: the text repeats turn 1
-         "rejected": [*turns, assistant("wild .")], "score_chosen": 8.0},
+        {
+            "prompt": "a cat ?",
+            "chosen": [*turns, assistant("calm .")],  # UltraFeedback: the text repeats turn 1
+            "rejected": [*turns, assistant("wild .")],
+            "score_chosen": 8.0,
+        },
         {"prompt": turns, "chosen": "calm .", "rejected": "wild ."},
     ]
     assert load_preferences(jsonl(tmp_path / "c.jsonl", records)).pairs == [expected] * 4
@@ -140,56 +146,87 @@ def test_prompt_lines_read_as_the_prompt_set(tmp_path: Path) -> None:
     assert all(isinstance(p, str) for p in document)
     assert load_prompts(jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in document])) == document
     conversation = [user("a cat ?"), assistant("four ."), user("a bird ?")]
-    records = [{"messages": conversation}, {"messages": [*conversation, assistant("two .")]},
-               {"prompt": "a cat ?", "completion": "four ."}]
+    records = [
+        {"messages": conversation},
+        {"messages": [*conversation, assistant("two .")]},
+        {"prompt": "a cat ?", "completion": "four ."},
+    ]
     assert load_prompts(jsonl(tmp_path / "m.jsonl", records)) == [conversation, conversation, "a cat ?"]
 
 
 # --- refusals ---------------------------------------------------------------------------------------------------
 
 EXAMPLE_REFUSALS = [
-    ('{"prompt": "a", "completion": "b"}\n{"prompt": "a", "completion": "b"}\n{"prompt": "a", "completion": 3}\n',
-     '{f} line 3: "completion" must be text or a list of messages'),
-    ('{"prompt": "a", "completion": "b"}\n\n\n{"prompt": "a", "completion": "b",}\n',
-     "{f} line 4 is not valid JSON: Expecting property name enclosed in double quotes at column 35"),
+    (
+        '{"prompt": "a", "completion": "b"}\n{"prompt": "a", "completion": "b"}\n{"prompt": "a", "completion": 3}\n',
+        '{f} line 3: "completion" must be text or a list of messages',
+    ),
+    (
+        '{"prompt": "a", "completion": "b"}\n\n\n{"prompt": "a", "completion": "b",}\n',
+        "{f} line 4 is not valid JSON: Expecting property name enclosed in double quotes at column 35",
+    ),
     ('{"prompt": "a", "completion": "b"}\n{"text": "a b"}\n', "{f} line 2 has neither prompt/completion nor messages"),
     ('{"prompt": "a"}\n', '{f} line 1 has a "prompt" but no "completion"'),
     ('{"completion": "a"}\n', '{f} line 1 has a "completion" but no "prompt"'),
-    ('{"prompt": "a", "prompt": "b", "completion": "c"}\n',
-     '{f} line 1 gives the key "prompt" twice, so which value is meant is ambiguous'),
+    (
+        '{"prompt": "a", "prompt": "b", "completion": "c"}\n',
+        '{f} line 1 gives the key "prompt" twice, so which value is meant is ambiguous',
+    ),
     ('["a", "b"]\n', "{f} line 1 is not a JSON object"),
-    ('{"messages": [{"role": "user", "content": "a"}]}\n',
-     '{f} line 1: "messages" must end with an assistant turn, the completion to learn'),
+    (
+        '{"messages": [{"role": "user", "content": "a"}]}\n',
+        '{f} line 1: "messages" must end with an assistant turn, the completion to learn',
+    ),
     ('{"messages": "a"}\n', '{f} line 1: "messages" must be a list of messages'),
-    ('{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]}\n',
-     '{f} line 1: message 1 of "messages" needs a text "role" and a text "content"'),
-    ('{"prompt": "a", "completion": [{"role": "user", "content": "b"}]}\n',
-     '{f} line 1: "completion" must be text or a list of one assistant turn'),
+    (
+        '{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]}\n',
+        '{f} line 1: message 1 of "messages" needs a text "role" and a text "content"',
+    ),
+    (
+        '{"prompt": "a", "completion": [{"role": "user", "content": "b"}]}\n',
+        '{f} line 1: "completion" must be text or a list of one assistant turn',
+    ),
     ('{"prompt": 1, "completion": "b"}\n', '{f} line 1: "prompt" must be text or a list of messages'),
     ("", "example set {f} contains no examples"),
     ("\n  \n", "example set {f} contains no examples"),
-    ('{"prompt": "a", "completion": "b"}\n{"prompt": "a", "completion": "  "}\n',
-     "example set {f} contains an empty prompt or completion at line 2"),
-    ('{"messages": [{"role": "assistant", "content": "b"}]}\n',
-     "example set {f} contains an empty prompt or completion at line 1"),
+    (
+        '{"prompt": "a", "completion": "b"}\n{"prompt": "a", "completion": "  "}\n',
+        "example set {f} contains an empty prompt or completion at line 2",
+    ),
+    (
+        '{"messages": [{"role": "assistant", "content": "b"}]}\n',
+        "example set {f} contains an empty prompt or completion at line 1",
+    ),
 ]
 
 PAIR_REFUSALS = [
     ('{"chosen": "a", "rejected": "b"}\n{"prompt": "a"}\n', "{f} line 2 has neither chosen nor rejected"),
     ('{"prompt": "p", "chosen": "a"}\n', '{f} line 1 has no "rejected"'),
     ('{"chosen": "a", "rejected": 2}\n', '{f} line 1: "rejected" must be text or a list of messages'),
-    ('{"chosen": "a", "rejected": [{"role": "assistant", "content": "b"}]}\n',
-     '{f} line 1: "chosen" and "rejected" must both be text or both lists of messages'),
-    (('{"chosen": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], '
-     '"rejected": [{"role": "user", "content": "r"}, {"role": "assistant", "content": "b"}]}\n'),
-     '{f} line 1: "chosen" must end in one assistant turn after the turns both sides share'),
-    ('{"chosen": [{"role": "assistant", "content": "a"}], "rejected": [{"role": "user", "content": "b"}]}\n',
-     '{f} line 1: "rejected" must end in one assistant turn after the turns both sides share'),
+    (
+        '{"chosen": "a", "rejected": [{"role": "assistant", "content": "b"}]}\n',
+        '{f} line 1: "chosen" and "rejected" must both be text or both lists of messages',
+    ),
+    (
+        (
+            '{"chosen": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], '
+            '"rejected": [{"role": "user", "content": "r"}, {"role": "assistant", "content": "b"}]}\n'
+        ),
+        '{f} line 1: "chosen" must end in one assistant turn after the turns both sides share',
+    ),
+    (
+        '{"chosen": [{"role": "assistant", "content": "a"}], "rejected": [{"role": "user", "content": "b"}]}\n',
+        '{f} line 1: "rejected" must end in one assistant turn after the turns both sides share',
+    ),
     ("", "pair set {f} contains no pairs"),
-    ('{"chosen": "a", "rejected": "b"}\n{"chosen": "a", "rejected": ""}\n',
-     "pair set {f} contains an empty positive or negative prompt at line 2"),
-    ('{"prompt": " ", "chosen": "a", "rejected": "b"}\n',
-     'pair set {f} has an empty "prompt" at line 1; leave the field out for a pair without one'),
+    (
+        '{"chosen": "a", "rejected": "b"}\n{"chosen": "a", "rejected": ""}\n',
+        "pair set {f} contains an empty positive or negative prompt at line 2",
+    ),
+    (
+        '{"prompt": " ", "chosen": "a", "rejected": "b"}\n',
+        'pair set {f} has an empty "prompt" at line 1; leave the field out for a pair without one',
+    ),
 ]
 
 PROMPT_REFUSALS = [
@@ -199,10 +236,12 @@ PROMPT_REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize(("loader", "text", "sentence"),
-                         [(load_examples, *case) for case in EXAMPLE_REFUSALS]
-                         + [(load_preferences, *case) for case in PAIR_REFUSALS]
-                         + [(load_prompts, *case) for case in PROMPT_REFUSALS])
+@pytest.mark.parametrize(
+    ("loader", "text", "sentence"),
+    [(load_examples, *case) for case in EXAMPLE_REFUSALS]
+    + [(load_preferences, *case) for case in PAIR_REFUSALS]
+    + [(load_prompts, *case) for case in PROMPT_REFUSALS],
+)
 def test_a_line_that_does_not_fit_is_refused_naming_it(tmp_path: Path, loader, text: str, sentence: str) -> None:
     path = tmp_path / "data.jsonl"
     path.write_text(text, encoding="utf-8")
@@ -239,9 +278,9 @@ def test_a_templated_completion_carries_one_more_token_the_turns_end() -> None:
     end = templated.tokenizer.token_to_id("</s>")
     for example in load_examples(EXAMPLES_DIR / "chat-examples.json").examples:
         with_template, without = encode_example(templated, example), encode_example(raw, example)
-        tail = with_template.ids[with_template.boundary:]
+        tail = with_template.ids[with_template.boundary :]
         assert len(tail) == len(without.ids) - without.boundary + 1
-        assert tail[-1] == end and tail[:-1] == without.ids[without.boundary:]
+        assert tail[-1] == end and tail[:-1] == without.ids[without.boundary :]
 
 
 def test_a_conversation_is_rendered_twice_and_split_at_its_last_answer() -> None:
@@ -252,7 +291,7 @@ def test_a_conversation_is_rendered_twice_and_split_at_its_last_answer() -> None
     assert sequence.ids == templated.tokenizer.encode(text, add_special_tokens=False).ids
     head = templated.template.render(turns, add_generation_prompt=True)
     assert sequence.boundary == len(templated.tokenizer.encode(head, add_special_tokens=False).ids)
-    assert templated.tokenizer.decode(sequence.ids[sequence.boundary:], skip_special_tokens=False) == "two. </s>"
+    assert templated.tokenizer.decode(sequence.ids[sequence.boundary :], skip_special_tokens=False) == "two. </s>"
     raw = encode_example(codec("ster:toy-chat", "off"), Example(turns, "two ."))
     expected = codec("ster:toy").tokenizer.encode("how many legs does a cat have ?\nfour .\nand a bird ? two .").ids
     assert raw.ids == expected
@@ -292,9 +331,21 @@ def test_tune_sft_reads_json_lines_as_the_document(cli, tmp_path: Path) -> None:
     document = tmp_path / "examples.json"
     document.write_text(json.dumps({"examples": EXAMPLES[:4]}))
     lines = jsonl(tmp_path / "examples.jsonl", EXAMPLES[:4])
-    runs = [cli("tune", "sft", "--model", "ster:toy", "--examples", path, "--output",
-                tmp_path / f"adapter-{path.suffix[1:]}.safetensors",
-                "--accumulation", "2") for path in (document, lines)]
+    runs = [
+        cli(
+            "tune",
+            "sft",
+            "--model",
+            "ster:toy",
+            "--examples",
+            path,
+            "--output",
+            tmp_path / f"adapter-{path.suffix[1:]}.safetensors",
+            "--accumulation",
+            "2",
+        )
+        for path in (document, lines)
+    ]
     assert [run.code for run in runs] == [0, 0], runs[1].err
     assert runs[1].json["report"] == runs[0].json["report"]
     assert runs[1].json["report"]["examples"] == 4
@@ -305,9 +356,21 @@ def test_tune_dpo_reads_prompted_json_lines_as_the_pair_set(cli, tmp_path: Path)
     document.write_text(json.dumps({"trait_name": "calm", "pairs": PAIRS[:4]}))
     records = [dict(zip(("prompt", "chosen", "rejected"), split(pair))) for pair in PAIRS[:4]]
     lines = jsonl(tmp_path / "pairs.jsonl", records)
-    runs = [cli("tune", "dpo", "--model", "ster:toy", "--pairs", path, "--output",
-                tmp_path / f"adapter-{path.suffix[1:]}.safetensors",
-                "--accumulation", "2") for path in (document, lines)]
+    runs = [
+        cli(
+            "tune",
+            "dpo",
+            "--model",
+            "ster:toy",
+            "--pairs",
+            path,
+            "--output",
+            tmp_path / f"adapter-{path.suffix[1:]}.safetensors",
+            "--accumulation",
+            "2",
+        )
+        for path in (document, lines)
+    ]
     assert [run.code for run in runs] == [0, 0], runs[1].err
     whole, prompted = (run.json["report"] for run in runs)
     # The prompt is scored in neither side's reward when the data names it, but it cancels from the margin,

@@ -20,17 +20,38 @@ PINNED = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
 
 def ster(*args: object) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "ster", *map(str, args)], cwd=REPO, env=PINNED, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ster", *map(str, args)],
+        cwd=REPO,
+        env=PINNED,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
-@pytest.mark.parametrize("command", [
-    ["sft", "--examples", "ster:examples", "--epochs", "2", "--accumulation", "2", "--learning-rate", "1e-2"],
-    ["dpo", "--pairs", "ster:pairs", "--epochs", "2", "--accumulation", "4", "--learning-rate", "1e-2"],
-    ["dpo", "--pairs", "ster:pairs", "--batch-size", "3", "--accumulation", "2", "--learning-rate", "1e-2"],
-    ["grpo", "--prompts", "ster:grpo-prompts", "--iterations", "2", "--accumulation", "2", "--max-new-tokens", "8",
-     "--learning-rate", "1e-2"],
-], ids=["sft", "dpo", "dpo-batch-3", "grpo"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["sft", "--examples", "ster:examples", "--epochs", "2", "--accumulation", "2", "--learning-rate", "1e-2"],
+        ["dpo", "--pairs", "ster:pairs", "--epochs", "2", "--accumulation", "4", "--learning-rate", "1e-2"],
+        ["dpo", "--pairs", "ster:pairs", "--batch-size", "3", "--accumulation", "2", "--learning-rate", "1e-2"],
+        [
+            "grpo",
+            "--prompts",
+            "ster:grpo-prompts",
+            "--iterations",
+            "2",
+            "--accumulation",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--learning-rate",
+            "1e-2",
+        ],
+    ],
+    ids=["sft", "dpo", "dpo-batch-3", "grpo"],
+)
 def test_the_same_command_twice_writes_the_same_bytes(tmp_path: Path, command: list[str]) -> None:
     outputs = [tmp_path / name / "adapter.safetensors" for name in ("first", "second")]
     runs = [ster("tune", *command, "--model", "ster:toy", "--seed", "5", "--output", out) for out in outputs]

@@ -21,12 +21,45 @@ from tests.tune.test_resume import files, killed_after_checkpoint
 
 BASE = ["tune", "grpo", "--model", "ster:toy", "--prompts", "ster:grpo-prompts", "--max-new-tokens", "8"]
 SUBJECT = "group-relative policy optimization"
-REPORT = ["reward", "prompts", "trained_prompts", "skipped_long", "group", "iterations", "steps", "beta",
-          "trainable_tensors", "trainable_parameters", "first_loss", "final_loss", "mean_reward", "mean_kl",
-          "policy_loss", "max_new_tokens", "temperature", "top_p", "seed", "rank", "alpha", "targets", "layers",
-          "learning_rate", "accumulation", "chat_template", "precision"]
-HISTORY = ["iteration", "groups", "completions", "mean_reward", "reward_spread", "mean_kl", "policy_loss",
-           "mean_completion_tokens"]
+REPORT = [
+    "reward",
+    "prompts",
+    "trained_prompts",
+    "skipped_long",
+    "group",
+    "iterations",
+    "steps",
+    "beta",
+    "trainable_tensors",
+    "trainable_parameters",
+    "first_loss",
+    "final_loss",
+    "mean_reward",
+    "mean_kl",
+    "policy_loss",
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "rank",
+    "alpha",
+    "targets",
+    "layers",
+    "learning_rate",
+    "accumulation",
+    "chat_template",
+    "precision",
+]
+HISTORY = [
+    "iteration",
+    "groups",
+    "completions",
+    "mean_reward",
+    "reward_spread",
+    "mean_kl",
+    "policy_loss",
+    "mean_completion_tokens",
+]
 
 
 def test_advantages_are_standardised_within_the_group_without_epsilon() -> None:
@@ -38,8 +71,18 @@ def test_advantages_are_standardised_within_the_group_without_epsilon() -> None:
 
 
 def test_the_first_loss_is_exactly_zero_and_the_report_has_every_field(cli, tmp_path: Path) -> None:
-    run = cli("--json", *BASE, "--iterations", "2", "--accumulation", "2", "--learning-rate", "1e-2",
-              "--output", tmp_path / "a.safetensors")
+    run = cli(
+        "--json",
+        *BASE,
+        "--iterations",
+        "2",
+        "--accumulation",
+        "2",
+        "--learning-rate",
+        "1e-2",
+        "--output",
+        tmp_path / "a.safetensors",
+    )
     assert run.code == 0, run.err
     events = run.events
     report = events[-1]["data"]["report"]
@@ -54,35 +97,56 @@ def test_the_first_loss_is_exactly_zero_and_the_report_has_every_field(cli, tmp_
         assert entry["mean_reward"] == entry["mean_completion_tokens"]  # the length reward counts the tokens
     assert report["mean_reward"] == report["history"][-1]["mean_reward"]  # top level: the last iteration's
     assert report["history"][-1]["mean_kl"] > 0  # the adapter moved away from the reference
-    steps = [e for e in events if e["type"] == "progress" and e["stage"] == "train" and e.get("data")
-             and "reward" in e["data"]]
+    steps = [
+        e
+        for e in events
+        if e["type"] == "progress" and e["stage"] == "train" and e.get("data") and "reward" in e["data"]
+    ]
     assert len(steps) == 6
     for event in steps:
-        assert {"loss", "reward", "reward_spread", "kl", "policy_loss", "completion_tokens", "learning_rate",
-                "tokens_per_second"} <= set(event["data"])
+        assert {
+            "loss",
+            "reward",
+            "reward_spread",
+            "kl",
+            "policy_loss",
+            "completion_tokens",
+            "learning_rate",
+            "tokens_per_second",
+        } <= set(event["data"])
     assert steps[0]["data"]["loss"] == 0.0
     assert steps[0]["message"].startswith("iteration 1/2 step 1/3 loss 0.0000 reward ")
     messages = [e["message"] for e in events if e["type"] in ("progress", "log")]
     assert any(m.startswith("iteration 1/2 prompt ") and m.endswith(" sampling 4 completions") for m in messages)
-    assert any(m.startswith("iteration 2/2 mean reward ") and " spread " in m and " policy loss " in m
-               for m in messages)
+    assert any(
+        m.startswith("iteration 2/2 mean reward ") and " spread " in m and " policy loss " in m for m in messages
+    )
 
 
-@pytest.mark.parametrize(("flags", "sentence"), [
-    (["--group", "1"], f"{SUBJECT} requires a group of at least two completions, because the group is the baseline"),
-    (["--temperature", "0"], f"{SUBJECT} requires a temperature above zero; argmax sampling would draw one "
-                             "identical completion per group"),
-    (["--temperature", "-1"], f"{SUBJECT} requires a temperature above zero"),
-    (["--beta", "-0.1"], f"{SUBJECT} requires a finite beta of zero or more"),
-    (["--beta", "nan"], f"{SUBJECT} requires a finite beta of zero or more"),
-    (["--beta", "inf"], f"{SUBJECT} requires a finite beta of zero or more"),
-    (["--reward", ""], f"{SUBJECT} requires a reward source; pass length or a reward artifact"),
-    (["--reward", "nope"], 'reward source "nope" is neither the keyword length nor a file that exists'),
-    (["--max-new-tokens", "0"], "max_new_tokens must be greater than zero"),
-    (["--iterations", "0"], f"{SUBJECT} requires at least one iteration"),
-    (["--accumulation", "0"], f"{SUBJECT} requires an accumulation of at least one prompt"),
-    (["--max-sequence", "12"], "every prompt is longer than the sequence limit, so there is nothing to train on"),
-])
+@pytest.mark.parametrize(
+    ("flags", "sentence"),
+    [
+        (
+            ["--group", "1"],
+            f"{SUBJECT} requires a group of at least two completions, because the group is the baseline",
+        ),
+        (
+            ["--temperature", "0"],
+            f"{SUBJECT} requires a temperature above zero; argmax sampling would draw one "
+            "identical completion per group",
+        ),
+        (["--temperature", "-1"], f"{SUBJECT} requires a temperature above zero"),
+        (["--beta", "-0.1"], f"{SUBJECT} requires a finite beta of zero or more"),
+        (["--beta", "nan"], f"{SUBJECT} requires a finite beta of zero or more"),
+        (["--beta", "inf"], f"{SUBJECT} requires a finite beta of zero or more"),
+        (["--reward", ""], f"{SUBJECT} requires a reward source; pass length or a reward artifact"),
+        (["--reward", "nope"], 'reward source "nope" is neither the keyword length nor a file that exists'),
+        (["--max-new-tokens", "0"], "max_new_tokens must be greater than zero"),
+        (["--iterations", "0"], f"{SUBJECT} requires at least one iteration"),
+        (["--accumulation", "0"], f"{SUBJECT} requires an accumulation of at least one prompt"),
+        (["--max-sequence", "12"], "every prompt is longer than the sequence limit, so there is nothing to train on"),
+    ],
+)
 def test_refusals(cli, tmp_path: Path, flags: list[str], sentence: str) -> None:
     run = cli(*BASE, *flags, "--output", tmp_path / "a.safetensors")
     assert run.code == 1, run.err
@@ -109,8 +173,17 @@ def test_a_prompt_over_the_limit_is_skipped_with_a_line(cli, tmp_path: Path) -> 
     prompts = tmp_path / "prompts.json"
     short, long = "question : tell me about the river . answer :", "question : tell me about the town " * 3
     prompts.write_text(json.dumps({"prompts": [short, long]}))
-    run = cli(*BASE, "--prompts", prompts, "--max-new-tokens", "4", "--max-sequence", "16",
-              "--output", tmp_path / "out" / "a.safetensors")
+    run = cli(
+        *BASE,
+        "--prompts",
+        prompts,
+        "--max-new-tokens",
+        "4",
+        "--max-sequence",
+        "16",
+        "--output",
+        tmp_path / "out" / "a.safetensors",
+    )
     assert run.code == 0, run.err
     report = run.json["report"]
     assert (report["prompts"], report["trained_prompts"], report["skipped_long"]) == (2, 1, 1)
@@ -127,8 +200,17 @@ def _toy():
 def test_an_empty_completion_refuses_the_group() -> None:
     decoder, checkpoint = _toy()
     everything = frozenset(range(checkpoint.config.vocab_size))  # the first draw ends the text
-    objective = Grpo(group=2, beta=0.04, max_new_tokens=4, temperature=1.0, top_p=None, seed=1, eos_ids=everything,
-                     prompts=1, iterations=1)
+    objective = Grpo(
+        group=2,
+        beta=0.04,
+        max_new_tokens=4,
+        temperature=1.0,
+        top_p=None,
+        seed=1,
+        eos_ids=everything,
+        prompts=1,
+        iterations=1,
+    )
     unit = Unit(0, (checkpoint.codec.encode_prompt("the sea is"),), (0,))
     with pytest.raises(Refusal, match="a sampled completion was empty, so this group has nothing to score"):
         objective.losses(decoder, [unit])
@@ -150,8 +232,17 @@ def test_every_draw_of_the_run_has_its_own_seed(cli, tmp_path: Path, monkeypatch
 def test_without_an_adapter_the_policy_is_the_reference() -> None:
     """With nothing attached the policy is the frozen base, so the KL and the loss are exactly 0."""
     decoder, checkpoint = _toy()
-    objective = Grpo(group=3, beta=0.5, max_new_tokens=6, temperature=1.0, top_p=None, seed=9,
-                     eos_ids=checkpoint.codec.eos_ids, prompts=1, iterations=1)
+    objective = Grpo(
+        group=3,
+        beta=0.5,
+        max_new_tokens=6,
+        temperature=1.0,
+        top_p=None,
+        seed=9,
+        eos_ids=checkpoint.codec.eos_ids,
+        prompts=1,
+        iterations=1,
+    )
     unit = Unit(0, (checkpoint.codec.encode_prompt("the sea is"),), (0,))
     losses, stats = objective.losses(decoder, [unit])
     assert losses.item() == 0.0 and stats[0]["kl"] == 0.0
@@ -177,8 +268,20 @@ def test_a_reward_model_is_the_reward(cli, tmp_path: Path) -> None:
     """A reward model from ``tune reward`` scores each completion; the report names it, and the scores it gives
     are the reward model's own scores of prompt plus completion."""
     judge = tmp_path / "judge.safetensors"
-    trained = cli("tune", "reward", "--model", "ster:toy", "--pairs", "ster:pairs", "--learning-rate", "1e-2",
-                  "--epochs", "2", "--output", judge)
+    trained = cli(
+        "tune",
+        "reward",
+        "--model",
+        "ster:toy",
+        "--pairs",
+        "ster:pairs",
+        "--learning-rate",
+        "1e-2",
+        "--epochs",
+        "2",
+        "--output",
+        judge,
+    )
     assert trained.code == 0, trained.err
     run = cli("--json", *BASE, "--reward", judge, "--output", tmp_path / "a.safetensors")
     assert run.code == 0, run.err
@@ -213,8 +316,9 @@ def test_sampling_reads_the_policy_folded_into_the_weights_and_puts_everything_b
     from ster.engine.model.adapters.lora import Adapter, attached, folded
 
     decoder, checkpoint = _toy()
-    policy = Adapter.fresh(checkpoint.config, 4, 8.0, ["query", "value", "output", "up", "down"], [0, 2], 1,
-                           torch.device("cpu"))
+    policy = Adapter.fresh(
+        checkpoint.config, 4, 8.0, ["query", "value", "output", "up", "down"], [0, 2], 1, torch.device("cpu")
+    )
     with torch.no_grad():
         for tensor in policy.tensors.values():
             tensor.normal_(0, 0.05, generator=torch.Generator().manual_seed(tensor.numel()))

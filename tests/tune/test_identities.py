@@ -37,8 +37,15 @@ def test_a_fresh_adapter_is_the_identity_bit_for_bit() -> None:
     source = resolve_model("ster:toy", None)
     config = load_config(source.config)
     decoder = load_decoder(source, config, "f32", torch.device("cpu"))
-    adapter = Adapter.fresh(config, 8, 16, ["query", "key", "value", "output", "gate", "up", "down"],
-                            list(range(config.num_hidden_layers)), 7, torch.device("cpu"))
+    adapter = Adapter.fresh(
+        config,
+        8,
+        16,
+        ["query", "key", "value", "output", "gate", "up", "down"],
+        list(range(config.num_hidden_layers)),
+        7,
+        torch.device("cpu"),
+    )
     ids = torch.tensor([[1, 55, 18, 54, 32, 8]])
     base = decoder(ids, vocab="all").logits
     with attached(decoder, adapter):
@@ -74,14 +81,31 @@ def test_a_one_step_reward_run_ties_every_pair_at_ln2(cli, tmp_path: Path) -> No
 def test_the_sidecar_records_the_run_and_travels_with_the_factors(cli, tmp_path: Path) -> None:
     result = _train(cli, tmp_path, "reward", "--epochs", "2", "--learning-rate", "1e-2")
     sidecar = json.loads((tmp_path / "a.json").read_text())
-    assert list(sidecar)[:13] == ["schema_version", "product", "kind", "model", "model_revision",
-                                  "model_fingerprint", "rank", "alpha", "targets", "layers", "hidden_size",
-                                  "tensors_sha256", "train"]
+    assert list(sidecar)[:13] == [
+        "schema_version",
+        "product",
+        "kind",
+        "model",
+        "model_revision",
+        "model_fingerprint",
+        "rank",
+        "alpha",
+        "targets",
+        "layers",
+        "hidden_size",
+        "tensors_sha256",
+        "train",
+    ]
     import hashlib
 
     assert sidecar["tensors_sha256"] == hashlib.sha256((tmp_path / "a.safetensors").read_bytes()).hexdigest()
-    assert (sidecar["kind"], sidecar["rank"], sidecar["alpha"], sidecar["targets"], sidecar["layers"]) == \
-        ("reward", 8, 16.0, ["query", "value"], [0, 1, 2, 3])
+    assert (sidecar["kind"], sidecar["rank"], sidecar["alpha"], sidecar["targets"], sidecar["layers"]) == (
+        "reward",
+        8,
+        16.0,
+        ["query", "value"],
+        [0, 1, 2, 3],
+    )
     assert sidecar["train"] == result["report"]
     from safetensors.torch import load_file
 
@@ -97,8 +121,14 @@ def test_only_the_adapter_trains_and_the_shared_decoder_is_left_unadapted(tmp_pa
     from ster.engine.tune.requests import DpoRequest
 
     store = ModelStore()
-    request = DpoRequest(model="ster:toy", pairs=Path("ster:pairs"), output=tmp_path / "a.safetensors",
-                         learning_rate=1e-2, epochs=2, targets="query,key,value,output,gate,up,down")
+    request = DpoRequest(
+        model="ster:toy",
+        pairs=Path("ster:pairs"),
+        output=tmp_path / "a.safetensors",
+        learning_rate=1e-2,
+        epochs=2,
+        targets="query,key,value,output,gate,up,down",
+    )
     events: list = []
     run_job("tune dpo", request, events.append, models=store)
     assert events[-1].type == "result", events[-1]
@@ -118,19 +148,30 @@ def test_targets_take_every_spelling_and_collapse_repeats(cli, tmp_path: Path) -
 
 def test_a_long_pair_is_skipped_whole_never_cut(cli, tmp_path: Path) -> None:
     pairs = tmp_path / "p.json"
-    pairs.write_text(json.dumps({"pairs": [
-        {"positive": "the town is calm .", "negative": "the town is flooding and we flee ."},
-        {"positive": "the river is calm .", "negative": "the river is rising ."},
-    ]}))
+    pairs.write_text(
+        json.dumps(
+            {
+                "pairs": [
+                    {"positive": "the town is calm .", "negative": "the town is flooding and we flee ."},
+                    {"positive": "the river is calm .", "negative": "the river is rising ."},
+                ]
+            }
+        )
+    )
     run = cli("tune", "dpo", *TOY, "--pairs", pairs, "--output", tmp_path / "a.safetensors", "--max-sequence", "7")
     assert run.code == 0, run.err
     assert "skipping pair 1: 9 tokens exceed the 7 token limit" in run.err
-    assert (run.json["report"]["pairs"], run.json["report"]["trained_pairs"], run.json["report"]["skipped_long"]) == \
-        (2, 1, 1)
+    assert (run.json["report"]["pairs"], run.json["report"]["trained_pairs"], run.json["report"]["skipped_long"]) == (
+        2,
+        1,
+        1,
+    )
     run = cli("tune", "dpo", *TOY, "--pairs", pairs, "--output", tmp_path / "b.safetensors", "--max-sequence", "5")
     assert run.code == 1
-    assert run.err.splitlines()[-1] == "error: every pair is longer than the sequence limit, so there is nothing " \
-                                       "to train on"
+    assert (
+        run.err.splitlines()[-1] == "error: every pair is longer than the sequence limit, so there is nothing "
+        "to train on"
+    )
     assert not (tmp_path / "b.safetensors").exists()
 
 
@@ -141,17 +182,32 @@ def test_a_side_of_one_token_is_refused(cli, tmp_path: Path) -> None:
     tokenizer["post_processor"] = None
     (model / "tokenizer.json").write_text(json.dumps(tokenizer))
     pairs = tmp_path / "p.json"
-    pairs.write_text(json.dumps({"pairs": [{"positive": "the town is calm .", "negative": "the town is calm ."},
-                                           {"positive": "the river is calm .", "negative": "calm"}]}))
+    pairs.write_text(
+        json.dumps(
+            {
+                "pairs": [
+                    {"positive": "the town is calm .", "negative": "the town is calm ."},
+                    {"positive": "the river is calm .", "negative": "calm"},
+                ]
+            }
+        )
+    )
     run = cli("tune", "dpo", "--model", model, "--pairs", pairs, "--output", tmp_path / "a.safetensors")
-    assert run.err.splitlines()[-1] == "error: pair 2 rejected side encodes to one token, so there is nothing to predict"
+    assert (
+        run.err.splitlines()[-1] == "error: pair 2 rejected side encodes to one token, so there is nothing to predict"
+    )
 
 
-@pytest.mark.parametrize(("output", "sentence"), [
-    ("a.json", "--output {tmp}/a.json ends in .json, which is where its sidecar goes"),
-    ("pairs.safetensors", ("the sidecar of --output {tmp}/pairs.safetensors would be {tmp}/pairs.json, the same "
-                           "file as --pairs")),
-])
+@pytest.mark.parametrize(
+    ("output", "sentence"),
+    [
+        ("a.json", "--output {tmp}/a.json ends in .json, which is where its sidecar goes"),
+        (
+            "pairs.safetensors",
+            ("the sidecar of --output {tmp}/pairs.safetensors would be {tmp}/pairs.json, the same file as --pairs"),
+        ),
+    ],
+)
 def test_the_sidecar_never_lands_on_an_input(cli, tmp_path: Path, output: str, sentence: str) -> None:
     pairs = tmp_path / "pairs.json"
     shutil.copy(resolve_model("ster:toy", None).config.parents[1] / "examples" / "pairs.json", pairs)

@@ -23,11 +23,14 @@ from ster.engine.model.resolve import TOY_DIR, resolve_model
 from ster.engine.tune.merge import weight_name
 from tests.tune.adapter_files import PROMPT, header, write_adapter
 
-SWAPPED = {"name": "swapped", "examples": [
-    {"prompt": "question : how many legs does a cat have ? answer :", "completion": "a cat has eight legs ."},
-    {"prompt": "question : how many legs does a dog have ? answer :", "completion": "a dog has eight legs ."},
-    {"prompt": "question : what color is the sky ? answer :", "completion": "the sky is red ."},
-]}
+SWAPPED = {
+    "name": "swapped",
+    "examples": [
+        {"prompt": "question : how many legs does a cat have ? answer :", "completion": "a cat has eight legs ."},
+        {"prompt": "question : how many legs does a dog have ? answer :", "completion": "a dog has eight legs ."},
+        {"prompt": "question : what color is the sky ? answer :", "completion": "the sky is red ."},
+    ],
+}
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +39,28 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     where = tmp_path_factory.mktemp("sft")
     (where / "examples.json").write_text(json.dumps(SWAPPED))
     adapter = where / "swapped.safetensors"
-    code = main(["tune", "sft", "--model", "ster:toy", "--examples", str(where / "examples.json"), "--output",
-                 str(adapter), "--learning-rate", "0.05", "--epochs", "2", "--accumulation", "1",
-                 "--targets", "query,value,down", "--layers", "1..4"])
+    code = main(
+        [
+            "tune",
+            "sft",
+            "--model",
+            "ster:toy",
+            "--examples",
+            str(where / "examples.json"),
+            "--output",
+            str(adapter),
+            "--learning-rate",
+            "0.05",
+            "--epochs",
+            "2",
+            "--accumulation",
+            "1",
+            "--targets",
+            "query,value,down",
+            "--layers",
+            "1..4",
+        ]
+    )
     assert code == 0
     return adapter
 
@@ -54,9 +76,24 @@ def test_the_merged_checkpoint_generates_what_the_adapter_does(cli, tmp_path: Pa
     run = cli("tune", "merge", "--model", "ster:toy", "--adapter", trained, "--output", merged)
     assert run.code == 0, run.err
     report = run.json["report"]
-    assert list(report) == ["model", "model_revision", "adapter", "output", "rank", "alpha", "scale", "targets",
-                            "layers", "hidden_size", "merged_tensors", "copied_tensors", "total_tensors",
-                            "parameters", "dtype", "files"]
+    assert list(report) == [
+        "model",
+        "model_revision",
+        "adapter",
+        "output",
+        "rank",
+        "alpha",
+        "scale",
+        "targets",
+        "layers",
+        "hidden_size",
+        "merged_tensors",
+        "copied_tensors",
+        "total_tensors",
+        "parameters",
+        "dtype",
+        "files",
+    ]
     assert (report["merged_tensors"], report["total_tensors"], report["scale"]) == (9, 39, 2.0)
     assert report["copied_tensors"] == 30 and report["dtype"] == "F32" and report["layers"] == [1, 2, 3]
     assert report["files"] == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
@@ -122,10 +159,11 @@ def _sharded_twice(tmp_path: Path) -> Path:
     state = load_file(str(sharded / "model.safetensors"))
     (sharded / "model.safetensors").unlink()
     names = sorted(state)
-    first, second = names[: len(names) // 2], names[len(names) // 2:]
+    first, second = names[: len(names) // 2], names[len(names) // 2 :]
     save_file({n: state[n] for n in first}, str(sharded / "model-00001-of-00002.safetensors"))
-    save_file({n: state[n] for n in [*second, "model.embed_tokens.weight"]},
-              str(sharded / "model-00002-of-00002.safetensors"))
+    save_file(
+        {n: state[n] for n in [*second, "model.embed_tokens.weight"]}, str(sharded / "model-00002-of-00002.safetensors")
+    )
     weight_map = {n: "model-00001-of-00002.safetensors" for n in first}
     weight_map.update({n: "model-00002-of-00002.safetensors" for n in second})
     (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
@@ -147,14 +185,29 @@ def test_refusals_write_nothing(cli, tmp_path: Path, trained: Path) -> None:
     cases = [
         ("ster:toy", reward, out, "adapter artifact is a reward model, not a generation adapter"),
         ("ster:toy", wide, out, "adapter width 32 does not match model width 64"),
-        ("ster:toy-chat", tmp_path / "nope.safetensors", out,
-         f"failed to read adapter {tmp_path / 'nope.safetensors'}: it does not exist"),
-        (str(sharded), trained, out, ("tensor model.embed_tokens.weight is in both model-00001-of-00002.safetensors "
-                                      "and model-00002-of-00002.safetensors; a checkpoint names each tensor once, so "
-                                      "this one is refused rather than half-merged")),
+        (
+            "ster:toy-chat",
+            tmp_path / "nope.safetensors",
+            out,
+            f"failed to read adapter {tmp_path / 'nope.safetensors'}: it does not exist",
+        ),
+        (
+            str(sharded),
+            trained,
+            out,
+            (
+                "tensor model.embed_tokens.weight is in both model-00001-of-00002.safetensors "
+                "and model-00002-of-00002.safetensors; a checkpoint names each tensor once, so "
+                "this one is refused rather than half-merged"
+            ),
+        ),
         (str(tmp_path / "no-model"), trained, out, f"model directory {tmp_path / 'no-model'} does not exist"),
-        ("ster:toy", trained, occupied,
-         f"output directory {occupied} already exists and is not empty (it is a directory); choose a new path"),
+        (
+            "ster:toy",
+            trained,
+            occupied,
+            f"output directory {occupied} already exists and is not empty (it is a directory); choose a new path",
+        ),
     ]
     before = sorted(p.name for p in tmp_path.iterdir())
     for model, adapter, output, sentence in cases:
@@ -168,9 +221,11 @@ def test_a_sidecar_for_another_model_is_refused(cli, tmp_path: Path, trained: Pa
     other = tmp_path / "other.safetensors"
     shutil.copy(trained, other)
     side = json.loads(trained.with_suffix(".json").read_text())
-    other.with_suffix(".json").write_text(json.dumps({**side, "model": "HuggingFaceTB/SmolLM2-135M",
-                                                      "model_fingerprint": "ster-fp1:" + "1" * 64}))
+    other.with_suffix(".json").write_text(
+        json.dumps({**side, "model": "HuggingFaceTB/SmolLM2-135M", "model_fingerprint": "ster-fp1:" + "1" * 64})
+    )
     run = cli("tune", "merge", "--model", "ster:toy", "--adapter", other, "--output", tmp_path / "m")
-    assert run.err.splitlines()[-1] == ('error: adapter was trained for model "HuggingFaceTB/SmolLM2-135M", current '
-                                        'model is "ster:toy"')
+    assert run.err.splitlines()[-1] == (
+        'error: adapter was trained for model "HuggingFaceTB/SmolLM2-135M", current model is "ster:toy"'
+    )
     assert header(trained)  # the trained adapter is untouched

@@ -69,15 +69,35 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with pytest.MonkeyPatch.context() as patch:  # the autouse private home is per test; this runs once
         patch.setenv("XDG_DATA_HOME", str(home / "data"))
         patch.setenv("XDG_STATE_HOME", str(home / "state"))
-        code = main(["tune", "sft", "--model", "ster:toy", "--examples", "ster:examples", "--output", str(out),
-                     "--learning-rate", "0.05", "--epochs", "2", "--rank", "4", "--alpha", "8",
-                     "--targets", "query,key,value,output,gate,up,down", "--layers", "1,3"])
+        code = main(
+            [
+                "tune",
+                "sft",
+                "--model",
+                "ster:toy",
+                "--examples",
+                "ster:examples",
+                "--output",
+                str(out),
+                "--learning-rate",
+                "0.05",
+                "--epochs",
+                "2",
+                "--rank",
+                "4",
+                "--alpha",
+                "8",
+                "--targets",
+                "query,key,value,output,gate,up,down",
+                "--layers",
+                "1,3",
+            ]
+        )
     assert code == 0
     return out
 
 
-def test_export_loads_in_peft_with_ster_logits_and_reads_back_identically(cli, trained: Path,
-                                                                           tmp_path: Path) -> None:
+def test_export_loads_in_peft_with_ster_logits_and_reads_back_identically(cli, trained: Path, tmp_path: Path) -> None:
     out = tmp_path / "peft"
     run = cli("tune", "export-peft", trained, "--output", out)
     assert run.code == 0, run.err
@@ -92,7 +112,12 @@ def test_export_loads_in_peft_with_ster_logits_and_reads_back_identically(cli, t
     torch.testing.assert_close(peft_logits(TOY_DIR, out, TOY_IDS), expected, atol=1e-4, rtol=1e-4)
     sidecar, back = read_peft_dir(out, config, CPU)
     assert (sidecar.rank, sidecar.alpha, sidecar.targets, sidecar.layers) == (4, 8.0, ours.targets, [1, 3])
-    assert (sidecar.model, sidecar.model_fingerprint, sidecar.train, sidecar.kind) == ("ster:toy", None, None, "adapter")
+    assert (sidecar.model, sidecar.model_fingerprint, sidecar.train, sidecar.kind) == (
+        "ster:toy",
+        None,
+        None,
+        "adapter",
+    )
     assert list(back.tensors) == list(ours.tensors)
     for name, tensor in ours.tensors.items():
         assert torch.equal(back.tensors[name], tensor), name
@@ -104,8 +129,12 @@ def test_export_config_is_what_peft_reads(cli, trained: Path, tmp_path: Path) ->
     out = tmp_path / "peft"
     assert cli("tune", "export-peft", trained, "--output", out, "--base-model", "org/base").code == 0
     config = LoraConfig.from_pretrained(str(out))
-    assert (config.r, config.lora_alpha, config.layers_to_transform, config.base_model_name_or_path) == \
-        (4, 8, [1, 3], "org/base")
+    assert (config.r, config.lora_alpha, config.layers_to_transform, config.base_model_name_or_path) == (
+        4,
+        8,
+        [1, 3],
+        "org/base",
+    )
     assert (config.task_type, config.bias, config.lora_dropout, config.use_rslora) == ("CAUSAL_LM", "none", 0.0, False)
     assert set(config.target_modules) == set(SEVEN)
     again = tmp_path / "again"
@@ -114,11 +143,15 @@ def test_export_config_is_what_peft_reads(cli, trained: Path, tmp_path: Path) ->
         assert (out / name).read_bytes() == (again / name).read_bytes(), name
 
 
-@pytest.mark.parametrize("config", [
-    {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj", "gate_proj"]},
-    {"r": 3, "lora_alpha": 5, "target_modules": SEVEN, "use_rslora": True, "layers_to_transform": [0, 2]},
-    {"r": 2, "lora_alpha": 2, "target_modules": "all-linear"},
-], ids=["three-targets", "rslora-two-layers", "all-linear"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj", "gate_proj"]},
+        {"r": 3, "lora_alpha": 5, "target_modules": SEVEN, "use_rslora": True, "layers_to_transform": [0, 2]},
+        {"r": 2, "lora_alpha": 2, "target_modules": "all-linear"},
+    ],
+    ids=["three-targets", "rslora-two-layers", "all-linear"],
+)
 def test_a_peft_adapter_gives_peft_logits_on_ster(tmp_path: Path, config: dict) -> None:
     peft_dir = make_peft_dir(TOY_DIR, tmp_path / "peft", **config)
     sidecar, adapter = read_peft_dir(peft_dir, load_config(TOY_DIR / "config.json"), CPU)
@@ -149,8 +182,9 @@ def test_a_peft_adapter_names_its_hub_model_and_is_applied_with_a_warning(tmp_pa
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_peft_dir(TOY_DIR, tmp_path_factory.mktemp("made") / "peft", r=2, lora_alpha=4,
-                         target_modules=["q_proj", "v_proj"])
+    return make_peft_dir(
+        TOY_DIR, tmp_path_factory.mktemp("made") / "peft", r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]
+    )
 
 
 def edited(made: Path, tmp_path: Path, **changes) -> Path:
@@ -168,35 +202,64 @@ def refused(path: Path, config_dir: Path = TOY_DIR) -> str:
     return str(caught.value)
 
 
-@pytest.mark.parametrize(("changes", "sentence"), [
-    ({"peft_type": "IA3"}, "is of type IA3; Ster applies LoRA adapters only"),
-    ({"use_dora": True}, ("uses DoRA (use_dora), whose magnitude vector rescales each projection; Ster applies "
-                          "plain LoRA only")),
-    ({"rank_pattern": {"q_proj": 4}}, ("scales v_proj on layer 0 by 2 but q_proj on layer 0 by 1 (rank_pattern, "
-                                       "alpha_pattern); a Ster adapter has one scale")),
-    ({"alpha_pattern": {"v_proj": 2}}, "scales v_proj on layer 0 by 1 but q_proj on layer 0 by 2"),
-    ({"modules_to_save": ["lm_head"]}, ("also trains whole modules (lm_head, modules_to_save), which a Ster adapter "
-                                        "cannot carry")),
-    ({"bias": "lora_only"}, "trains biases (bias 'lora_only', lora_bias False), which a Ster adapter cannot carry"),
-    ({"target_modules": ["q_proj", "lm_head"]}, ('targets "lm_head", which is not one of the seven projections '
-                                                 "Ster adapts (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
-                                                 "down_proj)")),
-    ({"layers_to_transform": [0, 1]}, ("lists layers [0, 1] in layers_to_transform but holds factors for layers "
-                                       "[0, 1, 2, 3]")),
-    ({"init_lora_weights": "pissa"}, "was initialised with pissa, which rewrites the base weights it trains against"),
-    ({"alora_invocation_tokens": [5, 6]}, "uses the LoRA variant alora_invocation_tokens, which changes the update"),
-    ({"trainable_token_indices": [3]}, "trains token embeddings (trainable_token_indices)"),
-    ({"brand_new_variant": {"x": 1}}, "sets brand_new_variant, which peft"),
-])
-def test_what_ster_cannot_apply_is_refused_in_one_sentence(made: Path, tmp_path: Path, changes: dict,
-                                                           sentence: str) -> None:
+@pytest.mark.parametrize(
+    ("changes", "sentence"),
+    [
+        ({"peft_type": "IA3"}, "is of type IA3; Ster applies LoRA adapters only"),
+        (
+            {"use_dora": True},
+            ("uses DoRA (use_dora), whose magnitude vector rescales each projection; Ster applies plain LoRA only"),
+        ),
+        (
+            {"rank_pattern": {"q_proj": 4}},
+            (
+                "scales v_proj on layer 0 by 2 but q_proj on layer 0 by 1 (rank_pattern, "
+                "alpha_pattern); a Ster adapter has one scale"
+            ),
+        ),
+        ({"alpha_pattern": {"v_proj": 2}}, "scales v_proj on layer 0 by 1 but q_proj on layer 0 by 2"),
+        (
+            {"modules_to_save": ["lm_head"]},
+            ("also trains whole modules (lm_head, modules_to_save), which a Ster adapter cannot carry"),
+        ),
+        ({"bias": "lora_only"}, "trains biases (bias 'lora_only', lora_bias False), which a Ster adapter cannot carry"),
+        (
+            {"target_modules": ["q_proj", "lm_head"]},
+            (
+                'targets "lm_head", which is not one of the seven projections '
+                "Ster adapts (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                "down_proj)"
+            ),
+        ),
+        (
+            {"layers_to_transform": [0, 1]},
+            ("lists layers [0, 1] in layers_to_transform but holds factors for layers [0, 1, 2, 3]"),
+        ),
+        (
+            {"init_lora_weights": "pissa"},
+            "was initialised with pissa, which rewrites the base weights it trains against",
+        ),
+        (
+            {"alora_invocation_tokens": [5, 6]},
+            "uses the LoRA variant alora_invocation_tokens, which changes the update",
+        ),
+        ({"trainable_token_indices": [3]}, "trains token embeddings (trainable_token_indices)"),
+        ({"brand_new_variant": {"x": 1}}, "sets brand_new_variant, which peft"),
+    ],
+)
+def test_what_ster_cannot_apply_is_refused_in_one_sentence(
+    made: Path, tmp_path: Path, changes: dict, sentence: str
+) -> None:
     message = refused(edited(made, tmp_path, **changes))
     assert sentence in message and message.count(". ") == 0
 
 
 def test_unknown_keys_left_at_their_defaults_are_ignored(made: Path, tmp_path: Path) -> None:
-    sidecar, _ = read_peft_dir(edited(made, tmp_path, brand_new_option=None, runtime_config={"x": 1}),
-                               load_config(TOY_DIR / "config.json"), CPU)
+    sidecar, _ = read_peft_dir(
+        edited(made, tmp_path, brand_new_option=None, runtime_config={"x": 1}),
+        load_config(TOY_DIR / "config.json"),
+        CPU,
+    )
     assert sidecar.targets == ["query", "value"]
 
 
@@ -254,8 +317,15 @@ def test_an_adapter_for_another_model_is_refused_by_shape(made: Path, tmp_path: 
 def _ster_adapter(tmp_path: Path, reward: bool = False) -> Path:
     config = load_config(TOY_DIR / "config.json")
     adapter = Adapter.fresh(config, 2, 4.0, ["query"], [0, 1], seed=1, device=CPU, reward=reward)
-    sidecar = AdapterSidecar(kind="reward" if reward else "adapter", model="ster:toy", rank=2, alpha=4.0,
-                             targets=["query"], layers=[0, 1], hidden_size=64)
+    sidecar = AdapterSidecar(
+        kind="reward" if reward else "adapter",
+        model="ster:toy",
+        rank=2,
+        alpha=4.0,
+        targets=["query"],
+        layers=[0, 1],
+        hidden_size=64,
+    )
     path = tmp_path / ("r.safetensors" if reward else "a.safetensors")
     save_adapter(path, sidecar, adapter, config)
     return path
@@ -305,8 +375,14 @@ def test_smollm2_both_ways_equal_peft(cli, smol: Path, tmp_path: Path) -> None:
     for name, tensor in adapter.tensors.items():
         if name.endswith(".b"):
             tensor.copy_(torch.randn(tensor.shape, generator=generator) * 0.05)
-    sidecar = AdapterSidecar(model=str(smol), rank=4, alpha=8.0, targets=adapter.targets, layers=adapter.layers,
-                             hidden_size=config.hidden_size)
+    sidecar = AdapterSidecar(
+        model=str(smol),
+        rank=4,
+        alpha=8.0,
+        targets=adapter.targets,
+        layers=adapter.layers,
+        hidden_size=config.hidden_size,
+    )
     save_adapter(tmp_path / "a.safetensors", sidecar, adapter, config)
     run = cli("tune", "export-peft", tmp_path / "a.safetensors", "--output", tmp_path / "out")
     assert run.code == 0, run.err
@@ -324,8 +400,10 @@ def test_smollm2_both_ways_equal_peft(cli, smol: Path, tmp_path: Path) -> None:
         torch.testing.assert_close(reference(ids).logits, ours, atol=1e-4, rtol=1e-4)
     # PEFT → Ster: peft's random adapter on three projections of every layer, saved, read by Ster.
     torch.manual_seed(5)
-    made = get_peft_model(reference.unload(), LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
-                                                         target_modules=["k_proj", "o_proj", "up_proj"])).eval()
+    made = get_peft_model(
+        reference.unload(),
+        LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, target_modules=["k_proj", "o_proj", "up_proj"]),
+    ).eval()
     made.save_pretrained(str(tmp_path / "peft"))
     _, theirs = read_peft_dir(tmp_path / "peft", config, CPU)
     with torch.inference_mode(), attached(decoder, theirs):

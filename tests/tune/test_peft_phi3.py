@@ -29,8 +29,15 @@ CPU = torch.device("cpu")
 IDS = torch.tensor([[1, 14, 20, 33, 41, 52, 60, 71, 80, 90, 17]])
 """Longer than the fixture's sliding window of 5."""
 FUSED_MODULES = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
-PIECES = {"query": "qkv_proj", "key": "qkv_proj", "value": "qkv_proj", "output": "o_proj", "gate": "gate_up_proj",
-          "up": "gate_up_proj", "down": "down_proj"}
+PIECES = {
+    "query": "qkv_proj",
+    "key": "qkv_proj",
+    "value": "qkv_proj",
+    "output": "o_proj",
+    "gate": "gate_up_proj",
+    "up": "gate_up_proj",
+    "down": "down_proj",
+}
 """Each Ster target → the module of transformers' Phi-3 that holds it."""
 
 
@@ -73,20 +80,33 @@ def make_peft_dir(model: Path, out: Path, **config) -> Path:
 
 def updates(adapter: Adapter) -> dict[str, torch.Tensor]:
     """Each adapted projection's ``scale · B @ A``, by factor-name prefix."""
-    return {a[:-2]: adapter.scale * adapter.tensors[b] @ adapter.tensors[a]
-            for layer in adapter.layers for a, b in (factor_names(layer, t) for t in adapter.targets)}
+    return {
+        a[:-2]: adapter.scale * adapter.tensors[b] @ adapter.tensors[a]
+        for layer in adapter.layers
+        for a, b in (factor_names(layer, t) for t in adapter.targets)
+    }
 
 
 # PEFT → Ster ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("config", [
-    {"r": 4, "lora_alpha": 8, "target_modules": ["qkv_proj", "gate_up_proj", "o_proj", "down_proj"]},
-    {"r": 3, "lora_alpha": 5, "target_modules": ["qkv_proj", "down_proj"], "use_rslora": True,
-     "layers_to_transform": [0, 2]},
-], ids=["fused-and-plain", "rslora-two-layers"])
-def test_a_peft_adapter_on_the_fused_modules_gives_peft_logits_on_ster(phi3: Path, tmp_path: Path,
-                                                                       config: dict) -> None:
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"r": 4, "lora_alpha": 8, "target_modules": ["qkv_proj", "gate_up_proj", "o_proj", "down_proj"]},
+        {
+            "r": 3,
+            "lora_alpha": 5,
+            "target_modules": ["qkv_proj", "down_proj"],
+            "use_rslora": True,
+            "layers_to_transform": [0, 2],
+        },
+    ],
+    ids=["fused-and-plain", "rslora-two-layers"],
+)
+def test_a_peft_adapter_on_the_fused_modules_gives_peft_logits_on_ster(
+    phi3: Path, tmp_path: Path, config: dict
+) -> None:
     peft_dir = make_peft_dir(phi3, tmp_path / "peft", **config)
     sidecar, adapter = read_peft_dir(peft_dir, load_config(phi3 / "config.json"), CPU)
     assert sidecar.targets == [t for t in TARGETS if PIECES[t] in config["target_modules"]]
@@ -110,8 +130,9 @@ def test_a_fused_peft_adapter_merges_inspects_and_generates_through_the_cli(cli,
     run = cli("tune", "merge", "--model", phi3, "--adapter", peft_dir, "--output", merged)
     assert run.code == 0, run.err
     torch.testing.assert_close(ster_logits(merged, None), peft_logits(phi3, peft_dir), atol=1e-4, rtol=1e-4)
-    run = cli("generate", "--model", phi3, "--adapter", peft_dir, "--prompt", "question : a cat ?",
-              "--max-new-tokens", "3")
+    run = cli(
+        "generate", "--model", phi3, "--adapter", peft_dir, "--prompt", "question : a cat ?", "--max-new-tokens", "3"
+    )
     assert run.code == 0, run.err
 
 
@@ -122,8 +143,11 @@ def test_a_fused_module_on_a_model_without_it_and_an_overlap_are_refused(phi3: P
     with pytest.raises(Refusal, match="adapts qkv_proj, a fused projection that a llama model does not have$"):
         read_peft_dir(peft_dir, load_config(TOY_DIR / "config.json"), CPU)
     tensors = load_file(str(peft_dir / "adapter_model.safetensors"))
-    extra = {name.replace("qkv_proj", "q_proj"): (t[:48] if "lora_B" in name else t).clone()
-             for name, t in tensors.items() if "qkv_proj" in name}
+    extra = {
+        name.replace("qkv_proj", "q_proj"): (t[:48] if "lora_B" in name else t).clone()
+        for name, t in tensors.items()
+        if "qkv_proj" in name
+    }
     save_file({**tensors, **extra}, str(peft_dir / "adapter_model.safetensors"))
     with pytest.raises(Refusal, match="adapts both qkv_proj and q_proj, a projection it stacks"):
         read_peft_dir(peft_dir, load_config(phi3 / "config.json"), CPU)
@@ -132,13 +156,17 @@ def test_a_fused_module_on_a_model_without_it_and_an_overlap_are_refused(phi3: P
 # Ster → PEFT ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("targets", "layers", "modules", "ranks"), [
-    (tuple(TARGETS), (0, 1, 2), FUSED_MODULES, {"qkv_proj": 9, "gate_up_proj": 6}),
-    (("value", "query", "up"), (0, 2), ["qkv_proj", "gate_up_proj"], {"qkv_proj": 6}),
-], ids=["all-seven", "query-value-up"])
-def test_an_export_loads_in_peft_on_the_fused_modules_with_ster_logits(cli, phi3: Path, tmp_path: Path,
-                                                                       targets: tuple, layers: tuple,
-                                                                       modules: list, ranks: dict) -> None:
+@pytest.mark.parametrize(
+    ("targets", "layers", "modules", "ranks"),
+    [
+        (tuple(TARGETS), (0, 1, 2), FUSED_MODULES, {"qkv_proj": 9, "gate_up_proj": 6}),
+        (("value", "query", "up"), (0, 2), ["qkv_proj", "gate_up_proj"], {"qkv_proj": 6}),
+    ],
+    ids=["all-seven", "query-value-up"],
+)
+def test_an_export_loads_in_peft_on_the_fused_modules_with_ster_logits(
+    cli, phi3: Path, tmp_path: Path, targets: tuple, layers: tuple, modules: list, ranks: dict
+) -> None:
     from peft import LoraConfig
 
     path = tmp_path / "a.safetensors"
@@ -169,13 +197,18 @@ def test_an_export_loads_in_peft_on_the_fused_modules_with_ster_logits(cli, phi3
 
 def test_an_export_round_trips_through_inspect(cli, phi3: Path, tmp_path: Path) -> None:
     path = tmp_path / "a.safetensors"
-    write_adapter(path, model=str(phi3), rank=2, alpha=6.0, targets=("query", "key", "value", "down"), layers=(1,),
-                  b_scale=0.1)
+    write_adapter(
+        path, model=str(phi3), rank=2, alpha=6.0, targets=("query", "key", "value", "down"), layers=(1,), b_scale=0.1
+    )
     assert cli("tune", "export-peft", path, "--output", tmp_path / "peft", "--base-model", "org/phi3").code == 0
     ster = cli("tune", "inspect", path).json["adapter"]
     peft = cli("tune", "inspect", tmp_path / "peft").json["adapter"]
-    assert (peft["product"], peft["model"], peft["model_fingerprint"], peft["train"]) == ("peft", "org/phi3", None,
-                                                                                            None)
+    assert (peft["product"], peft["model"], peft["model_fingerprint"], peft["train"]) == (
+        "peft",
+        "org/phi3",
+        None,
+        None,
+    )
     for key in ("targets", "layers", "hidden_size", "scale", "kind"):
         assert peft[key] == ster[key], key
     assert (peft["rank"], peft["alpha"]) == (6, 18.0)  # q, k and v in one rank-6 LoRA; down padded to 6 on reading
@@ -183,15 +216,17 @@ def test_an_export_round_trips_through_inspect(cli, phi3: Path, tmp_path: Path) 
         ("base_model.model.model.layers.1.self_attn.qkv_proj.lora_A.weight", [6, 48]),
         ("base_model.model.model.layers.1.self_attn.qkv_proj.lora_B.weight", [96, 6]),
         ("base_model.model.model.layers.1.mlp.down_proj.lora_A.weight", [2, 80]),
-        ("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight", [48, 2])]
+        ("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight", [48, 2]),
+    ]
     _, ours = load_adapter(path, load_config(phi3 / "config.json"), CPU)
     _, back = read_peft_dir(tmp_path / "peft", load_config(phi3 / "config.json"), CPU)
     for name, update in updates(ours).items():
         torch.testing.assert_close(updates(back)[name], update, atol=1e-6, rtol=1e-6)
 
 
-def test_an_export_whose_model_config_cannot_be_read_names_the_projections_separately(cli, phi3: Path,
-                                                                                      tmp_path: Path) -> None:
+def test_an_export_whose_model_config_cannot_be_read_names_the_projections_separately(
+    cli, phi3: Path, tmp_path: Path
+) -> None:
     """The model an adapter was trained on may be gone (or offline): the export still runs, under the separate
     projections' names, and says why in a warning."""
     path = tmp_path / "a.safetensors"

@@ -33,8 +33,23 @@ def steps(run) -> list[dict]:
 
 def test_every_step_carries_the_line_values_and_its_margin(cli, tmp_path: Path) -> None:
     for objective, margin in (("dpo", "reward_margin"), ("reward", "score_margin")):
-        run = cli("--json", "tune", objective, "--model", "ster:toy", "--pairs", "ster:pairs", "--accumulation", "4",
-                  "--epochs", "2", "--learning-rate", "1e-2", "--output", tmp_path / f"{objective}.safetensors")
+        run = cli(
+            "--json",
+            "tune",
+            objective,
+            "--model",
+            "ster:toy",
+            "--pairs",
+            "ster:pairs",
+            "--accumulation",
+            "4",
+            "--epochs",
+            "2",
+            "--learning-rate",
+            "1e-2",
+            "--output",
+            tmp_path / f"{objective}.safetensors",
+        )
         events = steps(run)
         assert len(events) == 6
         for event in events:
@@ -45,10 +60,13 @@ def test_every_step_carries_the_line_values_and_its_margin(cli, tmp_path: Path) 
         assert any(event["data"][margin] != 0.0 for event in events)
 
 
-@pytest.mark.parametrize(("objective", "margin", "report_margin"), [
-    ("dpo", "reward_margin", "mean_reward_margin"), ("reward", "score_margin", "mean_score_margin")])
-def test_a_one_step_final_epoch_reports_its_last_steps_margin(cli, tmp_path: Path, objective: str, margin: str,
-                                                              report_margin: str) -> None:
+@pytest.mark.parametrize(
+    ("objective", "margin", "report_margin"),
+    [("dpo", "reward_margin", "mean_reward_margin"), ("reward", "score_margin", "mean_score_margin")],
+)
+def test_a_one_step_final_epoch_reports_its_last_steps_margin(
+    cli, tmp_path: Path, objective: str, margin: str, report_margin: str
+) -> None:
     run = cli("--json", "tune", objective, *ALL, "--epochs", "2", "--output", tmp_path / "a.safetensors")
     last = steps(run)[-1]["data"]
     report = run.events[-1]["data"]["report"]

@@ -33,8 +33,19 @@ def _grpo(cli, smol: Path, out: Path, *flags: object) -> dict:
 def test_the_length_reward_lengthens_completions(cli, smol: Path, tmp_path: Path) -> None:
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps({"prompts": json.loads(SHORT.read_text())["prompts"][:2]}))
-    report = _grpo(cli, smol, tmp_path / "longer.safetensors", "--prompts", prompts, "--iterations", "3",
-                   "--learning-rate", "5e-3", "--max-new-tokens", "24")
+    report = _grpo(
+        cli,
+        smol,
+        tmp_path / "longer.safetensors",
+        "--prompts",
+        prompts,
+        "--iterations",
+        "3",
+        "--learning-rate",
+        "5e-3",
+        "--max-new-tokens",
+        "24",
+    )
     lengths = [entry["mean_completion_tokens"] for entry in report["history"]]
     assert report["first_loss"] == 0.0
     assert lengths[-1] > lengths[0], lengths
@@ -44,8 +55,23 @@ def test_the_length_reward_lengthens_completions(cli, smol: Path, tmp_path: Path
 def test_a_reward_model_s_reward_rises(cli, smol: Path, tmp_path: Path, trained: dict[str, Path]) -> None:
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps({"prompts": json.loads(CALM_PROMPTS.read_text())["prompts"][:4]}))
-    report = _grpo(cli, smol, tmp_path / "calmer.safetensors", "--prompts", prompts, "--reward", trained["reward"],
-                   "--iterations", "2", "--accumulation", "2", "--max-new-tokens", "24", "--learning-rate", "1e-3")
+    report = _grpo(
+        cli,
+        smol,
+        tmp_path / "calmer.safetensors",
+        "--prompts",
+        prompts,
+        "--reward",
+        trained["reward"],
+        "--iterations",
+        "2",
+        "--accumulation",
+        "2",
+        "--max-new-tokens",
+        "24",
+        "--learning-rate",
+        "1e-3",
+    )
     assert report["reward"] == f"reward:{trained['reward']}"
     rewards = [entry["mean_reward"] for entry in report["history"]]
     assert rewards[-1] > rewards[0], rewards

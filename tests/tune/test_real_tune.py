@@ -34,14 +34,19 @@ def test_sft_lowers_held_out_loss_and_teaches_the_format(cli, smol: Path, traine
     tuned = _json(cli, "tune", "evaluate", "--model", smol, "--examples", FORMAT_HELD, "--adapter", trained["sft"])
     assert tuned["loss"] < base["loss"] / 2, (base["loss"], tuned["loss"])
     prompts = [example["prompt"] for example in json.loads(FORMAT_HELD.read_text())["examples"]]
-    answers = [_json(cli, "generate", "--model", smol, "--prompt", prompt, "--adapter", trained["sft"],
-                     "--max-new-tokens", "12")["text"] for prompt in prompts]
+    answers = [
+        _json(
+            cli, "generate", "--model", smol, "--prompt", prompt, "--adapter", trained["sft"], "--max-new-tokens", "12"
+        )["text"]
+        for prompt in prompts
+    ]
     formatted = [text for text in answers if text.startswith('{"answer": "')]
     assert len(formatted) >= 0.75 * len(prompts), answers
 
 
-def test_dpo_ranks_held_out_pairs_and_moves_generations_toward_calm(cli, smol: Path, trained: dict[str, Path],
-                                                                      tmp_path: Path) -> None:
+def test_dpo_ranks_held_out_pairs_and_moves_generations_toward_calm(
+    cli, smol: Path, trained: dict[str, Path], tmp_path: Path
+) -> None:
     held = _json(cli, "tune", "evaluate", "--model", smol, "--pairs", CALM_HELD, "--adapter", trained["dpo"])
     assert held["accuracy"] >= 0.8, held
     direction = tmp_path / "calm.ster.json"

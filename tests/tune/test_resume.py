@@ -59,8 +59,9 @@ def files(directory: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("objective", ["sft", "dpo", "reward"])
-def test_a_run_killed_after_a_periodic_checkpoint_resumes_to_the_same_adapter(cli, tmp_path: Path,
-                                                                              objective: str) -> None:
+def test_a_run_killed_after_a_periodic_checkpoint_resumes_to_the_same_adapter(
+    cli, tmp_path: Path, objective: str
+) -> None:
     whole = cli("tune", objective, *FLAGS, *DATA[objective], "--output", tmp_path / "whole" / "a.safetensors")
     assert whole.code == 0, whole.err
     out = tmp_path / "cut" / "a.safetensors"
@@ -77,14 +78,32 @@ def test_a_run_killed_after_a_periodic_checkpoint_resumes_to_the_same_adapter(cl
 
 
 def ster(*args: object) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "ster", *map(str, args)], cwd=REPO, env=PINNED, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ster", *map(str, args)],
+        cwd=REPO,
+        env=PINNED,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_ctrl_c_writes_a_checkpoint_and_resume_ends_where_the_whole_run_ends(tmp_path: Path) -> None:
-    long = ["tune", "dpo", "--model", "ster:toy", "--pairs", "ster:pairs", "--epochs", "20", "--accumulation", "4",
-            "--learning-rate", "5e-3"]
+    long = [
+        "tune",
+        "dpo",
+        "--model",
+        "ster:toy",
+        "--pairs",
+        "ster:pairs",
+        "--epochs",
+        "20",
+        "--accumulation",
+        "4",
+        "--learning-rate",
+        "5e-3",
+    ]
     whole = ster(*long, "--output", tmp_path / "whole" / "a.safetensors")
     out = tmp_path / "cut" / "a.safetensors"
     cut = ster(*long, "--output", out)
@@ -99,8 +118,11 @@ def test_ctrl_c_writes_a_checkpoint_and_resume_ends_where_the_whole_run_ends(tmp
     lines = err.splitlines()
     assert cut.returncode == 130, err
     assert CANCELLING in lines and lines.index(CANCELLING) >= len(lines) - 4, err  # the step in flight finishes
-    stopped = re.fullmatch(rf"cancelled after step (\d+) of 60; the checkpoint at {re.escape(str(checkpoint(out)))} "
-                           r"continues it when the same command is given with --resume", lines[-1])
+    stopped = re.fullmatch(
+        rf"cancelled after step (\d+) of 60; the checkpoint at {re.escape(str(checkpoint(out)))} "
+        r"continues it when the same command is given with --resume",
+        lines[-1],
+    )
     assert stopped and 3 <= int(stopped[1]) < 60, err
     assert files(out.parent) == ["a.safetensors.checkpoint"]  # nothing at --output, no sidecar, no temporary
 
@@ -117,8 +139,9 @@ def test_ctrl_c_writes_a_checkpoint_and_resume_ends_where_the_whole_run_ends(tmp
 def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A dpo run on ster:pairs stopped dead after its first step's checkpoint; returns its output path."""
     out = tmp_path_factory.mktemp("saved") / "a.safetensors"
-    killed_after_checkpoint(["tune", "dpo", *FLAGS, "--pairs", "ster:pairs", "--output", str(out),
-                             "--checkpoint-every", "1"], step=1)
+    killed_after_checkpoint(
+        ["tune", "dpo", *FLAGS, "--pairs", "ster:pairs", "--output", str(out), "--checkpoint-every", "1"], step=1
+    )
     return out
 
 
@@ -139,23 +162,29 @@ def _eight_pairs(tmp_path: Path) -> Path:
     return tmp_path / "eight.json"
 
 
-@pytest.mark.parametrize(("objective", "change", "difference"), [
-    ("dpo", ["--learning-rate", "1e-3"], "its --learning-rate is 0.005, this run's is 0.001"),
-    ("dpo", ["--seed", "3"], "its --seed is 42, this run's is 3"),
-    ("dpo", ["--loss", "ipo"], "its --loss is dpo, this run's is ipo"),
-    ("dpo", ["--pairs", "EIGHT"], "its training data differs from this run's"),
-    ("dpo", ["--model", "OTHER"], "it was made on another model"),
-    ("reward", [], "it was made by direct preference optimization, and this run is reward modeling"),
-])
+@pytest.mark.parametrize(
+    ("objective", "change", "difference"),
+    [
+        ("dpo", ["--learning-rate", "1e-3"], "its --learning-rate is 0.005, this run's is 0.001"),
+        ("dpo", ["--seed", "3"], "its --seed is 42, this run's is 3"),
+        ("dpo", ["--loss", "ipo"], "its --loss is dpo, this run's is ipo"),
+        ("dpo", ["--pairs", "EIGHT"], "its training data differs from this run's"),
+        ("dpo", ["--model", "OTHER"], "it was made on another model"),
+        ("reward", [], "it was made by direct preference optimization, and this run is reward modeling"),
+    ],
+)
 def test_a_checkpoint_of_another_run_is_refused_naming_the_difference(
-        cli, saved: Path, tmp_path: Path, objective: str, change: list[str], difference: str) -> None:
+    cli, saved: Path, tmp_path: Path, objective: str, change: list[str], difference: str
+) -> None:
     made = {"EIGHT": _eight_pairs, "OTHER": _other_model}
     change = [str(made[arg](tmp_path)) if arg in made else arg for arg in change]
     before = checkpoint(saved).read_bytes()
     run = cli("tune", objective, *FLAGS, "--pairs", "ster:pairs", *change, "--output", saved, "--resume")
     assert run.code == 1, run.err
-    assert run.err.splitlines()[-1] == (f"error: the checkpoint at {checkpoint(saved)} belongs to another run: "
-                                        f"{difference}; run without --resume to start over")
+    assert run.err.splitlines()[-1] == (
+        f"error: the checkpoint at {checkpoint(saved)} belongs to another run: "
+        f"{difference}; run without --resume to start over"
+    )
     assert checkpoint(saved).read_bytes() == before and not saved.exists()
 
 
@@ -164,18 +193,42 @@ def test_a_damaged_checkpoint_is_refused(cli, tmp_path: Path) -> None:
     checkpoint(out).write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{broken}")
     run = cli("tune", "sft", "--model", "ster:toy", "--examples", "ster:examples", "--output", out, "--resume")
     assert run.code == 1
-    assert run.err.splitlines()[-1] == (f"error: the checkpoint at {checkpoint(out)} is not a safetensors file (its "
-                                        "header is not JSON); run without --resume to start over")
+    assert run.err.splitlines()[-1] == (
+        f"error: the checkpoint at {checkpoint(out)} is not a safetensors file (its "
+        "header is not JSON); run without --resume to start over"
+    )
 
 
-CHECK_IMPORTS = "import sys; from ster.cli import main; code = main(sys.argv[1:]); " \
-                "print('torch' in sys.modules, file=sys.stderr); sys.exit(code)"
+CHECK_IMPORTS = (
+    "import sys; from ster.cli import main; code = main(sys.argv[1:]); "
+    "print('torch' in sys.modules, file=sys.stderr); sys.exit(code)"
+)
 
 
 def test_another_runs_checkpoint_is_refused_before_torch_is_imported(saved: Path) -> None:
-    proc = subprocess.run([sys.executable, "-c", CHECK_IMPORTS, "tune", "dpo", *FLAGS, "--pairs", "ster:pairs",
-                           "--output", str(saved), "--resume", "--seed", "3"], check=False, cwd=REPO,
-                          env=PINNED, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            CHECK_IMPORTS,
+            "tune",
+            "dpo",
+            *FLAGS,
+            "--pairs",
+            "ster:pairs",
+            "--output",
+            str(saved),
+            "--resume",
+            "--seed",
+            "3",
+        ],
+        check=False,
+        cwd=REPO,
+        env=PINNED,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1 and "its --seed is 42, this run's is 3" in proc.stderr
     assert proc.stderr.splitlines()[-1] == "False"
 

@@ -23,23 +23,42 @@ from ster.engine.tune.objectives import Objective, Unit
 from ster.engine.tune.parallel import Parallel
 
 
-@pytest.mark.parametrize(("step", "warmup", "total", "expected"), [
-    (0, 3, 10, 1e-3 / 3),  # warmup: base · (s + 1) / warmup
-    (1, 3, 10, 2e-3 / 3),
-    (2, 3, 10, 1e-3),
-    (3, 3, 10, 1e-3),  # the cosine starts at the base rate
-    (0, 0, 2, 1e-3),
-    (1, 0, 2, 0.55e-3),  # halfway down the cosine: (base + base / 10) / 2
-    (5, 1, 5, 1e-4),  # at the end of the cosine: a tenth of the base rate
-])
+@pytest.mark.parametrize(
+    ("step", "warmup", "total", "expected"),
+    [
+        (0, 3, 10, 1e-3 / 3),  # warmup: base · (s + 1) / warmup
+        (1, 3, 10, 2e-3 / 3),
+        (2, 3, 10, 1e-3),
+        (3, 3, 10, 1e-3),  # the cosine starts at the base rate
+        (0, 0, 2, 1e-3),
+        (1, 0, 2, 0.55e-3),  # halfway down the cosine: (base + base / 10) / 2
+        (5, 1, 5, 1e-4),  # at the end of the cosine: a tenth of the base rate
+    ],
+)
 def test_the_rate_follows_warmup_then_cosine_to_a_tenth(step: int, warmup: int, total: int, expected: float) -> None:
     assert learning_rate(1e-3, step, warmup, total) == pytest.approx(expected, rel=1e-12)
 
 
 def test_each_step_reports_the_rate_it_took(cli, tmp_path: Path) -> None:
-    run = cli("--json", "tune", "sft", "--model", "ster:toy", "--examples", "ster:examples", "--output",
-              tmp_path / "a.safetensors", "--epochs", "3", "--accumulation", "2", "--warmup-steps", "2",
-              "--learning-rate", "1e-2")
+    run = cli(
+        "--json",
+        "tune",
+        "sft",
+        "--model",
+        "ster:toy",
+        "--examples",
+        "ster:examples",
+        "--output",
+        tmp_path / "a.safetensors",
+        "--epochs",
+        "3",
+        "--accumulation",
+        "2",
+        "--warmup-steps",
+        "2",
+        "--learning-rate",
+        "1e-2",
+    )
     steps = [e for e in run.events if e["type"] == "progress" and e["stage"] == "train" and e["current"]]
     total = steps[0]["total"]
     assert [e["current"] for e in steps] == list(range(1, total + 1))
@@ -57,15 +76,20 @@ def eight_pairs(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("flags", "steps"), [
-    (["--epochs", "3", "--accumulation", "4"], 6),  # the contract's toy acceptance: ceil(8 / 4) · 3
-    (["--epochs", "2", "--accumulation", "3"], 6),  # ceil(8 / 3) · 2: a short tail step per epoch
-    (["--batch-size", "3", "--accumulation", "2"], 2),  # ceil(8 / (3 · 2))
-])
+@pytest.mark.parametrize(
+    ("flags", "steps"),
+    [
+        (["--epochs", "3", "--accumulation", "4"], 6),  # the contract's toy acceptance: ceil(8 / 4) · 3
+        (["--epochs", "2", "--accumulation", "3"], 6),  # ceil(8 / 3) · 2: a short tail step per epoch
+        (["--batch-size", "3", "--accumulation", "2"], 2),  # ceil(8 / (3 · 2))
+    ],
+)
 def test_steps_are_units_over_batch_times_accumulation_rounded_up_per_epoch(
-        cli, tmp_path: Path, eight_pairs: Path, flags: list[str], steps: int) -> None:
-    run = cli("tune", "dpo", "--model", "ster:toy", "--pairs", eight_pairs, "--output", tmp_path / "a.safetensors",
-              *flags)
+    cli, tmp_path: Path, eight_pairs: Path, flags: list[str], steps: int
+) -> None:
+    run = cli(
+        "tune", "dpo", "--model", "ster:toy", "--pairs", eight_pairs, "--output", tmp_path / "a.safetensors", *flags
+    )
     assert run.code == 0, run.err
     assert run.json["report"]["steps"] == steps and run.json["report"]["trained_pairs"] == 8
     assert f"step {steps}/{steps} " in run.err

@@ -94,7 +94,7 @@ def test_two_ranks_train_the_adapter_one_process_trains(cli, tmp_path: Path, com
     assert said(tmp_path, 1) == ("", "")  # rank 1: no result document, no progress
 
 
-REFUSES_ON_RANK_1 = '''
+REFUSES_ON_RANK_1 = """
 import os, sys
 from ster.engine.protocol.errors import Refusal
 from ster.engine.tune import objectives, rows
@@ -112,7 +112,7 @@ if os.environ["RANK"] == "1":
     objectives.Preference.losses = losses
 from ster.cli import main
 sys.exit(main(sys.argv[1:]))
-'''
+"""
 
 
 def test_a_refusal_on_one_rank_ends_the_other(tmp_path: Path) -> None:
@@ -128,11 +128,29 @@ def test_a_refusal_on_one_rank_ends_the_other(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_stops_both_ranks_after_the_same_step_and_any_process_resumes(cli, tmp_path: Path) -> None:
-    tune = ["tune", "dpo", "--model", "ster:toy", "--pairs", "ster:pairs", "--epochs", "20", "--accumulation", "4",
-            "--learning-rate", "5e-3"]
+    tune = [
+        "tune",
+        "dpo",
+        "--model",
+        "ster:toy",
+        "--pairs",
+        "ster:pairs",
+        "--epochs",
+        "20",
+        "--accumulation",
+        "4",
+        "--learning-rate",
+        "5e-3",
+    ]
     out = tmp_path / "a.safetensors"
-    proc = subprocess.Popen([*TORCHRUN, "-m", "ster", *tune, "--output", str(out)], cwd=REPO, env=ENV, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [*TORCHRUN, "-m", "ster", *tune, "--output", str(out)],
+        cwd=REPO,
+        env=ENV,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stderr is not None
     for line in proc.stderr:  # the workers share torchrun's stderr; only rank 0 writes to it
         if line.startswith("epoch 1/20 step 3/"):

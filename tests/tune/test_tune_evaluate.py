@@ -97,16 +97,32 @@ def test_example_losses_equal_an_independent_computation(cli, tmp_path: Path, hf
 def test_the_report_and_the_progress(cli) -> None:
     run = cli("tune", "evaluate", "--model", "ster:toy", "--examples", "ster:examples")
     report = run.json
-    assert list(report) == ["model", "model_revision", "adapter", "name", "examples", "evaluated", "skipped_long",
-                            "completion_tokens", "loss", "perplexity", "mean_example_loss", "mean_example_perplexity",
-                            "chat_template", "precision", "entries"]
+    assert list(report) == [
+        "model",
+        "model_revision",
+        "adapter",
+        "name",
+        "examples",
+        "evaluated",
+        "skipped_long",
+        "completion_tokens",
+        "loss",
+        "perplexity",
+        "mean_example_loss",
+        "mean_example_perplexity",
+        "chat_template",
+        "precision",
+        "entries",
+    ]
     assert list(report["entries"][0]) == ["index", "prompt", "completion", "completion_tokens", "loss", "perplexity"]
     assert (report["adapter"], report["examples"], report["evaluated"], report["skipped_long"]) == (None, 8, 8, 0)
     lines = run.err.splitlines()
     first = report["entries"][0]
     assert f"example 1/8 loss {first['loss']:.4f} perplexity {first['perplexity']:.4f}" in lines
-    assert (f"8 examples, {report['completion_tokens']} completion tokens, loss {report['loss']:.4f}, "
-            f"perplexity {report['perplexity']:.4f}") in lines
+    assert (
+        f"8 examples, {report['completion_tokens']} completion tokens, loss {report['loss']:.4f}, "
+        f"perplexity {report['perplexity']:.4f}"
+    ) in lines
 
 
 def test_batched_equals_unbatched(cli, tmp_path: Path) -> None:
@@ -132,27 +148,47 @@ def test_a_long_example_is_skipped_and_all_long_is_refused(cli) -> None:
     run = cli("tune", "evaluate", "--model", "ster:toy", "--examples", "ster:examples", "--max-sequence", "17")
     report = run.json
     assert report["skipped_long"] > 0 and report["evaluated"] + report["skipped_long"] == 8
-    assert any(line.startswith("skipping example ") and line.endswith("tokens exceed the 17 token limit")
-               for line in run.err.splitlines())
+    assert any(
+        line.startswith("skipping example ") and line.endswith("tokens exceed the 17 token limit")
+        for line in run.err.splitlines()
+    )
     run = cli("tune", "evaluate", "--model", "ster:toy", "--examples", "ster:examples", "--max-sequence", "3")
     assert (run.code, run.err.splitlines()[-1]) == (
-        1, "error: every example is longer than the sequence limit, so there is nothing to evaluate")
+        1,
+        "error: every example is longer than the sequence limit, so there is nothing to evaluate",
+    )
 
 
-@pytest.mark.parametrize(("args", "sentence"), [
-    (["--examples", "ster:examples", "--max-sequence", "1"],
-     "max_sequence must be at least two tokens, so that one token can predict another"),
-    (["--examples", "ster:examples", "--batch-size", "0"], "evaluation requires a batch of at least one example"),
-    (["--pairs", "ster:pairs", "--adapter", "a.safetensors", "--batch-size", "0"],
-     "evaluation requires a batch of at least one pair"),
-    (["--examples", "ster:examples", "--pairs", "ster:pairs"],
-     "tune evaluate takes --examples (completion loss) or --pairs (preference accuracy), exactly one of them"),
-    ([], "tune evaluate takes --examples (completion loss) or --pairs (preference accuracy), exactly one of them"),
-    (["--pairs", "ster:pairs"], ("tune evaluate --pairs measures an adapter: give --adapter, a generation adapter "
-                                 "(implicit-reward accuracy) or a reward model (ranking accuracy)")),
-    (["--pairs", "ster:pairs", "--adapter", "a.safetensors", "--beta", "0"],
-     "evaluation requires a finite beta above zero"),
-])
+@pytest.mark.parametrize(
+    ("args", "sentence"),
+    [
+        (
+            ["--examples", "ster:examples", "--max-sequence", "1"],
+            "max_sequence must be at least two tokens, so that one token can predict another",
+        ),
+        (["--examples", "ster:examples", "--batch-size", "0"], "evaluation requires a batch of at least one example"),
+        (
+            ["--pairs", "ster:pairs", "--adapter", "a.safetensors", "--batch-size", "0"],
+            "evaluation requires a batch of at least one pair",
+        ),
+        (
+            ["--examples", "ster:examples", "--pairs", "ster:pairs"],
+            "tune evaluate takes --examples (completion loss) or --pairs (preference accuracy), exactly one of them",
+        ),
+        ([], "tune evaluate takes --examples (completion loss) or --pairs (preference accuracy), exactly one of them"),
+        (
+            ["--pairs", "ster:pairs"],
+            (
+                "tune evaluate --pairs measures an adapter: give --adapter, a generation adapter "
+                "(implicit-reward accuracy) or a reward model (ranking accuracy)"
+            ),
+        ),
+        (
+            ["--pairs", "ster:pairs", "--adapter", "a.safetensors", "--beta", "0"],
+            "evaluation requires a finite beta above zero",
+        ),
+    ],
+)
 def test_refusals(cli, args: list[str], sentence: str) -> None:
     run = cli("tune", "evaluate", "--model", "ster:toy", *args)
     assert (run.code, run.out, run.err) == (1, "", f"error: {sentence}\n")
@@ -171,26 +207,40 @@ def test_adapter_provenance_is_warned_and_silent_when_unrecorded(cli, tmp_path: 
     write_adapter(trained, model="ster:toy-chat", train={"chat_template": "off", "precision": "f16"})
     run = cli("tune", "evaluate", "--model", "ster:toy-chat", "--examples", "ster:chat-examples", "--adapter", trained)
     assert run.code == 0, run.err
-    assert ("warning: this adapter was trained with chat template off and this run encodes applied, so the number "
-            "below describes a format it was not trained in") in run.err.splitlines()
-    assert ("warning: this adapter was trained at precision f16 and this run maps the base weights at f32, so it is "
-            "being read in a different space than it was fitted in") in run.err.splitlines()
+    assert (
+        "warning: this adapter was trained with chat template off and this run encodes applied, so the number "
+        "below describes a format it was not trained in"
+    ) in run.err.splitlines()
+    assert (
+        "warning: this adapter was trained at precision f16 and this run maps the base weights at f32, so it is "
+        "being read in a different space than it was fitted in"
+    ) in run.err.splitlines()
     unrecorded = tmp_path / "plain.safetensors"
     write_adapter(unrecorded, model="ster:toy-chat")
-    run = cli("tune", "evaluate", "--model", "ster:toy-chat", "--examples", "ster:chat-examples", "--adapter",
-              unrecorded)
+    run = cli(
+        "tune", "evaluate", "--model", "ster:toy-chat", "--examples", "ster:chat-examples", "--adapter", unrecorded
+    )
     assert run.code == 0 and "warning" not in run.err
 
 
-def test_implicit_reward_accuracy_equals_an_independent_computation(cli, tmp_path: Path, hf_model,
-                                                                    tokenizer) -> None:
+def test_implicit_reward_accuracy_equals_an_independent_computation(cli, tmp_path: Path, hf_model, tokenizer) -> None:
     path = tmp_path / "dpo.safetensors"
     adapter = write_adapter(path, b_scale=0.3, seed=3)
     report = evaluate(cli, "--pairs", "ster:pairs", "--adapter", path, "--beta", "0.5")
     policy = with_update(hf_model, adapter)
-    rewards = [[0.5 * (sequence_logp(policy, tokenizer, side) - sequence_logp(hf_model, tokenizer, side))
-                for side in (pair["positive"], pair["negative"])] for pair in PAIRS]
-    assert (report["measure"], report["loss"], report["beta"], report["pairs"]) == ("implicit_reward", "dpo", 0.5, len(PAIRS))
+    rewards = [
+        [
+            0.5 * (sequence_logp(policy, tokenizer, side) - sequence_logp(hf_model, tokenizer, side))
+            for side in (pair["positive"], pair["negative"])
+        ]
+        for pair in PAIRS
+    ]
+    assert (report["measure"], report["loss"], report["beta"], report["pairs"]) == (
+        "implicit_reward",
+        "dpo",
+        0.5,
+        len(PAIRS),
+    )
     for entry, (chosen, rejected) in zip(report["entries"], rewards):
         assert entry["chosen"] == pytest.approx(chosen, abs=2e-5)
         assert entry["rejected"] == pytest.approx(rejected, abs=2e-5)

@@ -48,8 +48,9 @@ def artifact(tmp_path: Path, cli) -> Path:
 
 
 @pytest.mark.parametrize("holds", ["notes", "pair set", "steering artifact", "weights"])
-def test_a_tune_output_never_replaces_what_is_not_an_adapter(cli, tmp_path: Path, artifact: Path, toy_copy: Path,
-                                                            holds: str) -> None:
+def test_a_tune_output_never_replaces_what_is_not_an_adapter(
+    cli, tmp_path: Path, artifact: Path, toy_copy: Path, holds: str
+) -> None:
     out = tmp_path / "out.safetensors"
     if holds == "notes":
         out.write_text("my notes\n")
@@ -61,8 +62,12 @@ def test_a_tune_output_never_replaces_what_is_not_an_adapter(cli, tmp_path: Path
         shutil.copy(toy_copy / "model.safetensors", out)
     before = out.read_bytes()
     line = refused(cli(*SFT, "--model", "ster:toy", "--output", out), f"--output {out} already holds")
-    assert {"notes": "not a Ster document", "pair set": "a pair set", "steering artifact": "a steering artifact",
-            "weights": "a safetensors file that is not a LoRA adapter"}[holds] in line
+    assert {
+        "notes": "not a Ster document",
+        "pair set": "a pair set",
+        "steering artifact": "a steering artifact",
+        "weights": "a safetensors file that is not a LoRA adapter",
+    }[holds] in line
     assert out.read_bytes() == before and not out.with_suffix(".json").exists()
 
 
@@ -78,8 +83,10 @@ def test_a_suffixless_output_over_a_pair_set_is_refused(cli, tmp_path: Path) -> 
 def test_the_sidecar_path_holds_nothing_or_an_adapter_sidecar(cli, tmp_path: Path, artifact: Path) -> None:
     out = tmp_path / "calm.safetensors"  # its sidecar would be calm.json: the steering artifact
     before = artifact.read_bytes()
-    refused(cli(*SFT, "--model", "ster:toy", "--output", out), f"the adapter's sidecar {artifact} already holds a "
-            "steering artifact")
+    refused(
+        cli(*SFT, "--model", "ster:toy", "--output", out),
+        f"the adapter's sidecar {artifact} already holds a steering artifact",
+    )
     assert artifact.read_bytes() == before and not out.exists()
 
 
@@ -99,18 +106,20 @@ def test_a_symlink_into_the_model_is_inside_it(cli, tmp_path: Path, toy_copy: Pa
     assert snapshot(toy_copy) == before
 
 
-@pytest.mark.parametrize("command", [
-    ["train", "--pairs", "ster:pairs", "--output", "{model}/calm.json"],
-    ["optimize", "--pairs", "ster:pairs", "--output", "{model}/calm.json"],
-    ["extract", "--input", "ster:prompts", "--output", "{model}/states.json"],
-    ["tune", "dpo", "--pairs", "ster:pairs", "--output", "{model}/model.safetensors"],
-    ["tune", "reward", "--pairs", "ster:pairs", "--output", "{model}/r.safetensors"],
-    ["tune", "grpo", "--prompts", "ster:grpo-prompts", "--output", "{model}/g.safetensors"],
-    ["tune", "merge", "--adapter", "{tmp}/a.safetensors", "--output", "{model}/merged"],
-    ["pairs", "synthesize", "--trait", "calm", "--count", "1", "--output", "{model}/p.json"],
-])
-def test_no_command_writes_inside_the_model_it_reads(cli, tmp_path: Path, toy_copy: Path,
-                                                     command: list[str]) -> None:
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["train", "--pairs", "ster:pairs", "--output", "{model}/calm.json"],
+        ["optimize", "--pairs", "ster:pairs", "--output", "{model}/calm.json"],
+        ["extract", "--input", "ster:prompts", "--output", "{model}/states.json"],
+        ["tune", "dpo", "--pairs", "ster:pairs", "--output", "{model}/model.safetensors"],
+        ["tune", "reward", "--pairs", "ster:pairs", "--output", "{model}/r.safetensors"],
+        ["tune", "grpo", "--prompts", "ster:grpo-prompts", "--output", "{model}/g.safetensors"],
+        ["tune", "merge", "--adapter", "{tmp}/a.safetensors", "--output", "{model}/merged"],
+        ["pairs", "synthesize", "--trait", "calm", "--count", "1", "--output", "{model}/p.json"],
+    ],
+)
+def test_no_command_writes_inside_the_model_it_reads(cli, tmp_path: Path, toy_copy: Path, command: list[str]) -> None:
     write_adapter(tmp_path / "a.safetensors")
     before = snapshot(toy_copy)
     args = [a.replace("{model}", str(toy_copy)).replace("{tmp}", str(tmp_path)) for a in command]
@@ -127,16 +136,21 @@ def test_a_hub_models_cache_folder_is_inside_the_model(tmp_path: Path, monkeypat
     request = build_job_request("tune sft", model="org/name", examples="ster:examples", output=str(out))
     with pytest.raises(Refusal, match="is inside .*models--org--name, the checkpoint --model org/name reads"):
         check_before_running(request)
-    check_before_running(build_job_request("tune sft", model="org/name", examples="ster:examples",
-                                           output=str(tmp_path / "a.safetensors")))
+    check_before_running(
+        build_job_request(
+            "tune sft", model="org/name", examples="ster:examples", output=str(tmp_path / "a.safetensors")
+        )
+    )
 
 
 @pytest.mark.parametrize("spelling", ["newdir/", "newdir/."])
-def test_an_output_spelled_as_a_directory_is_refused(cli, tmp_path: Path, spelling: str,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_output_spelled_as_a_directory_is_refused(
+    cli, tmp_path: Path, spelling: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
-    refused(cli(*SFT, "--model", "ster:toy", "--output", spelling), f"--output {spelling} ends in /",
-            "takes a file path")
+    refused(
+        cli(*SFT, "--model", "ster:toy", "--output", spelling), f"--output {spelling} ends in /", "takes a file path"
+    )
     refused(cli("train", "--model", "ster:toy", "--pairs", "ster:pairs", "--output", spelling), "ends in /")
     assert list(tmp_path.iterdir()) == []
 
@@ -158,9 +172,14 @@ def test_an_older_adapter_is_replaced_and_said_so(cli, tmp_path: Path) -> None:
     assert json.loads(out.with_suffix(".json").read_text())["rank"] == 4
 
 
-@pytest.mark.parametrize("job", [["tune", "merge", "--model", "ster:toy", "--adapter", "{a}"],
-                                 ["tune", "export-peft", "{a}"],
-                                 ["model", "import", "{tmp}/m.gguf"]])
+@pytest.mark.parametrize(
+    "job",
+    [
+        ["tune", "merge", "--model", "ster:toy", "--adapter", "{a}"],
+        ["tune", "export-peft", "{a}"],
+        ["model", "import", "{tmp}/m.gguf"],
+    ],
+)
 @pytest.mark.parametrize("holds", ["file", "empty file", "fifo", "full directory"])
 def test_a_directory_output_replaces_nothing(cli, tmp_path: Path, job: list[str], holds: str) -> None:
     adapter = tmp_path / "a.safetensors"
@@ -188,6 +207,5 @@ def test_a_directory_output_replaces_nothing(cli, tmp_path: Path, job: list[str]
 
 def test_a_directory_output_may_end_in_a_slash(tmp_path: Path) -> None:
     write_adapter(tmp_path / "a.safetensors")
-    request = build_job_request("tune export-peft", adapter=str(tmp_path / "a.safetensors"),
-                                output=f"{tmp_path}/peft/")
+    request = build_job_request("tune export-peft", adapter=str(tmp_path / "a.safetensors"), output=f"{tmp_path}/peft/")
     assert request.output == tmp_path / "peft"  # type: ignore[attr-defined]
