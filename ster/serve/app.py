@@ -105,7 +105,7 @@ class Jobs:
 
     def forget(self, live: Live, final: Event | None) -> None:
         self.live.pop(live.id, None)
-        if final is None or final.type == "error" and final.kind == "cancelled":
+        if final is None or (final.type == "error" and final.kind == "cancelled"):
             self.counts["cancelled"] += 1
         elif final.type == "result":
             self.counts["finished"] += 1
@@ -213,7 +213,7 @@ async def read_body(request: Request) -> bytes:
             chunk = await asyncio.wait_for(stream.__anext__(), limits.BODY_TIMEOUT)
         except StopAsyncIteration:
             break
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise SlowBody() from None
         size += len(chunk)
         if size > wire.BODY_LIMIT:

@@ -114,9 +114,9 @@ class Root(confine.Root):
             if not isinstance(raw, str | os.PathLike) or not os.fspath(raw).strip():
                 continue  # absent, blank (none) or not text: the request model says what is wrong
             text = os.fspath(raw)
-            if name == "model" or name == "judge" and text != "none":  # a judge is a model too
+            if name == "model" or (name == "judge" and text != "none"):  # a judge is a model too
                 self._model(text, flag(name))
-            elif name == "reward" and text != "length" or is_path_field(info.annotation):
+            elif (name == "reward" and text != "length") or is_path_field(info.annotation):
                 if text in EXAMPLES and name not in getattr(kind, "outputs", ()):
                     continue  # a bundled example, read from Ster's own read-only data
                 self._inside(text, flag(name))

@@ -75,9 +75,8 @@ def serve(host: str, port_text: str | int, token_file: str | None, root_dir: str
 def _run(sock: socket.socket, token: str | None, root: Root | None) -> int:
     import uvicorn
 
-    from ster.serve.app import create_app
-
     from ster.serve import limits
+    from ster.serve.app import create_app
 
     app = create_app(token=token, root=root)
     jobs = app.state.jobs

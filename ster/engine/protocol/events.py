@@ -8,7 +8,7 @@ discriminator, so one NDJSON line parses back into the same event with
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -50,7 +50,7 @@ class Token(_Event):
     """Which output the delta belongs to, for jobs that generate more than one text."""
 
 
-class Warning(_Event):  # noqa: A001 - the event's name on the wire is "warning"
+class Warning(_Event):
     """Something the operator should know that does not stop the job."""
 
     type: Literal["warning"] = "warning"
@@ -82,7 +82,7 @@ class Error(_Event):
     """Machine-readable facts behind the sentence (for example a gateway's error code)."""
 
 
-Event = Annotated[Union[Progress, Token, Warning, Log, Result, Error], Field(discriminator="type")]
+Event = Annotated[Progress | Token | Warning | Log | Result | Error, Field(discriminator="type")]
 """Any event; the ``type`` field says which."""
 
 _EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
