@@ -53,8 +53,9 @@ def _status(final: Any) -> int:
 
 
 def _opens_tui(args: argparse.Namespace, argv: Sequence[str] | None) -> bool:
-    return args.command == "tui" or (args.command is None and argv is None and sys.stdin.isatty()
-                                     and sys.stdout.isatty())
+    return args.command == "tui" or (
+        args.command is None and argv is None and sys.stdin.isatty() and sys.stdout.isatty()
+    )
 
 
 def _run_tui(args: argparse.Namespace) -> int:

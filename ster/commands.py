@@ -30,42 +30,89 @@ def _choices(values: tuple[str, ...]) -> str:
 
 def _model_flags(parser: argparse.ArgumentParser, required: bool = True, route: str = "") -> None:
     group = parser.add_argument_group("model" + route)
-    group.add_argument("--model", required=required, metavar="MODEL",
-                       help="checkpoint directory, Hugging Face Hub id, or ster:toy / ster:toy-chat (bundled)")
-    group.add_argument("--revision", metavar="REV", help="Hub branch, tag or commit; with a local directory it is "
-                                                         "only recorded, with a warning")
-    group.add_argument("--precision", default="f32", metavar=_choices(PRECISIONS),
-                       help="dtype the frozen weights are held at (default f32)")
-    group.add_argument("--device", default="cpu", metavar=_choices(DEVICES),
-                       help="where the model runs; metal is another name for mps, auto takes the first accelerator "
-                            "present (default cpu)")
-    group.add_argument("--chat-template", default="auto", metavar=_choices(CHAT_MODES),
-                       help="auto applies the model's own chat template when it has one (default auto)")
+    group.add_argument(
+        "--model",
+        required=required,
+        metavar="MODEL",
+        help="checkpoint directory, Hugging Face Hub id, or ster:toy / ster:toy-chat (bundled)",
+    )
+    group.add_argument(
+        "--revision",
+        metavar="REV",
+        help="Hub branch, tag or commit; with a local directory it is only recorded, with a warning",
+    )
+    group.add_argument(
+        "--precision",
+        default="f32",
+        metavar=_choices(PRECISIONS),
+        help="dtype the frozen weights are held at (default f32)",
+    )
+    group.add_argument(
+        "--device",
+        default="cpu",
+        metavar=_choices(DEVICES),
+        help="where the model runs; metal is another name for mps, auto takes the first accelerator "
+        "present (default cpu)",
+    )
+    group.add_argument(
+        "--chat-template",
+        default="auto",
+        metavar=_choices(CHAT_MODES),
+        help="auto applies the model's own chat template when it has one (default auto)",
+    )
 
 
-def _sampling_flags(parser: argparse.ArgumentParser, max_new_tokens: int, temperature: float = 0.0,
-                    top_p: float | None = None, within_context: bool = True) -> None:
+def _sampling_flags(
+    parser: argparse.ArgumentParser,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_p: float | None = None,
+    within_context: bool = True,
+) -> None:
     group = parser.add_argument_group("sampling")
     if within_context:  # omitted, the job fits the default into what the model's context leaves
-        group.add_argument("--max-new-tokens", default=None, metavar="N",
-                           help=f"most tokens to generate (default {max_new_tokens}, or fewer when the model's "
-                                f"context ends sooner; a larger value than the context allows is refused)")
+        group.add_argument(
+            "--max-new-tokens",
+            default=None,
+            metavar="N",
+            help=f"most tokens to generate (default {max_new_tokens}, or fewer when the model's "
+            f"context ends sooner; a larger value than the context allows is refused)",
+        )
     else:
-        group.add_argument("--max-new-tokens", default=max_new_tokens, metavar="N",
-                           help=f"most tokens to generate (default {max_new_tokens})")
-    group.add_argument("--temperature", default=temperature, metavar="T",
-                       help=f"0 decodes greedily, above 0 samples (default {temperature})")
-    group.add_argument("--top-p", default=top_p, metavar="P",
-                       help="nucleus sampling: keep the likeliest tokens up to probability P, above 0 and at most 1 "
-                            f"(default {'off' if top_p is None else top_p})")
-    group.add_argument("--seed", default=42, metavar="N",
-                       help="seed of the sampler, 0 to 2^64-1; used when the temperature is above 0 (default 42)")
+        group.add_argument(
+            "--max-new-tokens",
+            default=max_new_tokens,
+            metavar="N",
+            help=f"most tokens to generate (default {max_new_tokens})",
+        )
+    group.add_argument(
+        "--temperature",
+        default=temperature,
+        metavar="T",
+        help=f"0 decodes greedily, above 0 samples (default {temperature})",
+    )
+    group.add_argument(
+        "--top-p",
+        default=top_p,
+        metavar="P",
+        help="nucleus sampling: keep the likeliest tokens up to probability P, above 0 and at most 1 "
+        f"(default {'off' if top_p is None else top_p})",
+    )
+    group.add_argument(
+        "--seed",
+        default=42,
+        metavar="N",
+        help="seed of the sampler, 0 to 2^64-1; used when the temperature is above 0 (default 42)",
+    )
 
 
 def _apply_adapter_flag(parser: argparse.ArgumentParser, what: str = "every forward pass") -> None:
-    parser.add_argument("--adapter", metavar="FILE",
-                        help=f"a LoRA adapter (.safetensors with its .json sidecar, or a PEFT adapter directory) "
-                             f"attached for {what} (default: the bare checkpoint)")
+    parser.add_argument(
+        "--adapter",
+        metavar="FILE",
+        help=f"a LoRA adapter (.safetensors with its .json sidecar, or a PEFT adapter directory) "
+        f"attached for {what} (default: the bare checkpoint)",
+    )
 
 
 def _layer_flags(parser: argparse.ArgumentParser, unit: str = "sequences") -> None:
@@ -81,35 +128,51 @@ def _fit_flags(parser: argparse.ArgumentParser, pairs_help: str) -> None:
     _layer_flags(parser, "pairs")
 
 
-def _command(commands: Any, name: str, help_text: str, description: str,
-             job: str | None = None) -> argparse.ArgumentParser:
+def _command(
+    commands: Any, name: str, help_text: str, description: str, job: str | None = None
+) -> argparse.ArgumentParser:
     parser = commands.add_parser(name, help=help_text, description=description)
     parser.set_defaults(job=job or name)
-    parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                        help="print every event as one JSON object per line on stdout")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print every event as one JSON object per line on stdout",
+    )
     return parser
 
 
 def _add_generate(commands: Any) -> None:
-    parser = _command(commands, "generate", "generate text, steered or not",
-                      "Decode from one prompt with a KV cache: greedy at temperature 0, seeded sampling above "
-                      "it; with --vector, strength x direction is added after each of the artifact's layers at "
-                      "every step. Stops at the tokenizer's end of text or after --max-new-tokens.")
+    parser = _command(
+        commands,
+        "generate",
+        "generate text, steered or not",
+        "Decode from one prompt with a KV cache: greedy at temperature 0, seeded sampling above "
+        "it; with --vector, strength x direction is added after each of the artifact's layers at "
+        "every step. Stops at the tokenizer's end of text or after --max-new-tokens.",
+    )
     _model_flags(parser)
     parser.add_argument("--prompt", required=True, help="the prompt text")
     parser.add_argument("--vector", metavar="FILE", help="a steering artifact; omit it for the unsteered baseline")
-    parser.add_argument("--strength", metavar="S",
-                        help="how far along the direction: a multiple of each layer's activation spread (0.4x), or a "
-                             "number in the residual stream's units (3); negative steers the other way (write "
-                             "--strength=-0.4x); default 0.4x")
+    parser.add_argument(
+        "--strength",
+        metavar="S",
+        help="how far along the direction: a multiple of each layer's activation spread (0.4x), or a "
+        "number in the residual stream's units (3); negative steers the other way (write "
+        "--strength=-0.4x); default 0.4x",
+    )
     _apply_adapter_flag(parser, "every generated token; combinable with --vector")
     _sampling_flags(parser, 128)
 
 
 def _add_extract(commands: Any) -> None:
-    parser = _command(commands, "extract", "export hidden states for a prompt set",
-                      "For each prompt, the last token's residual-stream state after each selected block, "
-                      "written as a versioned JSON document.")
+    parser = _command(
+        commands,
+        "extract",
+        "export hidden states for a prompt set",
+        "For each prompt, the last token's residual-stream state after each selected block, "
+        "written as a versioned JSON document.",
+    )
     _model_flags(parser)
     parser.add_argument("--input", required=True, metavar="FILE", help='JSON file {"prompts": ["...", ...]}')
     parser.add_argument("--output", required=True, metavar="FILE", help="where to write the activation document")
@@ -118,25 +181,41 @@ def _add_extract(commands: Any) -> None:
 
 
 def _add_train(commands: Any) -> None:
-    parser = _command(commands, "train", "fit one direction per selected layer",
-                      "Fit one unit direction per selected layer from a contrastive pair set and write it as a "
-                      "steering artifact; prints the artifact's summary with training scores.")
+    parser = _command(
+        commands,
+        "train",
+        "fit one direction per selected layer",
+        "Fit one unit direction per selected layer from a contrastive pair set and write it as a "
+        "steering artifact; prints the artifact's summary with training scores.",
+    )
     _fit_flags(parser, 'pair set {"trait_name": ..., "pairs": [...]}')
-    parser.add_argument("--method", default="caa", metavar=_choices(METHODS),
-                        help="mean difference, principal direction, or logistic probe (default caa)")
+    parser.add_argument(
+        "--method",
+        default="caa",
+        metavar=_choices(METHODS),
+        help="mean difference, principal direction, or logistic probe (default caa)",
+    )
 
 
 def _add_optimize(commands: Any) -> None:
-    parser = _command(commands, "optimize", "choose method and layer on an 80/20 holdout",
-                      "Fit every method at every selected layer on the first 80% of the pairs, rank them on the "
-                      "rest by accuracy, then separation (margin over the spread of the held-out projections), publish "
-                      "the table, and write the winner refitted on all pairs.")
+    parser = _command(
+        commands,
+        "optimize",
+        "choose method and layer on an 80/20 holdout",
+        "Fit every method at every selected layer on the first 80% of the pairs, rank them on the "
+        "rest by accuracy, then separation (margin over the spread of the held-out projections), publish "
+        "the table, and write the winner refitted on all pairs.",
+    )
     _fit_flags(parser, "pair set with at least 4 pairs")
 
 
 def _add_evaluate(commands: Any) -> None:
-    parser = _command(commands, "evaluate", "measure a steering artifact on a pair set",
-                      "Per layer of the artifact: pair-ordering accuracy and mean projection margin.")
+    parser = _command(
+        commands,
+        "evaluate",
+        "measure a steering artifact on a pair set",
+        "Per layer of the artifact: pair-ordering accuracy and mean projection margin.",
+    )
     _model_flags(parser)
     parser.add_argument("--pairs", metavar="FILE", help="pair set to measure on (default: the workspace's active set)")
     parser.add_argument("--vector", required=True, metavar="FILE", help="the steering artifact")
@@ -145,26 +224,43 @@ def _add_evaluate(commands: Any) -> None:
 
 
 def _add_sweep(commands: Any) -> None:
-    parser = _command(commands, "sweep", "find the strength where steering starts and where it breaks",
-                      "Generate at each strength (0 always included) for each prompt; report per strength the "
-                      "effect (how far the text moved along the direction, re-read unsteered: positive is toward "
-                      "the trait) with its noise, degeneracy, KL from the unsteered model on neutral prompts, "
-                      "fluency and (with --holdout) behaviour; suggest per sign the largest fluent strength whose "
-                      "effect is distinguishable from 0, and the largest within --kl-budget.")
+    parser = _command(
+        commands,
+        "sweep",
+        "find the strength where steering starts and where it breaks",
+        "Generate at each strength (0 always included) for each prompt; report per strength the "
+        "effect (how far the text moved along the direction, re-read unsteered: positive is toward "
+        "the trait) with its noise, degeneracy, KL from the unsteered model on neutral prompts, "
+        "fluency and (with --holdout) behaviour; suggest per sign the largest fluent strength whose "
+        "effect is distinguishable from 0, and the largest within --kl-budget.",
+    )
     _model_flags(parser)
     parser.add_argument("--vector", required=True, metavar="FILE", help="the steering artifact")
     parser.add_argument("--prompts", required=True, metavar="FILE", help='JSON file {"prompts": ["...", ...]}')
-    parser.add_argument("--strengths", metavar="LIST",
-                        help="comma list, all relative to each layer's activation spread (--strengths=-0.4x,0.4x) or "
-                             "all absolute (--strengths=-8,-4,4,8); write = before a leading minus; default "
-                             "-0.8x,-0.4x,-0.2x,0.2x,0.4x,0.8x")
-    _cost_flags(parser, "each strength's KL from the unsteered model is measured on (default ster:neutral)",
-                "the mean KL, in nats per token, a strength may cost to be suggested by the budget")
-    parser.add_argument("--neutral-count", default=16, metavar="N",
-                        help="how many neutral prompts, spread through the set, the KL is measured on (default 16)")
-    parser.add_argument("--holdout", metavar="FILE",
-                        help="pair set whose behaviour (log p(positive side) - log p(negative side)) is measured at "
-                             "each strength (default: none)")
+    parser.add_argument(
+        "--strengths",
+        metavar="LIST",
+        help="comma list, all relative to each layer's activation spread (--strengths=-0.4x,0.4x) or "
+        "all absolute (--strengths=-8,-4,4,8); write = before a leading minus; default "
+        "-0.8x,-0.4x,-0.2x,0.2x,0.4x,0.8x",
+    )
+    _cost_flags(
+        parser,
+        "each strength's KL from the unsteered model is measured on (default ster:neutral)",
+        "the mean KL, in nats per token, a strength may cost to be suggested by the budget",
+    )
+    parser.add_argument(
+        "--neutral-count",
+        default=16,
+        metavar="N",
+        help="how many neutral prompts, spread through the set, the KL is measured on (default 16)",
+    )
+    parser.add_argument(
+        "--holdout",
+        metavar="FILE",
+        help="pair set whose behaviour (log p(positive side) - log p(negative side)) is measured at "
+        "each strength (default: none)",
+    )
     _apply_adapter_flag(parser, "generating the texts and re-reading them")
     _sampling_flags(parser, 48)
 
@@ -172,312 +268,530 @@ def _add_sweep(commands: Any) -> None:
 def _cost_flags(parser: Any, measured: str, budget: str) -> None:
     """``--neutral`` and ``--kl-budget``, as sweep and calibrate take them; ``measured`` and ``budget`` end their
     help."""
-    parser.add_argument("--neutral", metavar="FILE",
-                        help=f'JSON file {{"prompts": [...]}} of everyday requests {measured}')
+    parser.add_argument(
+        "--neutral", metavar="FILE", help=f'JSON file {{"prompts": [...]}} of everyday requests {measured}'
+    )
     parser.add_argument("--kl-budget", default=0.25, metavar="B", help=f"{budget} (default 0.25)")
 
 
 def _add_calibrate(commands: Any) -> None:
-    parser = _command(commands, "calibrate", "choose layer, method and strength per sign within a KL budget",
-                      "Fit caa, pca and logistic directions on the pairs, measure each candidate (a layer or a "
-                      "contiguous range) at a ladder of strengths both ways: behaviour on held-out pairs (log "
-                      "p(positive side) - log p(negative side)) and cost on a neutral prompt set (KL from the "
-                      "unsteered model over its own continuation); choose the candidate that moves behaviour most "
-                      "within --kl-budget, show the Pareto front, and write the artifact with its calibration. "
-                      "Ctrl-C leaves a study beside --output that --resume continues.")
+    parser = _command(
+        commands,
+        "calibrate",
+        "choose layer, method and strength per sign within a KL budget",
+        "Fit caa, pca and logistic directions on the pairs, measure each candidate (a layer or a "
+        "contiguous range) at a ladder of strengths both ways: behaviour on held-out pairs (log "
+        "p(positive side) - log p(negative side)) and cost on a neutral prompt set (KL from the "
+        "unsteered model over its own continuation); choose the candidate that moves behaviour most "
+        "within --kl-budget, show the Pareto front, and write the artifact with its calibration. "
+        "Ctrl-C leaves a study beside --output that --resume continues.",
+    )
     _model_flags(parser)
     parser.add_argument("--pairs", metavar="FILE", help="pair set to fit on (default: the workspace's active set)")
-    parser.add_argument("--holdout", metavar="FILE",
-                        help="pair set to measure behaviour on (default: the last 20%% of --pairs, held out from fitting)")
-    _cost_flags(parser, "the cost is measured on (default ster:neutral, 72 bundled requests)",
-                "most mean KL from the unsteered model, in nats per token, a chosen strength may cost")
+    parser.add_argument(
+        "--holdout",
+        metavar="FILE",
+        help="pair set to measure behaviour on (default: the last 20%% of --pairs, held out from fitting)",
+    )
+    _cost_flags(
+        parser,
+        "the cost is measured on (default ster:neutral, 72 bundled requests)",
+        "most mean KL from the unsteered model, in nats per token, a chosen strength may cost",
+    )
     parser.add_argument("--trials", default=40, metavar="N", help="most candidates to measure (default 40)")
-    parser.add_argument("--seed", default=0, metavar="N",
-                        help="picks the prompts and pairs candidates are screened on (default 0)")
+    parser.add_argument(
+        "--seed", default=0, metavar="N", help="picks the prompts and pairs candidates are screened on (default 0)"
+    )
     parser.add_argument("--output", required=True, metavar="FILE", help="where to write the calibrated artifact")
     parser.add_argument("--resume", action="store_true", help="continue the study an interrupted run left")
-    parser.add_argument("--judge", metavar="MODEL",
-                        help="a local instruct model asked whether each answer shows the trait, read as p(yes); "
-                             "none runs no judge (default: the model itself when it has a chat template)")
-    parser.add_argument("--judge-question", metavar="TEXT",
-                        help="the judge's question, with {text} where the answer goes and {trait} for the pair "
-                             "set's trait (default: asks whether the reply is {trait})")
+    parser.add_argument(
+        "--judge",
+        metavar="MODEL",
+        help="a local instruct model asked whether each answer shows the trait, read as p(yes); "
+        "none runs no judge (default: the model itself when it has a chat template)",
+    )
+    parser.add_argument(
+        "--judge-question",
+        metavar="TEXT",
+        help="the judge's question, with {text} where the answer goes and {trait} for the pair "
+        "set's trait (default: asks whether the reply is {trait})",
+    )
     _apply_adapter_flag(parser, "reading and steering")
     _layer_flags(parser, "pairs")
 
 
 def _add_inspect(commands: Any) -> None:
-    parser = _command(commands, "inspect", "validate a steering artifact and summarise it",
-                      "Validate an artifact and print its summary (no vector values) without loading a model.")
+    parser = _command(
+        commands,
+        "inspect",
+        "validate a steering artifact and summarise it",
+        "Validate an artifact and print its summary (no vector values) without loading a model.",
+    )
     parser.add_argument("artifact", metavar="FILE", help="the steering artifact")
 
 
 def _dedupe_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dedupe-bits", default=3, metavar="N",
-                        help="near-duplicates differ in at most N of their 64 SimHash bits, 0 to 63 (default 3)")
-    parser.add_argument("--dedupe-bands", default=8, metavar="N",
-                        help="LSH bands the fingerprint is cut into to find near-duplicates, 1 to 64 (default 8)")
-    parser.add_argument("--refusal-threshold", default=0.5, metavar="X",
-                        help="a side scoring at or above X, 0 to 1, reads as a refusal (default 0.5)")
+    parser.add_argument(
+        "--dedupe-bits",
+        default=3,
+        metavar="N",
+        help="near-duplicates differ in at most N of their 64 SimHash bits, 0 to 63 (default 3)",
+    )
+    parser.add_argument(
+        "--dedupe-bands",
+        default=8,
+        metavar="N",
+        help="LSH bands the fingerprint is cut into to find near-duplicates, 1 to 64 (default 8)",
+    )
+    parser.add_argument(
+        "--refusal-threshold",
+        default=0.5,
+        metavar="X",
+        help="a side scoring at or above X, 0 to 1, reads as a refusal (default 0.5)",
+    )
 
 
 def _add_synthesize(commands: Any) -> None:
-    synth = _command(commands, "synthesize", "write a pair set from a trait description",
-                     "Generate a pair set from a one-sentence trait description, with a local model (default) "
-                     "or a hosted model through the Brama gateway (BRAMA_URL, BRAMA_BEARER).", "pairs synthesize")
+    synth = _command(
+        commands,
+        "synthesize",
+        "write a pair set from a trait description",
+        "Generate a pair set from a one-sentence trait description, with a local model (default) "
+        "or a hosted model through the Brama gateway (BRAMA_URL, BRAMA_BEARER).",
+        "pairs synthesize",
+    )
     synth.add_argument("--trait", required=True, metavar="TEXT", help="the trait, described in one sentence")
     synth.add_argument("--count", required=True, metavar="N", help="pairs to keep")
     synth.add_argument("--output", required=True, metavar="FILE", help="where to write the pair set")
-    synth.add_argument("--generator", default="local", metavar=_choices(GENERATORS),
-                       help="who writes the text: a local model (--model) or Brama (--generator-model) "
-                            "(default local)")
+    synth.add_argument(
+        "--generator",
+        default="local",
+        metavar=_choices(GENERATORS),
+        help="who writes the text: a local model (--model) or Brama (--generator-model) (default local)",
+    )
     synth.add_argument("--generator-model", metavar="ROUTE", help="the Brama alias or provider/model route")
     synth.add_argument("--trait-name", metavar="NAME", help="the set's trait_name (default: derived from --trait)")
     synth.add_argument("--opposite", metavar="TEXT", help="the opposite trait (default: derived with one generation)")
-    synth.add_argument("--retry-multiplier", default=3, metavar="N",
-                       help="give up after count x N attempts (default 3)")
+    synth.add_argument(
+        "--retry-multiplier", default=3, metavar="N", help="give up after count x N attempts (default 3)"
+    )
     _dedupe_flags(synth)
     _model_flags(synth, required=False, route=" (--generator local)")
     _sampling_flags(synth, 96, 0.9, 0.95, within_context=False)
 
 
 def _add_pairs(commands: Any) -> None:
-    pairs = commands.add_parser("pairs", help="author, inspect, and synthesize contrastive pair sets",
-                                description="Contrastive pair sets: matched texts that show a trait and do not.")
+    pairs = commands.add_parser(
+        "pairs",
+        help="author, inspect, and synthesize contrastive pair sets",
+        description="Contrastive pair sets: matched texts that show a trait and do not.",
+    )
     sub = pairs.add_subparsers(dest="pairs_command", metavar="<subcommand>", required=True)
-    inspect = _command(sub, "inspect", "find duplicates, refusals, lopsided pairs and low diversity; no model",
-                       "Inspect a pair set without loading a model: exact and near duplicates (SimHash with "
-                       "banded LSH), sides that read as refusals, length balance, and diversity.", "pairs inspect")
+    inspect = _command(
+        sub,
+        "inspect",
+        "find duplicates, refusals, lopsided pairs and low diversity; no model",
+        "Inspect a pair set without loading a model: exact and near duplicates (SimHash with "
+        "banded LSH), sides that read as refusals, length balance, and diversity.",
+        "pairs inspect",
+    )
     inspect.add_argument("--pairs", metavar="FILE", help="the pair set (default: the workspace's active set)")
     _dedupe_flags(inspect)
-    inspect.add_argument("--model", metavar="MODEL", help="count each side in this model's tokens against its "
-                                                          "context (reads its tokenizer and config, never its weights)")
+    inspect.add_argument(
+        "--model",
+        metavar="MODEL",
+        help="count each side in this model's tokens against its "
+        "context (reads its tokenizer and config, never its weights)",
+    )
     inspect.add_argument("--revision", metavar="REV", help="Hub branch, tag or commit of --model (Hub ids only)")
-    inspect.add_argument("--chat-template", default="auto", metavar=_choices(CHAT_MODES),
-                         help="encode the sides as train would: auto applies the model's template (default auto)")
-    add = _command(sub, "add", "append one pair (creates the file)", "Append one pair to a pair set, creating "
-                   "the file and its parent directory when missing.", "pairs add")
+    inspect.add_argument(
+        "--chat-template",
+        default="auto",
+        metavar=_choices(CHAT_MODES),
+        help="encode the sides as train would: auto applies the model's template (default auto)",
+    )
+    add = _command(
+        sub,
+        "add",
+        "append one pair (creates the file)",
+        "Append one pair to a pair set, creating the file and its parent directory when missing.",
+        "pairs add",
+    )
     add.add_argument("--pairs", required=True, metavar="FILE", help="the pair set file")
     add.add_argument("--positive", required=True, metavar="TEXT", help="the text that shows the trait")
     add.add_argument("--negative", required=True, metavar="TEXT", help="the matched text that does not")
     add.add_argument("--trait", metavar="NAME", help="set or replace the set's trait name")
-    remove = _command(sub, "remove", "remove the pair at an index", "Remove one pair by its zero-based index.",
-                      "pairs remove")
+    remove = _command(
+        sub, "remove", "remove the pair at an index", "Remove one pair by its zero-based index.", "pairs remove"
+    )
     remove.add_argument("--pairs", required=True, metavar="FILE", help="the pair set file")
     remove.add_argument("--index", required=True, metavar="N", help="zero-based index of the pair")
     _add_synthesize(sub)
 
 
 def _add_workspace(commands: Any) -> None:
-    workspace = commands.add_parser("workspace", help="import, activate, and inspect persistent pair sets",
-                                    description="Pair sets kept under $XDG_DATA_HOME/ster (else ~/.local/share/ster), "
-                                                "one of them active: train, optimize, evaluate and pairs inspect "
-                                                "use it when --pairs is omitted.")
+    workspace = commands.add_parser(
+        "workspace",
+        help="import, activate, and inspect persistent pair sets",
+        description="Pair sets kept under $XDG_DATA_HOME/ster (else ~/.local/share/ster), "
+        "one of them active: train, optimize, evaluate and pairs inspect "
+        "use it when --pairs is omitted.",
+    )
     sub = workspace.add_subparsers(dest="workspace_command", metavar="<subcommand>", required=True)
-    imports = _command(sub, "import-pairs", "keep a canonical copy of a pair set and make it active",
-                       "Validate a pair set, copy it under $XDG_DATA_HOME/ster, and make it the active set.",
-                       "workspace import-pairs")
+    imports = _command(
+        sub,
+        "import-pairs",
+        "keep a canonical copy of a pair set and make it active",
+        "Validate a pair set, copy it under $XDG_DATA_HOME/ster, and make it the active set.",
+        "workspace import-pairs",
+    )
     imports.add_argument("source", metavar="FILE", help="the pair set to import")
     imports.add_argument("--name", help="the id of the copy (default: the file name)")
-    _command(sub, "show", "list the imported sets and the active one", "List the imported pair sets.",
-             "workspace show")
-    select = _command(sub, "select", "make an imported set the active one", "Activate an imported set.",
-                      "workspace select")
+    _command(sub, "show", "list the imported sets and the active one", "List the imported pair sets.", "workspace show")
+    select = _command(
+        sub, "select", "make an imported set the active one", "Activate an imported set.", "workspace select"
+    )
     select.add_argument("id", help="the set's id")
-    remove = _command(sub, "remove", "forget an imported set", "Remove an imported set and its copy.",
-                      "workspace remove")
+    remove = _command(
+        sub, "remove", "forget an imported set", "Remove an imported set and its copy.", "workspace remove"
+    )
     remove.add_argument("id", help="the set's id")
 
 
 def _add_onboarding(commands: Any) -> None:
-    parser = _command(commands, "onboarding", "show or replay the first-use walkthrough",
-                      "The first-use walkthrough: what a pair set is and how to get one. It ends when a pair set "
-                      "is imported or written.")
+    parser = _command(
+        commands,
+        "onboarding",
+        "show or replay the first-use walkthrough",
+        "The first-use walkthrough: what a pair set is and how to get one. It ends when a pair set "
+        "is imported or written.",
+    )
     parser.add_argument("--reset", action="store_true", help="start the walkthrough over")
     parser.add_argument("--import-pairs", metavar="FILE", help="import this pair set into the workspace")
     parser.add_argument("--name", help="the id of the imported copy")
 
 
 def _add_model(commands: Any) -> None:
-    model = commands.add_parser("model", help="convert a GGUF file into a checkpoint directory",
-                                description="Checkpoints in a form every command loads.")
+    model = commands.add_parser(
+        "model",
+        help="convert a GGUF file into a checkpoint directory",
+        description="Checkpoints in a form every command loads.",
+    )
     model_commands = model.add_subparsers(dest="model_command", metavar="<subcommand>", required=True)
-    gguf = _command(model_commands, "import", "convert a GGUF file into a checkpoint directory",
-                    "Dequantize a GGUF checkpoint (llama, qwen2, qwen3, phi3 or gemma3) into config.json, tokenizer.json, tokenizer_config.json "
-                    "(with its chat template) and model.safetensors.", "model import")
+    gguf = _command(
+        model_commands,
+        "import",
+        "convert a GGUF file into a checkpoint directory",
+        "Dequantize a GGUF checkpoint (llama, qwen2, qwen3, phi3 or gemma3) into config.json, tokenizer.json, tokenizer_config.json "
+        "(with its chat template) and model.safetensors.",
+        "model import",
+    )
     gguf.add_argument("gguf", metavar="FILE.gguf", help="the GGUF file")
     gguf.add_argument("--output", required=True, metavar="DIR", help="the directory to create (new, or empty)")
 
 
-TARGETS_HELP = ("projections that carry an adapter: query, key, value, output, gate, up, down (or q_proj, k_proj, "
-                "v_proj, o_proj, gate_proj, up_proj, down_proj); default query,value")
+TARGETS_HELP = (
+    "projections that carry an adapter: query, key, value, output, gate, up, down (or q_proj, k_proj, "
+    "v_proj, o_proj, gate_proj, up_proj, down_proj); default query,value"
+)
 
 
 def _adapter_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("adapter")
     group.add_argument("--rank", default=8, metavar="N", help="rank of each LoRA factor pair (default 8)")
-    group.add_argument("--alpha", default=16.0, metavar="X", help="scale numerator: the update is alpha/rank x B A "
-                                                                  "(default 16)")
+    group.add_argument(
+        "--alpha", default=16.0, metavar="X", help="scale numerator: the update is alpha/rank x B A (default 16)"
+    )
     group.add_argument("--targets", default="query,value", metavar="LIST", help=TARGETS_HELP)
     group.add_argument("--layers", default="all", metavar="LAYERS", help=f"{LAYERS_HELP}; default all")
 
 
 def _run_flags(parser: argparse.ArgumentParser, unit: str, accumulation: int = 8, grpo: bool = False) -> None:
     group = parser.add_argument_group("run")
-    group.add_argument("--output", required=True, metavar="FILE",
-                       help="the adapter's .safetensors file; its sidecar is written beside it with .json")
+    group.add_argument(
+        "--output",
+        required=True,
+        metavar="FILE",
+        help="the adapter's .safetensors file; its sidecar is written beside it with .json",
+    )
     if grpo:
         group.add_argument("--iterations", default=1, metavar="N", help="passes over the prompts (default 1)")
     else:
         group.add_argument("--epochs", default=1, metavar="N", help="passes over the data (default 1)")
     group.add_argument("--learning-rate", default=1e-4, metavar="LR", help="AdamW's base rate (default 0.0001)")
-    group.add_argument("--accumulation", default=accumulation, metavar="N",
-                       help=f"forwards folded into one optimizer step (default {accumulation})")
-    group.add_argument("--warmup-steps", default=0, metavar="N",
-                       help="steps of linear warmup before the cosine decay to a tenth of the rate (default 0)")
-    group.add_argument("--max-sequence", default=512, metavar="N",
-                       help=f"longest sequence in tokens, capped at the model's context; a longer {unit} is "
-                            "skipped, never cut (default 512)")
+    group.add_argument(
+        "--accumulation",
+        default=accumulation,
+        metavar="N",
+        help=f"forwards folded into one optimizer step (default {accumulation})",
+    )
+    group.add_argument(
+        "--warmup-steps",
+        default=0,
+        metavar="N",
+        help="steps of linear warmup before the cosine decay to a tenth of the rate (default 0)",
+    )
+    group.add_argument(
+        "--max-sequence",
+        default=512,
+        metavar="N",
+        help=f"longest sequence in tokens, capped at the model's context; a longer {unit} is "
+        "skipped, never cut (default 512)",
+    )
     if not grpo:
-        group.add_argument("--batch-size", default=1, metavar="N",
-                           help=f"{unit}s per forward pass (a pair is two rows; default 1)")
-    group.add_argument("--seed", default=42, metavar="N",
-                       help="seeds the adapter's draw, the shuffle" + (" and every sampled completion" if grpo else "")
-                            + " (default 42)")
-    group.add_argument("--checkpoint-every", default=0, metavar="N",
-                       help="write a resumable checkpoint beside the output every N steps (default 0: only when "
-                            "interrupted)")
+        group.add_argument(
+            "--batch-size", default=1, metavar="N", help=f"{unit}s per forward pass (a pair is two rows; default 1)"
+        )
+    group.add_argument(
+        "--seed",
+        default=42,
+        metavar="N",
+        help="seeds the adapter's draw, the shuffle"
+        + (" and every sampled completion" if grpo else "")
+        + " (default 42)",
+    )
+    group.add_argument(
+        "--checkpoint-every",
+        default=0,
+        metavar="N",
+        help="write a resumable checkpoint beside the output every N steps (default 0: only when interrupted)",
+    )
     group.add_argument("--resume", action="store_true", help="continue from the checkpoint beside the output")
 
 
 def _add_tune(commands: Any) -> None:
-    tune = commands.add_parser("tune", help="train, evaluate, merge, inspect and export LoRA adapters",
-                               description="LoRA post-training: supervised fine-tuning, preference optimization "
-                                           "(DPO, IPO), reward models; evaluation, merging, inspection and export.")
+    tune = commands.add_parser(
+        "tune",
+        help="train, evaluate, merge, inspect and export LoRA adapters",
+        description="LoRA post-training: supervised fine-tuning, preference optimization "
+        "(DPO, IPO), reward models; evaluation, merging, inspection and export.",
+    )
     sub = tune.add_subparsers(dest="tune_command", metavar="<subcommand>", required=True)
-    sft = _command(sub, "sft", "supervised fine-tuning on prompt/completion examples",
-                   "Train a LoRA adapter with next-token cross-entropy on the completion tokens only.", "tune sft")
+    sft = _command(
+        sub,
+        "sft",
+        "supervised fine-tuning on prompt/completion examples",
+        "Train a LoRA adapter with next-token cross-entropy on the completion tokens only.",
+        "tune sft",
+    )
     _model_flags(sft)
-    sft.add_argument("--examples", required=True, metavar="FILE",
-                     help='{"examples": [{"prompt", "completion"}]}, or JSON Lines with prompt/completion or messages')
+    sft.add_argument(
+        "--examples",
+        required=True,
+        metavar="FILE",
+        help='{"examples": [{"prompt", "completion"}]}, or JSON Lines with prompt/completion or messages',
+    )
     _adapter_flags(sft)
     _run_flags(sft, "example")
     for name, help_text, description in (
-        ("dpo", "direct preference optimization (or IPO) on preference pairs",
-         ("Train a LoRA adapter to prefer each pair's positive (chosen) side over its negative (rejected) side, "
-         "relative to the frozen base model.")),
-        ("reward", "train a reward model (Bradley-Terry) on preference pairs",
-         "Train a LoRA adapter and a scalar head that scores the chosen side above the rejected one."),
+        (
+            "dpo",
+            "direct preference optimization (or IPO) on preference pairs",
+            (
+                "Train a LoRA adapter to prefer each pair's positive (chosen) side over its negative (rejected) side, "
+                "relative to the frozen base model."
+            ),
+        ),
+        (
+            "reward",
+            "train a reward model (Bradley-Terry) on preference pairs",
+            "Train a LoRA adapter and a scalar head that scores the chosen side above the rejected one.",
+        ),
     ):
         parser = _command(sub, name, help_text, description, f"tune {name}")
         _model_flags(parser)
-        parser.add_argument("--pairs", metavar="FILE", help="a pair set (positive chosen, negative rejected), or JSON "
-                                                            "Lines with prompt/chosen/rejected (default: the "
-                                                            "workspace's active set)")
+        parser.add_argument(
+            "--pairs",
+            metavar="FILE",
+            help="a pair set (positive chosen, negative rejected), or JSON "
+            "Lines with prompt/chosen/rejected (default: the "
+            "workspace's active set)",
+        )
         _adapter_flags(parser)
         if name == "dpo":
-            parser.add_argument("--beta", default=0.1, metavar="B", help="strength of the pull toward the reference "
-                                                                         "(default 0.1)")
-            parser.add_argument("--loss", default="dpo", metavar="{dpo,ipo}", help="sigmoid (dpo) or squared (ipo) "
-                                                                                   "preference loss (default dpo)")
+            parser.add_argument(
+                "--beta", default=0.1, metavar="B", help="strength of the pull toward the reference (default 0.1)"
+            )
+            parser.add_argument(
+                "--loss",
+                default="dpo",
+                metavar="{dpo,ipo}",
+                help="sigmoid (dpo) or squared (ipo) preference loss (default dpo)",
+            )
         _run_flags(parser, "pair")
-    grpo = _command(sub, "grpo", "group-relative policy optimization on completions the model samples",
-                    "For each prompt, sample --group completions from the adapted model, score them with the reward "
-                    "source, and step the adapter toward the completions that beat their group's mean, with a KL pull "
-                    "(--beta) toward the frozen base.", "tune grpo")
+    grpo = _command(
+        sub,
+        "grpo",
+        "group-relative policy optimization on completions the model samples",
+        "For each prompt, sample --group completions from the adapted model, score them with the reward "
+        "source, and step the adapter toward the completions that beat their group's mean, with a KL pull "
+        "(--beta) toward the frozen base.",
+        "tune grpo",
+    )
     _model_flags(grpo)
-    grpo.add_argument("--prompts", required=True, metavar="FILE",
-                      help='{"prompts": ["..."]}, as extract reads (ster:grpo-prompts has six for the toy)')
-    grpo.add_argument("--reward", default="length", metavar="SOURCE",
-                      help="length (the completion's token count) or a reward model written by tune reward "
-                           "(default length)")
+    grpo.add_argument(
+        "--prompts",
+        required=True,
+        metavar="FILE",
+        help='{"prompts": ["..."]}, as extract reads (ster:grpo-prompts has six for the toy)',
+    )
+    grpo.add_argument(
+        "--reward",
+        default="length",
+        metavar="SOURCE",
+        help="length (the completion's token count) or a reward model written by tune reward (default length)",
+    )
     grpo.add_argument("--group", default=4, metavar="N", help="completions sampled per prompt, at least 2 (default 4)")
-    grpo.add_argument("--beta", default=0.04, metavar="B", help="weight of the KL pull toward the frozen base "
-                                                                "(default 0.04; 0 turns it off)")
+    grpo.add_argument(
+        "--beta",
+        default=0.04,
+        metavar="B",
+        help="weight of the KL pull toward the frozen base (default 0.04; 0 turns it off)",
+    )
     _adapter_flags(grpo)
     sampling = grpo.add_argument_group("sampling")
     sampling.add_argument("--max-new-tokens", default=64, metavar="N", help="longest completion (default 64)")
     sampling.add_argument("--temperature", default=0.9, metavar="T", help="above 0 (default 0.9)")
     sampling.add_argument("--top-p", default=0.95, metavar="P", help="nucleus sampling (default 0.95)")
     _run_flags(grpo, "prompt", accumulation=1, grpo=True)
-    evaluate = _command(sub, "evaluate", "completion loss and perplexity, or preference accuracy, on held-out data",
-                        "Score a checkpoint, or a checkpoint with an adapter, on held-out examples (completion-token "
-                        "loss and perplexity), or an adapter on held-out preference pairs (a DPO adapter's implicit-"
-                        "reward accuracy, a reward model's ranking accuracy); writes nothing.", "tune evaluate")
+    evaluate = _command(
+        sub,
+        "evaluate",
+        "completion loss and perplexity, or preference accuracy, on held-out data",
+        "Score a checkpoint, or a checkpoint with an adapter, on held-out examples (completion-token "
+        "loss and perplexity), or an adapter on held-out preference pairs (a DPO adapter's implicit-"
+        "reward accuracy, a reward model's ranking accuracy); writes nothing.",
+        "tune evaluate",
+    )
     _model_flags(evaluate)
     evaluate.add_argument("--examples", metavar="FILE", help="held-out examples (this or --pairs)")
-    evaluate.add_argument("--pairs", metavar="FILE", help="held-out preference pairs, positive chosen; needs --adapter "
-                                                          "(this or --examples)")
-    evaluate.add_argument("--adapter", metavar="FILE", help="an adapter, or with --pairs a reward model (default: the "
-                                                            "bare checkpoint)")
-    evaluate.add_argument("--beta", default=0.1, metavar="B", help="with --pairs and a generation adapter: the scale "
-                                                                   "of the implicit reward (default 0.1)")
-    evaluate.add_argument("--max-sequence", default=512, metavar="N",
-                          help="longest sequence in tokens, capped at the model's context; a longer example or pair is "
-                               "skipped, never cut (default 512)")
-    evaluate.add_argument("--batch-size", default=1, metavar="N", help="examples (or pairs) per forward pass "
-                                                                       "(default 1)")
-    merge = _command(sub, "merge", "fold an adapter into a copy of the checkpoint",
-                     "Write an ordinary checkpoint directory whose weights include the adapter's update.", "tune merge")
+    evaluate.add_argument(
+        "--pairs",
+        metavar="FILE",
+        help="held-out preference pairs, positive chosen; needs --adapter (this or --examples)",
+    )
+    evaluate.add_argument(
+        "--adapter", metavar="FILE", help="an adapter, or with --pairs a reward model (default: the bare checkpoint)"
+    )
+    evaluate.add_argument(
+        "--beta",
+        default=0.1,
+        metavar="B",
+        help="with --pairs and a generation adapter: the scale of the implicit reward (default 0.1)",
+    )
+    evaluate.add_argument(
+        "--max-sequence",
+        default=512,
+        metavar="N",
+        help="longest sequence in tokens, capped at the model's context; a longer example or pair is "
+        "skipped, never cut (default 512)",
+    )
+    evaluate.add_argument(
+        "--batch-size", default=1, metavar="N", help="examples (or pairs) per forward pass (default 1)"
+    )
+    merge = _command(
+        sub,
+        "merge",
+        "fold an adapter into a copy of the checkpoint",
+        "Write an ordinary checkpoint directory whose weights include the adapter's update.",
+        "tune merge",
+    )
     merge.add_argument("--model", required=True, metavar="MODEL", help="the base checkpoint")
     merge.add_argument("--revision", metavar="REV", help="Hub branch, tag or commit")
     merge.add_argument("--device", default="cpu", metavar=_choices(DEVICES), help="(default cpu)")
     merge.add_argument("--adapter", required=True, metavar="FILE", help="the adapter to fold in")
     merge.add_argument("--output", required=True, metavar="DIR", help="a new or empty directory")
-    inspect = _command(sub, "inspect", "print an adapter's sidecar and tensor shapes; no model",
-                       "Validate an adapter's sidecar and list every tensor's name and shape without loading a model.",
-                       "tune inspect")
+    inspect = _command(
+        sub,
+        "inspect",
+        "print an adapter's sidecar and tensor shapes; no model",
+        "Validate an adapter's sidecar and list every tensor's name and shape without loading a model.",
+        "tune inspect",
+    )
     inspect.add_argument("artifact", metavar="ADAPTER", help="the adapter's .safetensors file")
-    export = _command(sub, "export-peft", "write an adapter as a PEFT directory",
-                      "Write the adapter as adapter_config.json and adapter_model.safetensors, which "
-                      "peft.PeftModel.from_pretrained loads on the Hugging Face checkpoint.", "tune export-peft")
+    export = _command(
+        sub,
+        "export-peft",
+        "write an adapter as a PEFT directory",
+        "Write the adapter as adapter_config.json and adapter_model.safetensors, which "
+        "peft.PeftModel.from_pretrained loads on the Hugging Face checkpoint.",
+        "tune export-peft",
+    )
     export.add_argument("adapter", metavar="ADAPTER", help="the adapter's .safetensors file")
     export.add_argument("--output", required=True, metavar="DIR", help="a new or empty directory")
-    export.add_argument("--base-model", metavar="NAME", help="the base model the PEFT config names (default: the "
-                                                              "adapter's model)")
+    export.add_argument(
+        "--base-model", metavar="NAME", help="the base model the PEFT config names (default: the adapter's model)"
+    )
 
 
 def _remote_flags(parser: argparse.ArgumentParser, suppress: bool = False) -> None:
     default: Any = argparse.SUPPRESS if suppress else None
-    parser.add_argument("--server", metavar="URL", default=default,
-                        help="run the job on a ster serve server at URL (such as http://127.0.0.1:8765) instead of "
-                             "in this process; paths name files on the server")
-    parser.add_argument("--token-file", metavar="FILE", default=default,
-                        help="a file holding the server's bearer token (default: the STER_TOKEN environment "
-                             "variable, if set)")
+    parser.add_argument(
+        "--server",
+        metavar="URL",
+        default=default,
+        help="run the job on a ster serve server at URL (such as http://127.0.0.1:8765) instead of "
+        "in this process; paths name files on the server",
+    )
+    parser.add_argument(
+        "--token-file",
+        metavar="FILE",
+        default=default,
+        help="a file holding the server's bearer token (default: the STER_TOKEN environment variable, if set)",
+    )
 
 
 def _add_serve(commands: Any) -> None:
     parser = commands.add_parser(
-        "serve", help="serve every job over HTTP, streamed as NDJSON",
+        "serve",
+        help="serve every job over HTTP, streamed as NDJSON",
         description="Serve every job at POST /v1/<operation> (train, tune/sft, pairs/inspect, ...), its body the "
-                    'command\'s flags in camelCase, streamed as NDJSON. Prints {"port":N,"ready":true} once it '
-                    "accepts connections. Loopback only unless --host says otherwise; a host that is not loopback "
-                    "requires a bearer token and --root. The API is described at /docs.")
+        'command\'s flags in camelCase, streamed as NDJSON. Prints {"port":N,"ready":true} once it '
+        "accepts connections. Loopback only unless --host says otherwise; a host that is not loopback "
+        "requires a bearer token and --root. The API is described at /docs.",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", default="0", metavar="N", help="the port, 0 to 65535; 0 takes a free one (default 0)")
-    parser.add_argument("--token-file", metavar="FILE",
-                        help="a file whose first line is the bearer token every request must carry (default: the "
-                             "STER_SERVE_TOKEN environment variable, if set); required off loopback")
-    parser.add_argument("--root", metavar="DIR",
-                        help="confine every path a request names to DIR, and take relative paths from it; "
-                             "required off loopback")
+    parser.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="a file whose first line is the bearer token every request must carry (default: the "
+        "STER_SERVE_TOKEN environment variable, if set); required off loopback",
+    )
+    parser.add_argument(
+        "--root",
+        metavar="DIR",
+        help="confine every path a request names to DIR, and take relative paths from it; required off loopback",
+    )
 
 
 def _add_request(commands: Any) -> None:
     parser = commands.add_parser(
-        "request", help="run one operation from a JSON body on stdin, printing NDJSON",
+        "request",
+        help="run one operation from a JSON body on stdin, printing NDJSON",
         description="Read one JSON body on stdin (the command's flags in camelCase; blank means {}), run the "
-                    "operation, and print the lines ster serve streams. Exit 0 done, 1 failed while running, "
-                    "2 refused before running, 130 cancelled with Ctrl-C.")
-    parser.add_argument("operation", metavar="OPERATION",
-                        help="train, optimize, evaluate, generate, extract, inspect, sweep, pairs/inspect, pairs/save, "
-                             "pairs/synthesize, workspace/import-pairs, workspace/show, tune/sft, tune/dpo, "
-                             "tune/reward, tune/grpo, tune/merge, tune/evaluate, tune/inspect, ...")
+        "operation, and print the lines ster serve streams. Exit 0 done, 1 failed while running, "
+        "2 refused before running, 130 cancelled with Ctrl-C.",
+    )
+    parser.add_argument(
+        "operation",
+        metavar="OPERATION",
+        help="train, optimize, evaluate, generate, extract, inspect, sweep, pairs/inspect, pairs/save, "
+        "pairs/synthesize, workspace/import-pairs, workspace/show, tune/sft, tune/dpo, "
+        "tune/reward, tune/grpo, tune/merge, tune/evaluate, tune/inspect, ...",
+    )
 
 
-STEERING = (_add_train, _add_optimize, _add_evaluate, _add_generate, _add_extract, _add_sweep, _add_calibrate,
-            _add_inspect)
+STEERING = (
+    _add_train,
+    _add_optimize,
+    _add_evaluate,
+    _add_generate,
+    _add_extract,
+    _add_sweep,
+    _add_calibrate,
+    _add_inspect,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -485,7 +799,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ster",
         description="Read hidden states out of causal language models, fit steering directions from contrastive "
-                    "pairs, and steer generation with them. Run ster alone on a terminal for the full-screen app.",
+        "pairs, and steer generation with them. Run ster alone on a terminal for the full-screen app.",
         epilog=f'Try: ster generate --model {EXAMPLE_MODEL} --prompt "question : what is the river like ? answer :"',
     )
     parser.add_argument("--version", action="version", version=f"ster {__version__}")
@@ -498,9 +812,12 @@ def build_parser() -> argparse.ArgumentParser:
     vector_commands = vector.add_subparsers(dest="vector_command", metavar="<command>", required=True)
     for add in STEERING:
         add(vector_commands)
-    tui = commands.add_parser("tui", help="open the full-screen app (also: ster with no arguments on a terminal)",
-                              description="The full-screen app: author pairs, train and select a direction, "
-                                          "compare steered with unsteered generation.")
+    tui = commands.add_parser(
+        "tui",
+        help="open the full-screen app (also: ster with no arguments on a terminal)",
+        description="The full-screen app: author pairs, train and select a direction, "
+        "compare steered with unsteered generation.",
+    )
     tui.add_argument("--model", default="ster:toy", help="the model to start with (default ster:toy)")
     tui.add_argument("--pairs", metavar="FILE", help="the pair set to open")
     _remote_flags(tui, suppress=True)

@@ -128,8 +128,14 @@ class TerminalRenderer:
 
         self.out = out
         self.console = Console(file=err, highlight=False)
-        self.bar = Bar(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                       console=self.console, transient=True)
+        self.bar = Bar(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=self.console,
+            transient=True,
+        )
         self.tasks: dict[str, Any] = {}
         self.streaming = False
 

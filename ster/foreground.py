@@ -47,8 +47,9 @@ from typing import Any
 from ster.engine.protocol import inflight
 from ster.engine.protocol.errors import Cancelled, ExitCode
 
-CANCELLING = ("cancelling: the job stops after its current step without writing its output; press Ctrl-C again "
-              "to stop at once")
+CANCELLING = (
+    "cancelling: the job stops after its current step without writing its output; press Ctrl-C again to stop at once"
+)
 STOPPED = "stopped at once at the second Ctrl-C; nothing was written"
 INTERRUPTED = "interrupted before the job started; nothing was written"
 TOO_LATE = "too late to cancel: the job has written its output and ends with its result"
@@ -144,8 +145,7 @@ class Foreground:
         from ster.engine.protocol.events import Error
 
         with self._deciding:
-            if (settles and event.type == "result" and self.cancel.is_set()
-                    and not inflight.committed(self.cancel)):
+            if settles and event.type == "result" and self.cancel.is_set() and not inflight.committed(self.cancel):
                 event = Error(kind="cancelled", message=str(Cancelled()))
             self._final = event
         return event

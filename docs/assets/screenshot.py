@@ -17,9 +17,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "assets" / "ster.svg"
-ALARMED = ["question : tell me about the town . answer :", "question : tell me about the forest . answer :",
-           "question : how is the market today ? answer :", "question : tell me about the bridge . answer :",
-           "question : tell me about the hill . answer :", "question : tell me about the park . answer :"]
+ALARMED = [
+    "question : tell me about the town . answer :",
+    "question : tell me about the forest . answer :",
+    "question : how is the market today ? answer :",
+    "question : tell me about the bridge . answer :",
+    "question : tell me about the hill . answer :",
+    "question : tell me about the park . answer :",
+]
 
 
 async def shoot(work: Path) -> str:
@@ -31,6 +36,7 @@ async def shoot(work: Path) -> str:
     prompts.write_text(json.dumps({"prompts": ALARMED}))
     app = SterApp(Settings(model="ster:toy", pairs=EXAMPLES_DIR / "pairs.json", trait="calm"))
     async with app.run_test(size=(120, 34)) as pilot:
+
         async def settle(seconds: float = 120.0) -> None:
             for _ in range(int(seconds / 0.05)):
                 await pilot.pause(0.05)

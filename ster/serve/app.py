@@ -128,8 +128,11 @@ class JobStream(Response):
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         live = self.jobs.admit(self.prepared)
-        headers = [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache"),
-                   (JOB_HEADER.encode(), live.id.encode())]
+        headers = [
+            (b"content-type", b"application/x-ndjson"),
+            (b"cache-control", b"no-cache"),
+            (JOB_HEADER.encode(), live.id.encode()),
+        ]
         watcher = asyncio.create_task(self._watch(receive, live))
         final: Event | None = None
         try:
@@ -247,8 +250,9 @@ class LastResort:
         try:
             await self.app(scope, receive, tracked)
         except Exception as exc:
-            limits.say(f"error: internal error serving {scope.get('method')} {scope.get('path')}: "
-                       f"{limits.sentence(exc)}")
+            limits.say(
+                f"error: internal error serving {scope.get('method')} {scope.get('path')}: {limits.sentence(exc)}"
+            )
             if limits.debug():
                 import traceback
 
@@ -273,8 +277,9 @@ class TokenGate:
         if scope["type"] == "http" and self.token is not None and scope["path"] != "/v1/health":
             header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
             if not token_matches(header, self.token):
-                response = JSONResponse({"error": UNAUTHORIZED}, status_code=401,
-                                        headers={"www-authenticate": "Bearer"})
+                response = JSONResponse(
+                    {"error": UNAUTHORIZED}, status_code=401, headers={"www-authenticate": "Bearer"}
+                )
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -287,8 +292,13 @@ def create_app(token: str | None = None, root: Root | None = None, models: Any =
 
         models = ModelStore()
     jobs = Jobs()
-    app = FastAPI(title="Ster", summary="Activation steering and LoRA post-training jobs, streamed as NDJSON",
-                  docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
+    app = FastAPI(
+        title="Ster",
+        summary="Activation steering and LoRA post-training jobs, streamed as NDJSON",
+        docs_url="/docs",
+        redoc_url=None,
+        openapi_url="/openapi.json",
+    )
     app.state.jobs = jobs
 
     @app.exception_handler(HTTPException)
@@ -324,9 +334,16 @@ def create_app(token: str | None = None, root: Root | None = None, models: Any =
         return JSONResponse({"cancelled": job_id})
 
     for operation, job in wire.OPERATIONS.items():
-        app.add_api_route(f"/v1/{operation}", _endpoint(operation, jobs, root, models), methods=["POST"],
-                          name=operation, summary=f"ster {job}", response_class=Response,
-                          openapi_extra=_body_schema(job), responses={200: {"content": {"application/x-ndjson": {}}}})
+        app.add_api_route(
+            f"/v1/{operation}",
+            _endpoint(operation, jobs, root, models),
+            methods=["POST"],
+            name=operation,
+            summary=f"ster {job}",
+            response_class=Response,
+            openapi_extra=_body_schema(job),
+            responses={200: {"content": {"application/x-ndjson": {}}}},
+        )
     app.openapi = _openapi(app)  # type: ignore[method-assign]  # FastAPI's documented way to replace the schema
 
     @app.exception_handler(Exception)

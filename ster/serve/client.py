@@ -48,11 +48,13 @@ class Remote:
     def _client(self) -> Any:
         import httpx
 
-        return httpx.Client(base_url=self.url, headers=self.headers,
-                            timeout=httpx.Timeout(self.connect_timeout, read=None))
+        return httpx.Client(
+            base_url=self.url, headers=self.headers, timeout=httpx.Timeout(self.connect_timeout, read=None)
+        )
 
-    def run_job(self, name: str, fields: dict[str, Any], emit: Any, cancel: threading.Event | None = None,
-                models: Any = None) -> Event:
+    def run_job(
+        self, name: str, fields: dict[str, Any], emit: Any, cancel: threading.Event | None = None, models: Any = None
+    ) -> Event:
         """Run job ``name`` on the server, emitting its events; return the final one (also emitted)."""
         import httpx
 
@@ -68,15 +70,26 @@ class Remote:
         except (httpx.HTTPError, httpx.InvalidURL, UnicodeError) as exc:
             final = Error(kind="refused", message=f"cannot reach the Ster server at {self.url}: {_reason(exc)}")
             if started.is_set():  # the stream had started: the connection broke in the middle of the job
-                final = Error(kind="internal", message=f"the connection to the Ster server at {self.url} broke "
-                                                       f"before the job ended: {_reason(exc)}")
+                final = Error(
+                    kind="internal",
+                    message=f"the connection to the Ster server at {self.url} broke "
+                    f"before the job ended: {_reason(exc)}",
+                )
             emit(final)
         finally:
             finished.set()
         return final
 
-    def _stream(self, client: Any, name: str, body: dict[str, Any], emit: Any, cancel: threading.Event,
-                started: threading.Event, finished: threading.Event) -> Event:
+    def _stream(
+        self,
+        client: Any,
+        name: str,
+        body: dict[str, Any],
+        emit: Any,
+        cancel: threading.Event,
+        started: threading.Event,
+        finished: threading.Event,
+    ) -> Event:
         operation = name.replace(" ", "/")
         with client.stream("POST", f"/v1/{operation}", params={"stream": "events"}, json=body) as response:
             if response.status_code != 200:
@@ -85,11 +98,15 @@ class Remote:
                 return final
             job_id = response.headers.get("x-ster-job")
             if not job_id:  # every stream of a Ster server names its job
-                raise NotSter(f"{self.url} is not a Ster server: it answered {name} with "
-                              f"{response.headers.get('content-type') or 'no content type'} and no job id", first=True)
+                raise NotSter(
+                    f"{self.url} is not a Ster server: it answered {name} with "
+                    f"{response.headers.get('content-type') or 'no content type'} and no job id",
+                    first=True,
+                )
             started.set()
-            threading.Thread(target=self._cancel_when, args=(cancel, job_id, finished), daemon=True,
-                             name=f"ster cancel {job_id}").start()
+            threading.Thread(
+                target=self._cancel_when, args=(cancel, job_id, finished), daemon=True, name=f"ster cancel {job_id}"
+            ).start()
             first = True
             for line in response.iter_lines():
                 if not line.strip():
@@ -97,8 +114,10 @@ class Remote:
                 try:
                     event = parse_event(line)
                 except ValueError:  # pydantic's ValidationError is one: a line that is not an event
-                    raise NotSter(f"{self.url} is not a Ster server: a line of its answer is not an event "
-                                  f"({line[:60]!r})", first=first) from None
+                    raise NotSter(
+                        f"{self.url} is not a Ster server: a line of its answer is not an event ({line[:60]!r})",
+                        first=first,
+                    ) from None
                 first = False
                 emit(event)
                 if event.type in ("result", "error"):
@@ -112,8 +131,10 @@ class Remote:
         try:
             sentence = str(json.loads(response.text)["error"])
         except (ValueError, KeyError, TypeError):  # not the JSON refusal a Ster server gives
-            return Error(kind="refused", message=f"{self.url} is not a Ster server: it answered {name} with "
-                                                 f"HTTP {response.status_code}")
+            return Error(
+                kind="refused",
+                message=f"{self.url} is not a Ster server: it answered {name} with HTTP {response.status_code}",
+            )
         if response.status_code == 404:
             sentence = f"the Ster server at {self.url} does not run {name} ({sentence})"
         elif response.status_code == 401:
@@ -150,8 +171,9 @@ def check_url(url: str) -> None:
     except ValueError as exc:
         raise WireRefusal(f"--server {url} is not a URL: {exc}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise WireRefusal(f"--server {url} is not an http:// or https:// URL of a Ster server, such as "
-                          "http://127.0.0.1:8765")
+        raise WireRefusal(
+            f"--server {url} is not an http:// or https:// URL of a Ster server, such as http://127.0.0.1:8765"
+        )
 
 
 def _reason(exc: Exception) -> str:

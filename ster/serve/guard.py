@@ -80,9 +80,11 @@ def check_strength(token: str) -> None:
     enforced, on loopback too, so it must be strong wherever it is."""
     length, kinds = len(token), len(set(token))
     if length < MIN_TOKEN_LENGTH or kinds < MIN_TOKEN_KINDS:
-        raise WireRefusal(f"the bearer token is too weak to guard a server ({length} characters, {kinds} different); "
-                          f"give one of at least {MIN_TOKEN_LENGTH} characters with at least {MIN_TOKEN_KINDS} "
-                          "different ones, such as the output of openssl rand -hex 32")
+        raise WireRefusal(
+            f"the bearer token is too weak to guard a server ({length} characters, {kinds} different); "
+            f"give one of at least {MIN_TOKEN_LENGTH} characters with at least {MIN_TOKEN_KINDS} "
+            "different ones, such as the output of openssl rand -hex 32"
+        )
 
 
 def token_matches(header: str | None, token: str) -> bool:
@@ -136,5 +138,7 @@ class Root(confine.Root):
             return
         walked = self._inside(text, what)
         if walked.fd is None or not stat.S_ISDIR(walked.mode):
-            raise WireRefusal(f"{what} {text} is not a checkpoint directory inside the server's root "
-                              f"{self.path}; with --root a model is a directory inside it or a bundled ster: name")
+            raise WireRefusal(
+                f"{what} {text} is not a checkpoint directory inside the server's root "
+                f"{self.path}; with --root a model is a directory inside it or a bundled ster: name"
+            )

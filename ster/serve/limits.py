@@ -74,8 +74,10 @@ def quiet_logging() -> None:
     def thread_hook(args: threading.ExceptHookArgs) -> None:
         if args.exc_type is SystemExit:
             return
-        say(f"error: a server thread ({args.thread.name if args.thread else '?'}) stopped: "
-            f"{sentence(args.exc_value) if args.exc_value else args.exc_type.__name__}")
+        say(
+            f"error: a server thread ({args.thread.name if args.thread else '?'}) stopped: "
+            f"{sentence(args.exc_value) if args.exc_value else args.exc_type.__name__}"
+        )
 
     if not debug():
         threading.excepthook = thread_hook

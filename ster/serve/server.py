@@ -58,11 +58,15 @@ def serve(host: str, port_text: str | int, token_file: str | None, root_dir: str
         return _refuse(str(exc))
     if not is_loopback(host):
         if token is None:
-            return _refuse(f"serving on {host}, which is not a loopback address, requires a bearer token: give "
-                           f"--token-file FILE or set {TOKEN_ENV}")
+            return _refuse(
+                f"serving on {host}, which is not a loopback address, requires a bearer token: give "
+                f"--token-file FILE or set {TOKEN_ENV}"
+            )
         if root is None:
-            return _refuse(f"serving on {host}, which is not a loopback address, requires --root DIR to confine "
-                           f"the paths requests name")
+            return _refuse(
+                f"serving on {host}, which is not a loopback address, requires --root DIR to confine "
+                f"the paths requests name"
+            )
     try:
         sock = _bind(host, port)
     except (OSError, OverflowError) as exc:
@@ -80,9 +84,16 @@ def _run(sock: socket.socket, token: str | None, root: Root | None) -> int:
 
     app = create_app(token=token, root=root)
     jobs = app.state.jobs
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=SHUTDOWN_GRACE, server_header=False, http=limits.protocol(),
-                            timeout_keep_alive=int(limits.IDLE_TIMEOUT))
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=SHUTDOWN_GRACE,
+        server_header=False,
+        http=limits.protocol(),
+        timeout_keep_alive=int(limits.IDLE_TIMEOUT),
+    )
     config.load()  # uvicorn's own logging set up now, so the one-line filters sit on its loggers
     limits.quiet_logging()
 
@@ -90,8 +101,9 @@ def _run(sock: socket.socket, token: str | None, root: Root | None) -> int:
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets=sockets)
             if not self.should_exit:
-                sys.stdout.write(json.dumps({"port": sock.getsockname()[1], "ready": True},
-                                            separators=(",", ":")) + "\n")
+                sys.stdout.write(
+                    json.dumps({"port": sock.getsockname()[1], "ready": True}, separators=(",", ":")) + "\n"
+                )
                 sys.stdout.flush()
 
         async def shutdown(self, sockets: Any = None) -> None:

@@ -40,17 +40,43 @@ TOO_LARGE = "request body too large"
 OPERATIONS: dict[str, str] = {name.replace(" ", "/"): name for name in JOBS}
 """Operation (``tune/sft``) → job name (``tune sft``): every job the engine registers."""
 
-UNQUEUED = frozenset({"inspect", "pairs inspect", "pairs save", "pairs add", "pairs remove", "tune inspect",
-                      "tune export-peft", "workspace show", "workspace select", "workspace remove",
-                      "workspace import-pairs", "onboarding"})
+UNQUEUED = frozenset(
+    {
+        "inspect",
+        "pairs inspect",
+        "pairs save",
+        "pairs add",
+        "pairs remove",
+        "tune inspect",
+        "tune export-peft",
+        "workspace show",
+        "workspace select",
+        "workspace remove",
+        "workspace import-pairs",
+        "onboarding",
+    }
+)
 """Jobs that never load a model: they run at once, beside a model job, unless their request names a model."""
 
 _PHRASES = {
-    "model": "a model", "pairs": "a pairs file", "output": "an output path", "vector": "a steering artifact",
-    "prompt": "a prompt", "input": "a prompt input file", "artifact": "a steering artifact",
-    "examples": "an example set", "prompts": "a prompt set", "adapter": "an adapter", "trait": "a trait description",
-    "gguf": "a GGUF file", "source": "a source file", "id": "a set id", "positive": "a positive text",
-    "negative": "a negative text", "index": "a pair index", "count": "a pair count above zero",
+    "model": "a model",
+    "pairs": "a pairs file",
+    "output": "an output path",
+    "vector": "a steering artifact",
+    "prompt": "a prompt",
+    "input": "a prompt input file",
+    "artifact": "a steering artifact",
+    "examples": "an example set",
+    "prompts": "a prompt set",
+    "adapter": "an adapter",
+    "trait": "a trait description",
+    "gguf": "a GGUF file",
+    "source": "a source file",
+    "id": "a set id",
+    "positive": "a positive text",
+    "negative": "a negative text",
+    "index": "a pair index",
+    "count": "a pair count above zero",
     "reward": "a reward source",
 }
 """How a missing field is named in "<operation> requires <phrase>"."""
@@ -63,8 +89,26 @@ _OVERRIDES = {
     ("pairs synthesize", "model"): "a model",
 }
 
-_ORDER = ("model", "trait", "prompt", "pairs", "vector", "input", "examples", "prompts", "reward", "artifact",
-          "adapter", "source", "gguf", "id", "positive", "negative", "index", "count")
+_ORDER = (
+    "model",
+    "trait",
+    "prompt",
+    "pairs",
+    "vector",
+    "input",
+    "examples",
+    "prompts",
+    "reward",
+    "artifact",
+    "adapter",
+    "source",
+    "gguf",
+    "id",
+    "positive",
+    "negative",
+    "index",
+    "count",
+)
 """Required fields are checked in this order, then any other, then ``output`` last."""
 
 _WORKSPACE_PAIRS = frozenset({"train", "optimize", "evaluate", "tune dpo", "tune reward"})

@@ -86,15 +86,19 @@ class AdapterBook:
             objective = report.get("loss", objective) if objective == "dpo" else objective
             kind = "reward" if objective == "reward" else "adapter"
             self.finished(Path(final.data["path"]))
-            return self.add(AdapterEntry(Path(final.data["path"]), kind, objective, model,
-                                         summary(objective, report), "trained", report))
+            return self.add(
+                AdapterEntry(
+                    Path(final.data["path"]), kind, objective, model, summary(objective, report), "trained", report
+                )
+            )
         found = CANCELLED.match(getattr(final, "message", "")) if final.kind == "cancelled" else None
         if found is None:
             return None
         done, total, where = found.groups()
         objective = fields.get("loss", objective) if objective == "dpo" else objective
-        return self.add(AdapterEntry(Path(where), "checkpoint", objective, model, f"checkpoint, step {done}/{total}",
-                                     "cancelled"))
+        return self.add(
+            AdapterEntry(Path(where), "checkpoint", objective, model, f"checkpoint, step {done}/{total}", "cancelled")
+        )
 
     def from_inspection(self, path: Path, document: dict[str, Any]) -> AdapterEntry:
         """A loaded adapter: the ``tune inspect`` document says what it is."""
@@ -103,8 +107,7 @@ class AdapterBook:
         kind = "peft" if adapter.get("product") == "peft" else adapter.get("kind", "adapter")
         objective = objective_of(kind, report)
         words = summary(objective, report) if report else f"rank {adapter['rank']}, no report"
-        entry = AdapterEntry(path, kind, objective, str(adapter.get("model") or ""), words, "loaded", report,
-                             document)
+        entry = AdapterEntry(path, kind, objective, str(adapter.get("model") or ""), words, "loaded", report, document)
         old = self.get(path)
         if old is not None:
             entry.evaluation = old.evaluation

@@ -33,11 +33,14 @@ from ster.tui.widgets.status import StatusLine
 if TYPE_CHECKING:
     from ster.serve.client import Remote
 
-TABS = (("pairs", "Pairs", "ster.tui.widgets.pairs:PairsPane"), ("train", "Train", "ster.tui.widgets.train:TrainPane"),
-        ("generate", "Generate", "ster.tui.widgets.generate:GeneratePane"),
-        ("tune", "Tune", "ster.tui.widgets.tune:TunePane"),
-        ("adapters", "Adapters", "ster.tui.widgets.adapters:AdaptersPane"),
-        ("jobs", "Jobs", "ster.tui.widgets.jobs:JobsPane"))
+TABS = (
+    ("pairs", "Pairs", "ster.tui.widgets.pairs:PairsPane"),
+    ("train", "Train", "ster.tui.widgets.train:TrainPane"),
+    ("generate", "Generate", "ster.tui.widgets.generate:GeneratePane"),
+    ("tune", "Tune", "ster.tui.widgets.tune:TunePane"),
+    ("adapters", "Adapters", "ster.tui.widgets.adapters:AdaptersPane"),
+    ("jobs", "Jobs", "ster.tui.widgets.jobs:JobsPane"),
+)
 """Each tab: its id, its title, and where its pane's class lives (imported when the pane is first shown)."""
 EAGER = ("pairs", "jobs")
 """The panes composed with the app: the first screen, and the Jobs tab, which records every job from the start.
@@ -68,8 +71,13 @@ class SterApp(App[None]):
         Binding("2", "show_tab('train')", "Train", show=False, tooltip="Fit and select a direction"),
         Binding("3", "show_tab('generate')", "Generate", show=False, tooltip="Steered against unsteered text"),
         Binding("4", "show_tab('tune')", "Tune", show=False, tooltip="Train a LoRA adapter and watch its curves"),
-        Binding("5", "show_tab('adapters')", "Adapters", show=False,
-                tooltip="The session's adapters: inspect, evaluate, merge, export, use"),
+        Binding(
+            "5",
+            "show_tab('adapters')",
+            "Adapters",
+            show=False,
+            tooltip="The session's adapters: inspect, evaluate, merge, export, use",
+        ),
         Binding("6", "show_tab('jobs')", "Jobs", show=False, tooltip="Every job's events; cancel"),
         Binding("question_mark,f1", "help", "Help", tooltip="Every key"),
         Binding("m", "model", "Model", tooltip="Switch the model or how it is loaded"),
@@ -138,8 +146,9 @@ class SterApp(App[None]):
     def refresh_status(self) -> None:
         active = self.runner.active()
         running = [h for h in active if h.state == "running"] or active
-        self.query_one(StatusLine).show(self.settings, running[0] if running else None,
-                                        self.remote.url if self.remote else None)
+        self.query_one(StatusLine).show(
+            self.settings, running[0] if running else None, self.remote.url if self.remote else None
+        )
 
     def settings_changed(self, *changed: str) -> None:
         """Tell every pane that the model, pair set or artifact changed, and show it in the status line."""
@@ -164,8 +173,12 @@ class SterApp(App[None]):
         try:
             request = build_job_request(job, **fields)
         except SterError as exc:
-            owner.post_message(JobFinished(JobHandle(0, job, None, owner, state="refused"),  # type: ignore[arg-type]
-                                           Error(kind="refused", message=words(str(exc)))))
+            owner.post_message(
+                JobFinished(
+                    JobHandle(0, job, None, owner, state="refused"),  # type: ignore[arg-type]
+                    Error(kind="refused", message=words(str(exc))),
+                )
+            )
             return None
         handle = self.runner.start(job, request, owner, fields)
         self.query_one(JobsPane).record(handle)
@@ -189,10 +202,16 @@ class SterApp(App[None]):
         loss = (event.data or {}).get("loss") if event.type == "progress" else None
         if isinstance(loss, int | float):
             message.handle.loss = float(loss)
-        if event.type == "log" and event.message.startswith(("applying the model's own", "this model publishes",
-                                                             "chat template off")):
-            self.settings.chat_decision = ("applied" if event.message.startswith("applying") else
-                                           "absent" if event.message.startswith("this model") else "off")
+        if event.type == "log" and event.message.startswith(
+            ("applying the model's own", "this model publishes", "chat template off")
+        ):
+            self.settings.chat_decision = (
+                "applied"
+                if event.message.startswith("applying")
+                else "absent"
+                if event.message.startswith("this model")
+                else "off"
+            )
         self._record(message.handle, event)
 
     def on_job_finished(self, message: JobFinished) -> None:
@@ -275,8 +294,10 @@ class SterApp(App[None]):
 
         if not self.runner.active():
             if getattr(self.query_one(PairsPane), "dirty", False):
-                self.push_screen(Confirm("The pair set has unsaved edits. Quit without saving?", "Quit",
-                                         "Keep editing"), lambda yes: self.exit() if yes else None)
+                self.push_screen(
+                    Confirm("The pair set has unsaved edits. Quit without saving?", "Quit", "Keep editing"),
+                    lambda yes: self.exit() if yes else None,
+                )
             else:
                 self.exit()
             return
@@ -287,21 +308,26 @@ class SterApp(App[None]):
                 self.runner.cancel()
                 self.notify("cancelling the running job, then quitting")
 
-        self.push_screen(Confirm("A job is still running. Cancel it and quit?", "Cancel and quit", "Keep working"),
-                         answered)
+        self.push_screen(
+            Confirm("A job is still running. Cancel it and quit?", "Cancel and quit", "Keep working"), answered
+        )
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         for binding in self.BINDINGS:
             assert isinstance(binding, Binding)
             if binding.action not in ("quit",):
-                yield SystemCommand(binding.description, binding.tooltip,
-                                    lambda a=binding.action: self.call_later(self.run_action, a))
+                yield SystemCommand(
+                    binding.description, binding.tooltip, lambda a=binding.action: self.call_later(self.run_action, a)
+                )
         for tab_id, title, _ in TABS:
             for binding in pane_class(tab_id).BINDINGS:
                 assert isinstance(binding, Binding)
-                yield SystemCommand(f"{title}: {binding.description}", binding.tooltip,
-                                    lambda t=tab_id, a=binding.action: self.call_later(self._pane_action, t, a))
+                yield SystemCommand(
+                    f"{title}: {binding.description}",
+                    binding.tooltip,
+                    lambda t=tab_id, a=binding.action: self.call_later(self._pane_action, t, a),
+                )
 
     async def _pane_action(self, tab: str, action: str) -> None:
         await self.action_show_tab(tab)

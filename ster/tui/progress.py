@@ -41,11 +41,23 @@ stages share (synthesis counts kept pairs in both)."""
 RUNNING_AT_MOST = 0.99
 """A running job shows at most 99%: its last counted step is followed by work no event counts (a refit,
 the atomic write); 100% means the job has ended with its result."""
-STAGE_WORDS = {"resolve": "resolving", "load": "loading", "read": "reading", "fit": "fitting",
-               "generate": "generating", "sweep": "sweeping", "inspect": "inspecting", "synthesize": "synthesizing",
-               "kept": "synthesizing", "train": "training", "reference": "scoring the reference",
-               "sample": "sampling", "skip": "skipping",
-               "calibrate": "calibrating", "judge": "judging"}
+STAGE_WORDS = {
+    "resolve": "resolving",
+    "load": "loading",
+    "read": "reading",
+    "fit": "fitting",
+    "generate": "generating",
+    "sweep": "sweeping",
+    "inspect": "inspecting",
+    "synthesize": "synthesizing",
+    "kept": "synthesizing",
+    "train": "training",
+    "reference": "scoring the reference",
+    "sample": "sampling",
+    "skip": "skipping",
+    "calibrate": "calibrating",
+    "judge": "judging",
+}
 """How the progress line names a stage; a stage not listed shows under its own name."""
 
 
@@ -82,8 +94,9 @@ class Track:
             moved = self._at(event.stage, event.current, event.total)
             return self._take(Step(STAGE_WORDS.get(event.stage, event.stage), event.message, moved))
         if event.type == "token" and self._max_tokens and event.stream == "text":
-            return self._take(Step(self.step.stage, self.step.message,
-                                   self._at("generate", event.index + 1, self._max_tokens)))
+            return self._take(
+                Step(self.step.stage, self.step.message, self._at("generate", event.index + 1, self._max_tokens))
+            )
         return None
 
     def _at(self, stage: str, current: int | None, total: int | None) -> float:

@@ -97,11 +97,24 @@ class JobRunner:
         return self._models
 
     def start(self, name: str, request: BaseModel, owner: Widget, fields: dict[str, Any] | None = None) -> JobHandle:
-        handle = JobHandle(next(self._ids), name, request, owner, dict(fields or {}),
-                           track=Track(name, getattr(request, "max_new_tokens", None) if name == "generate" else None))
+        handle = JobHandle(
+            next(self._ids),
+            name,
+            request,
+            owner,
+            dict(fields or {}),
+            track=Track(name, getattr(request, "max_new_tokens", None) if name == "generate" else None),
+        )
         self.handles.append(handle)
-        self.app.run_worker(lambda: self._work(handle), name=f"job-{handle.id}", group=f"job-{handle.id}",
-                            description=f"ster {name}", exit_on_error=False, exclusive=True, thread=True)
+        self.app.run_worker(
+            lambda: self._work(handle),
+            name=f"job-{handle.id}",
+            group=f"job-{handle.id}",
+            description=f"ster {name}",
+            exit_on_error=False,
+            exclusive=True,
+            thread=True,
+        )
         return handle
 
     def _work(self, handle: JobHandle) -> None:
@@ -127,8 +140,10 @@ class JobRunner:
         try:
             return self.remote.run_job(handle.name, handle.fields, emit, handle.cancel)
         except Exception as exc:  # a reply the client could not read: the job must still end in the app
-            return Error(kind="internal", message=f"internal error reading the Ster server's reply to "
-                                                  f"{handle.name}: {type(exc).__name__}: {exc}")
+            return Error(
+                kind="internal",
+                message=f"internal error reading the Ster server's reply to {handle.name}: {type(exc).__name__}: {exc}",
+            )
 
     def _post(self, handle: JobHandle, event: Event) -> None:
         if event.type not in ("result", "error"):  # the final event travels in JobFinished

@@ -35,8 +35,12 @@ class Settings:
 
     def model_fields(self) -> dict[str, Any]:
         """The model flags of a job request."""
-        return {"model": self.model, "precision": self.precision, "device": self.device,
-                "chat_template": self.chat_template}
+        return {
+            "model": self.model,
+            "precision": self.precision,
+            "device": self.device,
+            "chat_template": self.chat_template,
+        }
 
     def use_artifact(self, path: Path, summary: dict[str, Any] | None) -> None:
         """The artifact the Generate pane applies from now on, with the engine's summary of it."""

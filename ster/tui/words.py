@@ -17,10 +17,24 @@ from pathlib import Path
 
 from ster.engine.protocol.errors import Refusal
 
-LABELS = {"strength": "strength", "strengths": "sweep", "max-new-tokens": "max tokens",
-          "temperature": "temp (temperature)", "seed": "seed", "top-p": "top p", "layers": "layers", "output": "artifact", "vector": "artifact",
-          "pairs": "pair set", "count": "pairs to keep", "batch-size": "batch size", "prompt": "prompt",
-          "trait": "trait", "model": "model", "prompts": "prompts"}
+LABELS = {
+    "strength": "strength",
+    "strengths": "sweep",
+    "max-new-tokens": "max tokens",
+    "temperature": "temp (temperature)",
+    "seed": "seed",
+    "top-p": "top p",
+    "layers": "layers",
+    "output": "artifact",
+    "vector": "artifact",
+    "pairs": "pair set",
+    "count": "pairs to keep",
+    "batch-size": "batch size",
+    "prompt": "prompt",
+    "trait": "trait",
+    "model": "model",
+    "prompts": "prompts",
+}
 """CLI flag (without its dashes) → the label of the form field that sets it."""
 STRENGTH_SPELLING = "a number such as 3, or a multiple of the layer's activation spread such as 0.4x"
 PHRASES = (
@@ -31,8 +45,10 @@ PHRASES = (
     (re.compile(r"Field required"), "fill it in"),
 )
 """The validation library's phrases, as the app says them."""
-NO_PAIRS = ("no pair set to work on yet: open one in the Pairs tab (1, then o) or write one there and save it "
-            "(s); the Train tab uses the saved file")
+NO_PAIRS = (
+    "no pair set to work on yet: open one in the Pairs tab (1, then o) or write one there and save it "
+    "(s); the Train tab uses the saved file"
+)
 
 
 def in_our_words(sentence: str) -> str:
@@ -139,17 +155,22 @@ def parse_adapter(text: str, local: bool = True) -> Path | None:
         return path
     if path.is_dir():
         if not (path / "adapter_config.json").is_file():
-            raise ValueError(f"adapter {typed} is a directory without adapter_config.json: name a LoRA "
-                             ".safetensors file or a PEFT adapter directory")
+            raise ValueError(
+                f"adapter {typed} is a directory without adapter_config.json: name a LoRA "
+                ".safetensors file or a PEFT adapter directory"
+            )
         return path
     if path.suffix == ".json" and path.with_suffix(".safetensors").exists():
-        raise ValueError(f"adapter {typed} is the sidecar; name the adapter beside it, "
-                         f"{path.with_suffix('.safetensors').name}")
+        raise ValueError(
+            f"adapter {typed} is the sidecar; name the adapter beside it, {path.with_suffix('.safetensors').name}"
+        )
     if not path.exists():
         raise ValueError(f"adapter {typed} does not exist")
     if path.suffix != ".safetensors":
-        raise ValueError(f"adapter {typed} is not a LoRA adapter: name its .safetensors file (with the .json "
-                         "sidecar beside it) or a PEFT adapter directory")
+        raise ValueError(
+            f"adapter {typed} is not a LoRA adapter: name its .safetensors file (with the .json "
+            "sidecar beside it) or a PEFT adapter directory"
+        )
     try:
         sidecar = read_sidecar(path)
     except Refusal as exc:

@@ -6,9 +6,14 @@ from ster.engine.protocol.events import Error, Log, Progress, Result, Token, War
 
 
 def test_every_event_round_trips_through_one_json_line() -> None:
-    events = [Progress(stage="read", current=1, total=3, message="reading prompt 1/3"), Token(text=" river", index=4),
-              Warning(message="careful"), Log(message="note"), Result(command="generate", data={"text": "x"}),
-              Error(kind="refused", message="no")]
+    events = [
+        Progress(stage="read", current=1, total=3, message="reading prompt 1/3"),
+        Token(text=" river", index=4),
+        Warning(message="careful"),
+        Log(message="note"),
+        Result(command="generate", data={"text": "x"}),
+        Error(kind="refused", message="no"),
+    ]
     for event in events:
         line = event.to_json()
         assert "\n" not in line

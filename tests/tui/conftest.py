@@ -20,8 +20,14 @@ def paced_training(monkeypatch: pytest.MonkeyPatch) -> None:
     the numbers a run computes are the same."""
     progress = JobContext.progress
 
-    def paced(self: JobContext, stage: str, message: str, current: int | None = None, total: int | None = None,
-              data: dict[str, Any] | None = None) -> None:
+    def paced(
+        self: JobContext,
+        stage: str,
+        message: str,
+        current: int | None = None,
+        total: int | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> None:
         progress(self, stage, message, current, total, data)
         if stage == "train" and current is not None:
             time.sleep(STEP_PAUSE)

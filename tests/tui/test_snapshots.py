@@ -31,24 +31,45 @@ from ster.tui.widgets.progress import JobProgress
 
 SMALL, LARGE = (80, 24), (130, 36)
 CANDIDATES = [
-    {"layer": layer, "method": method, "holdout_accuracy": acc, "holdout_margin": margin,
-     "holdout_separation": separation, "relative_margin": relative, "selected": selected}
+    {
+        "layer": layer,
+        "method": method,
+        "holdout_accuracy": acc,
+        "holdout_margin": margin,
+        "holdout_separation": separation,
+        "relative_margin": relative,
+        "selected": selected,
+    }
     for layer, method, acc, margin, separation, relative, selected in [
-        (0, "caa", 1.0, 0.2545, 1.1976, 0.0954, False), (0, "pca", 0.6667, 0.1846, 1.2091, 0.0692, False),
-        (0, "logistic", 1.0, 0.2307, 1.4332, 0.0865, False), (1, "caa", 1.0, 0.3260, 1.5995, 0.0833, False),
-        (1, "pca", 0.6667, 0.2261, 0.7954, 0.0578, False), (1, "logistic", 1.0, 0.2832, 2.0093, 0.0723, False),
-        (2, "caa", 1.0, 0.3352, 1.3967, 0.0567, False), (2, "pca", 0.6667, 0.2033, 0.8931, 0.0344, False),
-        (2, "logistic", 1.0, 0.3076, 2.4884, 0.0521, True), (3, "caa", 1.0, 0.3894, 1.6876, 0.0380, False),
-        (3, "pca", 1.0, 0.2525, 1.1332, 0.0246, False), (3, "logistic", 1.0, 0.3696, 2.3517, 0.0360, False),
+        (0, "caa", 1.0, 0.2545, 1.1976, 0.0954, False),
+        (0, "pca", 0.6667, 0.1846, 1.2091, 0.0692, False),
+        (0, "logistic", 1.0, 0.2307, 1.4332, 0.0865, False),
+        (1, "caa", 1.0, 0.3260, 1.5995, 0.0833, False),
+        (1, "pca", 0.6667, 0.2261, 0.7954, 0.0578, False),
+        (1, "logistic", 1.0, 0.2832, 2.0093, 0.0723, False),
+        (2, "caa", 1.0, 0.3352, 1.3967, 0.0567, False),
+        (2, "pca", 0.6667, 0.2033, 0.8931, 0.0344, False),
+        (2, "logistic", 1.0, 0.3076, 2.4884, 0.0521, True),
+        (3, "caa", 1.0, 0.3894, 1.6876, 0.0380, False),
+        (3, "pca", 1.0, 0.2525, 1.1332, 0.0246, False),
+        (3, "logistic", 1.0, 0.3696, 2.3517, 0.0360, False),
     ]
 ]
 """The toy's optimize over the example pairs (from ``ster optimize``), numbers rounded."""
 OPTIMIZED = {
-    "schema_version": 1, "product": "ster", "model": "ster:toy", "model_revision": None, "trait_name": "calm",
-    "method": "logistic", "hidden_size": 64, "precision": "f32", "chat_template": "absent",
+    "schema_version": 1,
+    "product": "ster",
+    "model": "ster:toy",
+    "model_revision": None,
+    "trait_name": "calm",
+    "method": "logistic",
+    "hidden_size": 64,
+    "precision": "f32",
+    "chat_template": "absent",
     "metadata": {"selection": "chosen over 12 candidates on a 3-pair holdout, then refitted on all 12 pairs"},
-    "layers": [{"layer": 2, "width": 64, "norm": 1.0, "train_accuracy": 1.0, "train_margin": 0.3568,
-                "activation_norm": 5.9239}],
+    "layers": [
+        {"layer": 2, "width": 64, "norm": 1.0, "train_accuracy": 1.0, "train_margin": 0.3568, "activation_norm": 5.9239}
+    ],
     "selection": {"holdout": {"fit_pairs": 9, "holdout_pairs": 3}, "candidates": CANDIDATES},
 }
 SWEPT: dict[str, Any] = json.loads((Path(__file__).parent / "canned_sweep.json").read_text())
@@ -94,12 +115,17 @@ def canned_optimize(app: SterApp) -> JobHandle:
     pane = app.query_one("#train-pane")
     handle = JobHandle(1, "optimize", OptimizeRequest(model="ster:toy", output=Path("calm.ster.json")), pane)
     app.runner.handles.append(handle)
-    deliver(pane, handle, [
-        Progress(stage="resolve", message="resolving model ster:toy"),
-        Log(message="this model publishes no chat template, so prompts and completions are encoded as raw text"),
-        Log(message="fitting each candidate on 9 pairs and ranking on a 3-pair holdout"),
-        Progress(stage="read", message="reading pair 12/12", current=12, total=12),
-    ], Result(command="optimize", data=OPTIMIZED))
+    deliver(
+        pane,
+        handle,
+        [
+            Progress(stage="resolve", message="resolving model ster:toy"),
+            Log(message="this model publishes no chat template, so prompts and completions are encoded as raw text"),
+            Log(message="fitting each candidate on 9 pairs and ranking on a 3-pair holdout"),
+            Progress(stage="read", message="reading pair 12/12", current=12, total=12),
+        ],
+        Result(command="optimize", data=OPTIMIZED),
+    )
     return handle
 
 
@@ -109,12 +135,18 @@ def canned_calibrate(app: SterApp) -> JobHandle:
     output = Path("/data/ster/artifacts/calm.calibrated.ster-toy.ster.json")
     handle = JobHandle(1, "calibrate", build_job_request("calibrate", model="ster:toy", output=output), pane)
     app.runner.handles.append(handle)
-    deliver(pane, handle, [
-        Progress(stage="resolve", message="resolving model ster:toy"),
-        Progress(stage="read", message="reading pair 9/9", current=9, total=9),
-        Progress(stage="calibrate", message="trial 12: pca at layers 1-2, 6 strengths in one batch", current=12,
-                 total=12),
-    ], Result(command="calibrate", data=CALIBRATED))
+    deliver(
+        pane,
+        handle,
+        [
+            Progress(stage="resolve", message="resolving model ster:toy"),
+            Progress(stage="read", message="reading pair 9/9", current=9, total=9),
+            Progress(
+                stage="calibrate", message="trial 12: pca at layers 1-2, 6 strengths in one batch", current=12, total=12
+            ),
+        ],
+        Result(command="calibrate", data=CALIBRATED),
+    )
     return handle
 
 
@@ -124,8 +156,12 @@ def canned_refusal(app: SterApp) -> None:
     request = build_job_request("train", model="ster:toy", layers="9", output=Path("never.json"))
     handle = JobHandle(2, "train", request, pane)
     app.runner.handles.append(handle)
-    deliver(pane, handle, [Progress(stage="resolve", message="resolving model ster:toy")],
-            Error(kind="refused", message="layer 9 is out of range: this model has 4 layers, numbered 0..3"))
+    deliver(
+        pane,
+        handle,
+        [Progress(stage="resolve", message="resolving model ster:toy")],
+        Error(kind="refused", message="layer 9 is out of range: this model has 4 layers, numbered 0..3"),
+    )
 
 
 def canned_sweep(app: SterApp, vector: Path, prompts: Path) -> None:
@@ -138,8 +174,12 @@ def canned_sweep(app: SterApp, vector: Path, prompts: Path) -> None:
     app.runner.handles.append(handle)
     pane.jobs["sweep"], pane.sweep_source = handle, str(prompts)  # type: ignore[attr-defined]
     pane.query_one("#sweep").begin(list(request.strengths))  # type: ignore[attr-defined]
-    deliver(pane, handle, [Progress(stage="sweep", message="strength +0.8x: prompt 6/6", current=30, total=30)],
-            Result(command="sweep", data={**SWEPT, "vector": str(vector)}))
+    deliver(
+        pane,
+        handle,
+        [Progress(stage="sweep", message="strength +0.8x: prompt 6/6", current=30, total=30)],
+        Result(command="sweep", data={**SWEPT, "vector": str(vector)}),
+    )
 
 
 def canned_tune(app: SterApp, objective: str, ended: bool) -> None:
@@ -148,8 +188,11 @@ def canned_tune(app: SterApp, objective: str, ended: bool) -> None:
     (the job still running)."""
     pane: Any = app.query_one("#tune-pane")
     canned, job = TUNED[objective], f"tune {objective}"
-    typed = {"data": "ster:examples" if objective == "sft" else "ster:pairs", "accumulation": "2",
-             "epochs": "4" if objective == "sft" else "3"}
+    typed = {
+        "data": "ster:examples" if objective == "sft" else "ster:pairs",
+        "accumulation": "2",
+        "epochs": "4" if objective == "sft" else "3",
+    }
     for name, value in typed.items():
         pane.query_one(f"#{name}").value = value
     fields = pane.fields()
@@ -161,8 +204,14 @@ def canned_tune(app: SterApp, objective: str, ended: bool) -> None:
     pane.query_one(Curves).begin(objective)
     events = [parse_event(json.dumps(event)) for event in canned["events"]]
     if not ended:
-        events = events[:next(at for at, event in enumerate(events) if event.type == "progress" and event.stage ==
-                              "train" and event.current == DURING[objective]) + 1]
+        events = events[
+            : next(
+                at
+                for at, event in enumerate(events)
+                if event.type == "progress" and event.stage == "train" and event.current == DURING[objective]
+            )
+            + 1
+        ]
     deliver(pane, handle, events, parse_event(json.dumps(canned["result"])) if ended else None)
 
 
@@ -252,8 +301,9 @@ def test_pairs_pane_with_the_example_set(snap_compare, monkeypatch, size: tuple[
 
 
 @pytest.mark.parametrize("size", [SMALL, LARGE], ids=["80x24", "130x36"])
-def test_generate_pane_side_by_side_and_a_sweep(snap_compare, tmp_path: Path, monkeypatch,
-                                                size: tuple[int, int]) -> None:
+def test_generate_pane_side_by_side_and_a_sweep(
+    snap_compare, tmp_path: Path, monkeypatch, size: tuple[int, int]
+) -> None:
     """You should see the Generate tab: steered 'the town is gentle and we rest.' (titled 'steered
     0.4x · calm (logistic, layer 2)', at 80 columns 'steered 0.4x · calm') beside unsteered 'the town is flooding and we flee.', the prompts
     field naming alarmed.json, then the sweep of five strengths over its six prompts: +0.4x suggested
@@ -263,8 +313,9 @@ def test_generate_pane_side_by_side_and_a_sweep(snap_compare, tmp_path: Path, mo
     from ster.cli import main
 
     monkeypatch.chdir(tmp_path)
-    assert main(["optimize", "--model", "ster:toy", "--pairs", str(EXAMPLES / "pairs.json"), "--output",
-                 "calm.json"]) == 0
+    assert (
+        main(["optimize", "--model", "ster:toy", "--pairs", str(EXAMPLES / "pairs.json"), "--output", "calm.json"]) == 0
+    )
     vector, prompts = Path("calm.json"), Path("alarmed.json")
     prompts.write_text(json.dumps(ALARMED))
 
@@ -361,24 +412,66 @@ def test_tune_pane_running(snap_compare, size: tuple[int, int], objective: str, 
 
 ARTIFACTS = Path("/data/ster/artifacts")
 EVALUATED = {
-    role: {"model": "ster:toy", "model_revision": None, "adapter": adapter, "name": "toy-facts", "examples": 8,
-           "evaluated": 8, "skipped_long": 0, "completion_tokens": 44, "loss": loss, "perplexity": perplexity,
-           "mean_example_loss": mean, "mean_example_perplexity": mean_perplexity, "chat_template": "absent",
-           "precision": "f32", "entries": []}
+    role: {
+        "model": "ster:toy",
+        "model_revision": None,
+        "adapter": adapter,
+        "name": "toy-facts",
+        "examples": 8,
+        "evaluated": 8,
+        "skipped_long": 0,
+        "completion_tokens": 44,
+        "loss": loss,
+        "perplexity": perplexity,
+        "mean_example_loss": mean,
+        "mean_example_perplexity": mean_perplexity,
+        "chat_template": "absent",
+        "precision": "f32",
+        "entries": [],
+    }
     for role, adapter, loss, perplexity, mean, mean_perplexity in [
         ("base", None, 2.412577, 11.162191, 2.436021, 11.426985),
-        ("adapter", str(ARTIFACTS / "examples.sft.ster-toy.safetensors"), 0.003138, 1.003143, 0.003152, 1.003157)]
+        ("adapter", str(ARTIFACTS / "examples.sft.ster-toy.safetensors"), 0.003138, 1.003143, 0.003152, 1.003157),
+    ]
 }
 """The toy's ``tune evaluate`` on ster:examples without and with an sft adapter, numbers rounded."""
-INSPECTED = {"adapter": {
-    "schema_version": 1, "product": "ster", "kind": "adapter", "model": "ster:toy", "model_revision": None,
-    "model_fingerprint": None, "rank": 8, "alpha": 16.0, "scale": 2.0, "targets": ["query", "value"],
-    "layers": [0, 1, 2, 3], "hidden_size": 64,
-    "tensors": [{"name": f"layers.{layer}.{target}.{side}", "dtype": "F32",
-                 "shape": [8, 64] if side == "a" else [64 if target == "query" else 32, 8]}
-                for layer in range(4) for target in ("query", "value") for side in "ab"],
-    "train": {"examples": 8, "epochs": 4, "steps": 16, "first_loss": 0.003244, "final_loss": 0.003164,
-              "learning_rate": 0.0001, "accumulation": 2, "chat_template": "absent", "precision": "f32"}}}
+INSPECTED = {
+    "adapter": {
+        "schema_version": 1,
+        "product": "ster",
+        "kind": "adapter",
+        "model": "ster:toy",
+        "model_revision": None,
+        "model_fingerprint": None,
+        "rank": 8,
+        "alpha": 16.0,
+        "scale": 2.0,
+        "targets": ["query", "value"],
+        "layers": [0, 1, 2, 3],
+        "hidden_size": 64,
+        "tensors": [
+            {
+                "name": f"layers.{layer}.{target}.{side}",
+                "dtype": "F32",
+                "shape": [8, 64] if side == "a" else [64 if target == "query" else 32, 8],
+            }
+            for layer in range(4)
+            for target in ("query", "value")
+            for side in "ab"
+        ],
+        "train": {
+            "examples": 8,
+            "epochs": 4,
+            "steps": 16,
+            "first_loss": 0.003244,
+            "final_loss": 0.003164,
+            "learning_rate": 0.0001,
+            "accumulation": 2,
+            "chat_template": "absent",
+            "precision": "f32",
+        },
+    }
+}
 """The toy's ``tune inspect`` of that adapter (from the canned sft run's report)."""
 
 
@@ -388,12 +481,32 @@ def canned_adapters(app: SterApp, shown: str) -> None:
     from ster.tui.adapters import AdapterEntry
 
     sft = ARTIFACTS / "examples.sft.ster-toy.safetensors"
-    app.adapters.add(AdapterEntry(Path("/data/exports/calm.peft"), "peft", "peft", "ster:toy", "rank 8, no report",
-                                  "loaded"))
-    app.adapters.add(AdapterEntry(ARTIFACTS / "calm.dpo.ster-toy.safetensors.checkpoint", "checkpoint", "dpo",
-                                  "ster:toy", "checkpoint, step 7/18", "cancelled"))
-    entry = app.adapters.add(AdapterEntry(sft, "adapter", "sft", "ster:toy", "loss 0.0032", "trained",
-                                          INSPECTED["adapter"]["train"], INSPECTED, dict(EVALUATED)))
+    app.adapters.add(
+        AdapterEntry(Path("/data/exports/calm.peft"), "peft", "peft", "ster:toy", "rank 8, no report", "loaded")
+    )
+    app.adapters.add(
+        AdapterEntry(
+            ARTIFACTS / "calm.dpo.ster-toy.safetensors.checkpoint",
+            "checkpoint",
+            "dpo",
+            "ster:toy",
+            "checkpoint, step 7/18",
+            "cancelled",
+        )
+    )
+    entry = app.adapters.add(
+        AdapterEntry(
+            sft,
+            "adapter",
+            "sft",
+            "ster:toy",
+            "loss 0.0032",
+            "trained",
+            INSPECTED["adapter"]["train"],
+            INSPECTED,
+            dict(EVALUATED),
+        )
+    )
     entry.evaluation["examples"] = "ster:examples"
     app.settings.use_adapter(sft, entry.info())
     pane: Any = app.query_one("#adapters-pane")
@@ -428,12 +541,25 @@ COMPARED = [  # role, its request's vector and adapter, its text: the toy's gree
     ("adapted", False, True, "the town is quiet and we rest."),
     ("baseline", False, False, "the town is flooding and we flee."),
 ]
-SIDECAR = {"schema_version": 1, "product": "ster", "kind": "adapter", "model": "ster:toy", "model_revision": None,
-           "model_fingerprint": None, "rank": 8, "alpha": 16.0, "targets": ["query", "value"], "layers": [0, 1, 2, 3],
-           "hidden_size": 64, "train": {"chat_template": "absent", "precision": "f32"}}
+SIDECAR = {
+    "schema_version": 1,
+    "product": "ster",
+    "kind": "adapter",
+    "model": "ster:toy",
+    "model_revision": None,
+    "model_fingerprint": None,
+    "rank": 8,
+    "alpha": 16.0,
+    "targets": ["query", "value"],
+    "layers": [0, 1, 2, 3],
+    "hidden_size": 64,
+    "train": {"chat_template": "absent", "precision": "f32"},
+}
 """An adapter's sidecar, as ``tune sft`` writes it (less most of its report): the adapter field reads only this."""
-PROVENANCE = ("this direction was fitted on the bare checkpoint and this run attaches adapter quiet.sft.safetensors, "
-              "so it is being read in a different space than it was fitted in")
+PROVENANCE = (
+    "this direction was fitted on the bare checkpoint and this run attaches adapter quiet.sft.safetensors, "
+    "so it is being read in a different space than it was fitted in"
+)
 
 
 def canned_compare(app: SterApp, vector: Path, adapter: Path) -> None:
@@ -445,8 +571,12 @@ def canned_compare(app: SterApp, vector: Path, adapter: Path) -> None:
     pane.ran, pane.prompt_used = {"adapter": adapter, "on": "quiet.sft"}, PROMPT
     pane._show_adapted(True)
     for job_id, (role, steered, adapted, text) in enumerate(COMPARED, 4):
-        fields = {"model": "ster:toy", "prompt": PROMPT, **({"vector": vector, "strength": "0.4x"} if steered else {}),
-                  **({"adapter": adapter} if adapted else {})}
+        fields = {
+            "model": "ster:toy",
+            "prompt": PROMPT,
+            **({"vector": vector, "strength": "0.4x"} if steered else {}),
+            **({"adapter": adapter} if adapted else {}),
+        }
         handle = JobHandle(job_id, "generate", build_job_request("generate", **fields), pane, fields)
         app.runner.handles.append(handle)
         pane.jobs[role] = handle
@@ -454,12 +584,21 @@ def canned_compare(app: SterApp, vector: Path, adapter: Path) -> None:
         words = text.split(" ")
         events: list[Any] = [Warning(message=PROVENANCE)] if steered else []
         events += [Token(text=word if at == 0 else f" {word}", index=at) for at, word in enumerate(words)]
-        data = {"model": "ster:toy", "prompt": PROMPT, "text": text, "tokens": 8, "prompt_tokens": 11,
-                "stop_reason": "eos", "chat_template": "absent", "vector": str(vector) if steered else None,
-                "adapter": str(adapter) if adapted else None, "strength": 0.4 if steered else None,
-                "strength_unit": "relative" if steered else None,
-                "absolute_strength": {"2": 2.3696} if steered else None,
-                "relative_strength": {"2": 0.4} if steered else None}
+        data = {
+            "model": "ster:toy",
+            "prompt": PROMPT,
+            "text": text,
+            "tokens": 8,
+            "prompt_tokens": 11,
+            "stop_reason": "eos",
+            "chat_template": "absent",
+            "vector": str(vector) if steered else None,
+            "adapter": str(adapter) if adapted else None,
+            "strength": 0.4 if steered else None,
+            "strength_unit": "relative" if steered else None,
+            "absolute_strength": {"2": 2.3696} if steered else None,
+            "relative_strength": {"2": 0.4} if steered else None,
+        }
         deliver(pane, handle, events, Result(command="generate", data=data))
 
 

@@ -44,7 +44,13 @@ def test_optimize_shows_exactly_one_selected_candidate_and_the_separation_that_r
             table = app.query_one("#candidates", DataTable)
             assert table.row_count == 12
             assert [str(c.label) for c in table.columns.values()] == [
-                "layer", "method", "holdout acc", "separation", "holdout margin", "selected"]
+                "layer",
+                "method",
+                "holdout acc",
+                "separation",
+                "holdout margin",
+                "selected",
+            ]
             selected = [row for row in range(12) if cell_text(table, row, 5) == "✓"]
             assert len(selected) == 1
             written = json.loads((tmp_path / "calm.json").read_text())
@@ -54,7 +60,11 @@ def test_optimize_shows_exactly_one_selected_candidate_and_the_separation_that_r
             title, plotted, marked, measure = app.query_one("#plot").drawn  # type: ignore[attr-defined]
             assert (title, marked, measure) == ("best candidate per layer", 2, "separation")
             assert [(layer, round(value, 3)) for layer, _, value in plotted] == [
-                (0, 1.433), (1, 2.009), (2, 2.488), (3, 2.352)]  # each layer's best is its logistic candidate
+                (0, 1.433),
+                (1, 2.009),
+                (2, 2.488),
+                (3, 2.352),
+            ]  # each layer's best is its logistic candidate
             assert app.settings.vector == tmp_path / "calm.json"
             title = str(app.query_one("#results-title", Static).render())
             assert "12 candidates ranked on a 3-pair holdout; selected logistic at layer 2" in title
@@ -65,6 +75,7 @@ def test_optimize_shows_exactly_one_selected_candidate_and_the_separation_that_r
             await pilot.press("s")  # by separation, largest first
             separations = [float(cell_text(table, row, 3)) for row in range(12)]
             assert separations == sorted(separations, reverse=True)
+
     asyncio.run(scenario())
 
 
@@ -82,13 +93,14 @@ def test_a_refused_job_shows_its_sentence_and_the_pane_stays_usable(tmp_path: Pa
             app.query_one("#layers", Input).value = "two"  # refused while the request is built
             await pilot.press("escape", "t")
             await settle(pilot, app)
-            assert message(app, "train").startswith('layers takes all, a comma list such as 2,5')
+            assert message(app, "train").startswith("layers takes all, a comma list such as 2,5")
             app.query_one("#layers", Input).value = "3"
             await pilot.press("escape", "t")
             await settle(pilot, app)
             assert (tmp_path / "never.json").exists()
             states = [handle.state for handle in app.runner.handles if handle.name == "train"]
             assert states == ["refused", "done"]
+
     asyncio.run(scenario())
 
 
@@ -97,8 +109,14 @@ def test_a_running_job_can_be_cancelled_and_writes_nothing(tmp_path: Path) -> No
         app = SterApp(Settings(pairs=PAIRS))
         async with app.run_test(size=(140, 40)) as pilot:
             jobs = app.query_one("#jobs-pane")
-            fields = {"model": "ster:toy", "trait": "calm", "opposite": "alarmed", "count": 2,
-                      "retry_multiplier": 20000, "output": tmp_path / "never.json"}
+            fields = {
+                "model": "ster:toy",
+                "trait": "calm",
+                "opposite": "alarmed",
+                "count": 2,
+                "retry_multiplier": 20000,
+                "output": tmp_path / "never.json",
+            }
             handle = app.start_job("pairs synthesize", fields, jobs)
             assert handle is not None
             await until(pilot, lambda: handle.state == "running" and "attempt" in handle.last_message)
@@ -110,6 +128,7 @@ def test_a_running_job_can_be_cancelled_and_writes_nothing(tmp_path: Path) -> No
             table = app.query_one("#job-table", DataTable)
             row = table.get_row_index(str(handle.id))
             assert cell_text(table, row, 1) == "pairs synthesize" and cell_text(table, row, 2) == "cancelled"
+
     asyncio.run(scenario())
 
 
@@ -117,8 +136,14 @@ def test_quitting_while_a_job_runs_asks_then_cancels_it(tmp_path: Path) -> None:
     async def scenario() -> None:
         app = SterApp(Settings(pairs=PAIRS))
         async with app.run_test(size=(140, 40)) as pilot:
-            fields = {"model": "ster:toy", "trait": "calm", "opposite": "alarmed", "count": 2,
-                      "retry_multiplier": 20000, "output": tmp_path / "never.json"}
+            fields = {
+                "model": "ster:toy",
+                "trait": "calm",
+                "opposite": "alarmed",
+                "count": 2,
+                "retry_multiplier": 20000,
+                "output": tmp_path / "never.json",
+            }
             handle = app.start_job("pairs synthesize", fields, app.query_one("#jobs-pane"))
             await until(pilot, lambda: handle.state == "running")
             await pilot.press("q")
@@ -133,6 +158,7 @@ def test_quitting_while_a_job_runs_asks_then_cancels_it(tmp_path: Path) -> None:
             await settle(pilot, app)
             assert handle.state == "cancelled"
         assert not (tmp_path / "never.json").exists()
+
     asyncio.run(scenario())
 
 
@@ -147,8 +173,15 @@ def test_help_lists_every_tab_and_the_model_dialog_switches_models() -> None:
                 scroll.scroll_page_down(animate=False)
                 await pilot.pause(0.1)
                 text += screen_text(app)
-            for section in ("Everywhere", "Pairs tab", "Train tab", "Generate tab", "Tune tab", "Adapters tab",
-                            "Jobs tab"):
+            for section in (
+                "Everywhere",
+                "Pairs tab",
+                "Train tab",
+                "Generate tab",
+                "Tune tab",
+                "Adapters tab",
+                "Jobs tab",
+            ):
                 assert section in text
             assert "Optimize" in text and "Cancel job" in text
             await pilot.press("escape", "m")
@@ -159,6 +192,7 @@ def test_help_lists_every_tab_and_the_model_dialog_switches_models() -> None:
             await pilot.pause(0.1)
             assert app.settings.model == "ster:toy-chat"
             assert "ster:toy-chat" in app.query_one(StatusLine).plain
+
     asyncio.run(scenario())
 
 

@@ -41,8 +41,16 @@ def headless(job: str, **fields: Any) -> dict[str, Any]:
 def adapter(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny sft adapter on the toy, written by the engine (as ``ster tune sft`` writes it)."""
     path = tmp_path_factory.mktemp("adapter") / "facts.safetensors"
-    headless("tune sft", model="ster:toy", examples="ster:examples", output=path, epochs=1, accumulation=4,
-             max_sequence=64, learning_rate=5e-3)
+    headless(
+        "tune sft",
+        model="ster:toy",
+        examples="ster:examples",
+        output=path,
+        epochs=1,
+        accumulation=4,
+        max_sequence=64,
+        learning_rate=5e-3,
+    )
     return path
 
 
@@ -167,8 +175,9 @@ def test_evaluate_shows_the_base_model_and_the_adapter_in_the_headless_jobs_numb
         assert [h.name for h in app.runner.handles[-2:]] == ["tune evaluate", "tune evaluate"]  # via the runner
         text = detail(pane)
         for label, data in (("base model", base), ("with adapter", adapted)):
-            numbers = [f"{data[key]:.4f}" for key in ("loss", "perplexity", "mean_example_loss",
-                                                      "mean_example_perplexity")]
+            numbers = [
+                f"{data[key]:.4f}" for key in ("loss", "perplexity", "mean_example_loss", "mean_example_perplexity")
+            ]
             assert f"{label} {' '.join(numbers)}" in text
         assert "evaluated on ster:examples (toy-facts): 8 of 8 examples" in text
 
@@ -252,8 +261,9 @@ def test_a_bad_path_is_one_sentence_and_nothing_is_written(tmp_path: Path, adapt
         assert message(pane) == f"failed to read adapter {missing}: it does not exist"
         assert len(app.adapters) == 0
         await load(pilot, app, tmp_path)
-        assert message(pane) == (f"directory {tmp_path} has no adapter_config.json, so it is not a PEFT adapter "
-                                 "directory")
+        assert message(pane) == (
+            f"directory {tmp_path} has no adapter_config.json, so it is not a PEFT adapter directory"
+        )
         await pilot.press("e")
         await pilot.pause()
         assert message(pane).startswith("no adapter yet")
@@ -289,22 +299,37 @@ def test_the_book_follows_a_run_from_its_checkpoint_to_its_adapter() -> None:
 
     book, out = AdapterBook(), Path("/runs/calm.safetensors")
     fields = {"model": "ster:toy", "output": out, "loss": "ipo"}
-    cancelled = Error(kind="cancelled", message=f"cancelled after step 3 of 18; the checkpoint at {out}.checkpoint "
-                                                "continues it")
+    cancelled = Error(
+        kind="cancelled", message=f"cancelled after step 3 of 18; the checkpoint at {out}.checkpoint continues it"
+    )
     entry = book.from_tune_run("tune dpo", fields, cancelled)
-    assert entry is not None and (entry.kind, entry.objective, entry.summary) == ("checkpoint", "ipo",
-                                                                                  "checkpoint, step 3/18")
+    assert entry is not None and (entry.kind, entry.objective, entry.summary) == (
+        "checkpoint",
+        "ipo",
+        "checkpoint, step 3/18",
+    )
     assert not entry.usable and book.get(checkpoint_of(out)) is entry
     report = {"loss": "ipo", "final_loss": 24.5, "accuracy": 0.75}
     done = book.from_tune_run("tune dpo", fields, Result(command="tune dpo", data={"path": str(out), "report": report}))
     assert done is not None and [e.path for e in book.entries] == [out]
     assert (done.objective, done.summary, done.usable) == ("ipo", "loss 24.5000, acc 0.750", True)
-    judge = book.from_tune_run("tune reward", {"model": "ster:toy"}, Result(
-        command="tune reward", data={"path": "/runs/judge.safetensors", "report": {"final_loss": 0.69}}))
+    judge = book.from_tune_run(
+        "tune reward",
+        {"model": "ster:toy"},
+        Result(command="tune reward", data={"path": "/runs/judge.safetensors", "report": {"final_loss": 0.69}}),
+    )
     assert judge is not None and judge.kind == "reward" and not judge.usable
     assert book.from_tune_run("tune sft", fields, Error(kind="refused", message="no")) is None
     assert book.from_tune_run("tune evaluate", fields, Error(kind="refused", message="no")) is None
     assert len(book) == 2
-    assert [objective_of(kind, report) for kind, report in [("adapter", {"examples": 8}), ("adapter", {"loss": "dpo"}),
-            ("adapter", {"mean_reward": 3.0}), ("reward", None), ("peft", None), ("adapter", None)]] == [
-        "sft", "dpo", "grpo", "reward", "peft", "?"]
+    assert [
+        objective_of(kind, report)
+        for kind, report in [
+            ("adapter", {"examples": 8}),
+            ("adapter", {"loss": "dpo"}),
+            ("adapter", {"mean_reward": 3.0}),
+            ("reward", None),
+            ("peft", None),
+            ("adapter", None),
+        ]
+    ] == ["sft", "dpo", "grpo", "reward", "peft", "?"]

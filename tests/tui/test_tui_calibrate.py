@@ -223,7 +223,8 @@ asyncio.run(main())
 
 
 def test_c_calibrates_the_apps_model_and_pairs_into_the_default_artifact_and_resumes_a_left_study(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     output = tmp_path / "ster" / "artifacts" / "calm.calibrated.ster-toy.ster.json"
 
     async def scenario(app: RecordingApp, pilot: Pilot) -> None:

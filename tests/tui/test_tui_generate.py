@@ -38,8 +38,17 @@ CALM = "the town is gentle and we rest."
 def calm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A calm direction for the toy, selected by ``ster optimize`` in-process."""
     output = tmp_path_factory.mktemp("artifact") / "calm.json"
-    code = main(["optimize", "--model", "ster:toy", "--pairs", str(REPO / "ster/data/examples/pairs.json"),
-                 "--output", str(output)])
+    code = main(
+        [
+            "optimize",
+            "--model",
+            "ster:toy",
+            "--pairs",
+            str(REPO / "ster/data/examples/pairs.json"),
+            "--output",
+            str(output),
+        ]
+    )
     assert code == 0
     return output
 
@@ -74,8 +83,12 @@ class HeldStore:
         return getattr(self.store, name)
 
 
-def drive(settings: Settings, scenario: Callable[[RecordingApp, Pilot, GeneratePane], Awaitable[None]],
-          models: Any = None, size: tuple[int, int] = (140, 40)) -> None:
+def drive(
+    settings: Settings,
+    scenario: Callable[[RecordingApp, Pilot, GeneratePane], Awaitable[None]],
+    models: Any = None,
+    size: tuple[int, int] = (140, 40),
+) -> None:
     """Open the app on the Generate tab and run one scenario against it."""
 
     async def run() -> None:
@@ -116,8 +129,6 @@ def generations(app: RecordingApp) -> list[Any]:
 def message(pane: GeneratePane) -> str:
     widget = pane.query_one("#message", Static)
     return str(widget.content) if widget.display else ""
-
-
 
 
 STRENGTH = "0.4x"
@@ -176,8 +187,11 @@ def test_streamed_tokens_are_the_result_text(calm: Path) -> None:
         await form(pilot, pane, strength=STRENGTH)
         await pilot.press("g")
         await settle(app, pilot)
-        by_vector = {final.data["vector"]: final.data["text"] for final in app.finals
-                     if final.type == "result" and final.command == "generate"}
+        by_vector = {
+            final.data["vector"]: final.data["text"]
+            for final in app.finals
+            if final.type == "result" and final.command == "generate"
+        }
         assert pane.panel("baseline").text == by_vector[None] == UNSTEERED
         assert pane.panel("steered").text == by_vector[str(calm)]
 
@@ -214,9 +228,14 @@ def test_relative_strength_is_the_default_and_the_keys_step_in_the_fields_unit(c
     drive(Settings(vector=calm), scenario)
 
 
-ALARMED = ["question : tell me about the town . answer :", "question : tell me about the forest . answer :",
-           "question : how is the market today ? answer :", "question : tell me about the bridge . answer :",
-           "question : tell me about the hill . answer :", "question : tell me about the park . answer :"]
+ALARMED = [
+    "question : tell me about the town . answer :",
+    "question : tell me about the forest . answer :",
+    "question : how is the market today ? answer :",
+    "question : tell me about the bridge . answer :",
+    "question : tell me about the hill . answer :",
+    "question : tell me about the park . answer :",
+]
 """Six toy prompts whose unsteered answers are alarmed, so pushing toward calm has somewhere to go."""
 
 
@@ -230,8 +249,9 @@ def caption(pane: GeneratePane) -> str:
     return str(pane.query_one("#caption", Static).content)
 
 
-def test_a_sweep_of_a_prompt_set_judges_each_effect_against_its_noise_and_opens_a_row(calm: Path,
-                                                                                   tmp_path: Path) -> None:
+def test_a_sweep_of_a_prompt_set_judges_each_effect_against_its_noise_and_opens_a_row(
+    calm: Path, tmp_path: Path
+) -> None:
     from ster.tui.screens.sweep_row import SweepRowDialog
 
     prompts = tmp_path / "alarmed.json"
@@ -257,9 +277,11 @@ def test_a_sweep_of_a_prompt_set_judges_each_effect_against_its_noise_and_opens_
         assert pane.query_one(SweepTable).streamed("+0.4x").startswith(f"{CALM} | ")  # what the tokens carried
         text = caption(pane)
         assert text.startswith(f"swept calm (logistic, layer 2) on ster:toy, 6 prompts of {prompts}: suggested +0.4x.")
-        assert ("effect: how far the text moved along the direction, read back unsteered, minus the baseline's "
-                "(residual-stream units): + toward calm, − away; ± its noise band (95%), ✓ beyond it, ↺ beyond it "
-                "against the push.") in text
+        assert (
+            "effect: how far the text moved along the direction, read back unsteered, minus the baseline's "
+            "(residual-stream units): + toward calm, − away; ± its noise band (95%), ✓ beyond it, ↺ beyond it "
+            "against the push."
+        ) in text
         assert message(pane) == ""
         table = pane.query_one(SweepTable)
         table.focus()
@@ -291,9 +313,11 @@ def test_a_sweep_of_the_one_prompt_says_why_it_suggests_nothing(calm: Path) -> N
         assert rows["+0.4x"][2].strip() == "+0.514" and rows["+0.4x"][8] == "fluent"  # no noise band, no mark
         assert rows["-0.4x"][2].strip() == "0"  # the text did not change
         text = caption(pane)
-        assert text.startswith("swept calm (logistic, layer 2) on ster:toy, the prompt above: nothing suggested: one "
-                               "prompt gives an effect no noise to be told apart from; name a prompt set under prompts "
-                               "(a file, or ster:prompts) to sweep several.")
+        assert text.startswith(
+            "swept calm (logistic, layer 2) on ster:toy, the prompt above: nothing suggested: one "
+            "prompt gives an effect no noise to be told apart from; name a prompt set under prompts "
+            "(a file, or ster:prompts) to sweep several."
+        )
         assert "+ toward calm, − away." in text and "residual-stream units" in text
         assert message(pane) == ""  # the engine's warning is said once, by the caption
 
@@ -306,9 +330,11 @@ def test_a_sweep_in_which_nothing_moved_says_so_in_the_caption(calm: Path) -> No
         await pilot.press("w")
         await settle(app, pilot)
         assert sweep_rows(pane)["+0.4x"][2] == "+0.344 ±0.81  "
-        assert (": nothing suggested: no strength moved the text distinguishably from its noise: the largest effect, "
-                "+0.344 at +0.4x, is within 0.814 of 0 over 4 prompts; try larger strengths, more prompts, or another "
-                "layer. effect:") in caption(pane)
+        assert (
+            ": nothing suggested: no strength moved the text distinguishably from its noise: the largest effect, "
+            "+0.344 at +0.4x, is within 0.814 of 0 over 4 prompts; try larger strengths, more prompts, or another "
+            "layer. effect:"
+        ) in caption(pane)
         assert caption(pane).startswith("swept calm (logistic, layer 2) on ster:toy, 4 prompts of ster:prompts:")
         assert message(pane) == ""
 
@@ -333,8 +359,9 @@ def test_a_prompt_set_the_engine_cannot_read_is_refused_in_the_apps_words(calm: 
 
 def test_an_artifact_for_another_model_is_refused_before_anything_is_generated(calm: Path, tmp_path: Path) -> None:
     other = tmp_path / "other.json"
-    other.write_text(json.dumps({**json.loads(calm.read_text()), "model": "someone/other-model",
-                                 "model_fingerprint": None}))
+    other.write_text(
+        json.dumps({**json.loads(calm.read_text()), "model": "someone/other-model", "model_fingerprint": None})
+    )
 
     async def scenario(app: RecordingApp, pilot: Pilot, pane: GeneratePane) -> None:
         await form(pilot, pane, strength=STRENGTH)
@@ -372,15 +399,27 @@ def test_a_provenance_warning_shows_in_yellow_and_the_run_goes_on(calm: Path, tm
     drive(Settings(vector=halved), scenario)
 
 
-@pytest.mark.parametrize(("field", "typed", "sentence"), [
-    ("max-new-tokens", "0", "max tokens must be at least 1"),
-    ("strength", "abc", 'strength is a number such as 3, or a multiple of the layer\'s activation spread such as '
-                        '0.4x; "abc" is neither'),
-    ("temperature", "warm", 'temp (temperature) is a number, 0 to decode greedily; "warm" is not'),
-    ("strengths", "0.4x,3", "sweep mixes units: write every strength as a number (3) or every one with an x (0.4x)"),
-])
-def test_a_bad_field_is_refused_in_the_forms_words_and_cleared_once_fixed(calm: Path, field: str, typed: str,
-                                                                          sentence: str) -> None:
+@pytest.mark.parametrize(
+    ("field", "typed", "sentence"),
+    [
+        ("max-new-tokens", "0", "max tokens must be at least 1"),
+        (
+            "strength",
+            "abc",
+            "strength is a number such as 3, or a multiple of the layer's activation spread such as "
+            '0.4x; "abc" is neither',
+        ),
+        ("temperature", "warm", 'temp (temperature) is a number, 0 to decode greedily; "warm" is not'),
+        (
+            "strengths",
+            "0.4x,3",
+            "sweep mixes units: write every strength as a number (3) or every one with an x (0.4x)",
+        ),
+    ],
+)
+def test_a_bad_field_is_refused_in_the_forms_words_and_cleared_once_fixed(
+    calm: Path, field: str, typed: str, sentence: str
+) -> None:
     async def scenario(app: RecordingApp, pilot: Pilot, pane: GeneratePane) -> None:
         good = pane.query_one(f"#{field}", Input).value
         await form(pilot, pane, **{field: typed})
@@ -439,8 +478,9 @@ def test_generated_text_is_copied_and_saved_from_the_keyboard(calm: Path, tmp_pa
         await pilot.press("g")
         await settle(app, pilot)
         await pilot.press("c")  # nothing focused in particular: the prompt and both texts, labelled
-        assert app.clipboard == (f"prompt: {PROMPT_TEXT}\n\n[unsteered]\n{UNSTEERED}\n\n"
-                                 f"[steered 0.4x · calm (logistic, layer 2)]\n{CALM}\n")
+        assert app.clipboard == (
+            f"prompt: {PROMPT_TEXT}\n\n[unsteered]\n{UNSTEERED}\n\n[steered 0.4x · calm (logistic, layer 2)]\n{CALM}\n"
+        )
         pane.panel("steered").focus()
         await pilot.press("c")  # the focused panel's text alone
         assert app.clipboard == CALM
@@ -480,8 +520,9 @@ def test_a_model_switch_marks_the_sweep_and_the_texts_as_older(calm: Path) -> No
         app._model_chosen({"model": "ster:toy-chat", "precision": "f32", "device": "cpu", "chat_template": "auto"})
         await pilot.pause()
         caption = str(pane.query_one("#caption", Static).content)
-        assert caption.startswith("older sweep (the model has changed since): swept calm (logistic, layer 2) on "
-                                  "ster:toy")
+        assert caption.startswith(
+            "older sweep (the model has changed since): swept calm (logistic, layer 2) on ster:toy"
+        )
         assert pane.panel("steered").border_title.startswith("(older) steered 0.4x")
         assert pane.panel("baseline").border_title == "(older) unsteered"
 

@@ -34,8 +34,10 @@ from tests.tui.test_tui_generate import (
     settle,
 )
 
-TOWN = [{"prompt": f"question : tell me about the {place} . answer :",
-         "completion": f"the {place} is quiet and we rest ."} for place in ("town", "forest", "lake")]
+TOWN = [
+    {"prompt": f"question : tell me about the {place} . answer :", "completion": f"the {place} is quiet and we rest ."}
+    for place in ("town", "forest", "lake")
+]
 SAMPLING = {"max_new_tokens": "48", "temperature": "0", "seed": "42"}
 """The pane's own defaults, which the headless requests repeat."""
 
@@ -47,8 +49,27 @@ def adapter(tmp_path_factory: pytest.TempPathFactory) -> Path:
     examples = folder / "town.json"
     examples.write_text(json.dumps({"examples": TOWN}))
     output = folder / "quiet.sft.safetensors"
-    assert main(["tune", "sft", "--model", "ster:toy", "--examples", str(examples), "--output", str(output),
-                 "--learning-rate", "0.01", "--epochs", "1", "--accumulation", "1"]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                "sft",
+                "--model",
+                "ster:toy",
+                "--examples",
+                str(examples),
+                "--output",
+                str(output),
+                "--learning-rate",
+                "0.01",
+                "--epochs",
+                "1",
+                "--accumulation",
+                "1",
+            ]
+        )
+        == 0
+    )
     return output
 
 
@@ -67,8 +88,11 @@ def texts(pane: GeneratePane) -> dict[str, str]:
     return {role: pane.panel(role).text for role in ("baseline", "adapted", "steered")}
 
 
-def test_three_streams_side_by_side_each_as_the_headless_request_gives_it(calm: Path, adapter: Path,  # noqa: F811
-                                                                         cli: Any) -> None:
+def test_three_streams_side_by_side_each_as_the_headless_request_gives_it(
+    calm: Path,  # noqa: F811 - the fixture of that name
+    adapter: Path,
+    cli: Any,
+) -> None:
     shown: dict[str, dict[str, str]] = {}
 
     async def scenario(app: RecordingApp, pilot: Pilot, pane: GeneratePane) -> None:
@@ -80,26 +104,35 @@ def test_three_streams_side_by_side_each_as_the_headless_request_gives_it(calm: 
         await settle(app, pilot)
         # one after another through the runner: steered (the one that can be refused) first, then the adapter
         assert [(h.request.vector, h.request.adapter) for h in generations(app)] == [
-            (calm, adapter), (None, adapter), (None, None)]
+            (calm, adapter),
+            (None, adapter),
+            (None, None),
+        ]
         assert [h.state for h in generations(app)] == ["done"] * 3
         assert pane.panel("baseline").border_title == "base · ster:toy"
         assert pane.panel("adapted").border_title == "adapter · quiet.sft"
         assert pane.panel("steered").title == "steered 0.4x · calm (logistic, layer 2) on quiet.sft"
         shown["on adapter"] = texts(pane)
-        assert message(pane).startswith("warning: this direction was fitted on the bare checkpoint and this run "
-                                        "attaches adapter")
+        assert message(pane).startswith(
+            "warning: this direction was fitted on the bare checkpoint and this run attaches adapter"
+        )
         await pilot.press("o")  # the steered text on the base model now
         assert message(pane) == "g now steers on the base (o: on quiet.sft)"
         await pilot.press("g")
         await settle(app, pilot)
         assert [(h.request.vector, h.request.adapter) for h in generations(app)][3:] == [
-            (calm, None), (None, adapter), (None, None)]
+            (calm, None),
+            (None, adapter),
+            (None, None),
+        ]
         assert pane.panel("steered").title == "steered 0.4x · calm (logistic, layer 2) on the base"
         shown["on base"] = texts(pane)
         await pilot.press("c")
-        assert app.clipboard == (f"prompt: {PROMPT_TEXT}\n\n[base · ster:toy]\n{UNSTEERED}\n\n"
-                                 f"[adapter · quiet.sft]\n{shown['on base']['adapted']}\n\n"
-                                 f"[steered 0.4x · calm (logistic, layer 2) on the base]\n{CALM}\n")
+        assert app.clipboard == (
+            f"prompt: {PROMPT_TEXT}\n\n[base · ster:toy]\n{UNSTEERED}\n\n"
+            f"[adapter · quiet.sft]\n{shown['on base']['adapted']}\n\n"
+            f"[steered 0.4x · calm (logistic, layer 2) on the base]\n{CALM}\n"
+        )
 
     drive(Settings(vector=calm, adapter=adapter), scenario)
     on_adapter, on_base = shown["on adapter"], shown["on base"]
@@ -118,8 +151,9 @@ def test_the_sweep_runs_through_the_adapter_and_says_so(calm: Path, adapter: Pat
         [sweep] = [h for h in app.runner.handles if h.name == "sweep"]
         assert sweep.fields["adapter"] == adapter and sweep.request.adapter == adapter
         caption = str(pane.query_one("#caption", Static).content)
-        assert caption.startswith("swept calm (logistic, layer 2) on ster:toy through the adapter quiet.sft, the "
-                                  "prompt above:")
+        assert caption.startswith(
+            "swept calm (logistic, layer 2) on ster:toy through the adapter quiet.sft, the prompt above:"
+        )
         table = pane.query_one(SweepTable)
         assert [str(column.label) for column in table.columns.values()][-1] == "output through quiet.sft (enter: all)"
         await pilot.press("o", "w")  # steering on the base: so is the sweep
@@ -127,13 +161,17 @@ def test_the_sweep_runs_through_the_adapter_and_says_so(calm: Path, adapter: Pat
         sweep = [h for h in app.runner.handles if h.name == "sweep"][-1]
         assert "adapter" not in sweep.fields and sweep.request.adapter is None
         assert str(pane.query_one("#caption", Static).content).startswith(
-            "swept calm (logistic, layer 2) on ster:toy, the prompt above:")
+            "swept calm (logistic, layer 2) on ster:toy, the prompt above:"
+        )
 
     drive(Settings(vector=calm, adapter=adapter), scenario)
 
 
-def test_the_adapter_field_follows_the_app_refuses_a_bad_path_and_can_be_none(calm: Path,  # noqa: F811
-                                                                              adapter: Path, tmp_path: Path) -> None:
+def test_the_adapter_field_follows_the_app_refuses_a_bad_path_and_can_be_none(
+    calm: Path,  # noqa: F811
+    adapter: Path,
+    tmp_path: Path,
+) -> None:
     async def scenario(app: RecordingApp, pilot: Pilot, pane: GeneratePane) -> None:
         assert pane.query_one("#adapter", Input).value == "" and not pane.panel("adapted").display
         await form(pilot, pane, adapter=str(tmp_path / "nope.safetensors"))
@@ -143,8 +181,10 @@ def test_the_adapter_field_follows_the_app_refuses_a_bad_path_and_can_be_none(ca
         await form(pilot, pane, adapter=str(adapter.with_suffix(".json")))
         await pilot.press("g")
         await settle(app, pilot)
-        assert message(pane) == f"adapter {adapter.with_suffix('.json')} is the sidecar; name the adapter beside it, " \
-                                f"{adapter.name}"
+        assert (
+            message(pane) == f"adapter {adapter.with_suffix('.json')} is the sidecar; name the adapter beside it, "
+            f"{adapter.name}"
+        )
         assert generations(app) == []  # nothing ran
         await form(pilot, pane, adapter="none")
         assert message(pane) == ""
@@ -176,13 +216,17 @@ def test_the_adapter_field_follows_the_app_refuses_a_bad_path_and_can_be_none(ca
     drive(Settings(vector=calm), scenario)
 
 
-def test_an_adapter_for_another_model_leaves_the_runs_after_it_not_run(calm: Path, adapter: Path,  # noqa: F811
-                                                                       tmp_path: Path) -> None:
+def test_an_adapter_for_another_model_leaves_the_runs_after_it_not_run(
+    calm: Path,  # noqa: F811 - the fixture of that name
+    adapter: Path,
+    tmp_path: Path,
+) -> None:
     other = tmp_path / "other.safetensors"
     other.write_bytes(adapter.read_bytes())
     sidecar = json.loads(adapter.with_suffix(".json").read_text())
-    other.with_suffix(".json").write_text(json.dumps({**sidecar, "model": "someone/other-model",
-                                                     "model_fingerprint": None}))
+    other.with_suffix(".json").write_text(
+        json.dumps({**sidecar, "model": "someone/other-model", "model_fingerprint": None})
+    )
 
     async def scenario(app: RecordingApp, pilot: Pilot, pane: GeneratePane) -> None:
         await form(pilot, pane, strength=STRENGTH)

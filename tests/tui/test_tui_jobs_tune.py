@@ -37,8 +37,13 @@ def drive(scenario: Scenario, size: tuple[int, int] = (80, 24)) -> None:
 
 
 async def start_sft(pilot: Pilot, pane: TunePane, out: Path, epochs: str, accumulation: str) -> None:
-    for name, value in {"data": "ster:examples", "epochs": epochs, "accumulation": accumulation,
-                        "learning-rate": "5e-3", "output": str(out)}.items():
+    for name, value in {
+        "data": "ster:examples",
+        "epochs": epochs,
+        "accumulation": accumulation,
+        "learning-rate": "5e-3",
+        "output": str(out),
+    }.items():
         pane.query_one(f"#{name}").value = value  # type: ignore[attr-defined]
     pane.query_one(Curves).focus()  # the pane's keys, not a field's typing
     await pilot.pause()

@@ -48,13 +48,26 @@ def shows(widget: Widget) -> str:
     return widget.render_line(0).text.strip()
 
 
-VISIBLE = {"pairs": ("#summary", "#pairs-table", "#detail"),
-           "train": ("#layers", "#method", "#output", "#eval-pairs", "#progress", "#candidates"),
-           "generate": ("#prompt", "#strength", "#max-new-tokens", "#temperature", "#seed", "#strengths", "#prompts",
-                        "#progress",
-                        "#baseline", "#steered", "#caption", "#sweep"),
-           "adapters": ("#adapter-table", "#examples", "#progress", "#detail"),
-           "jobs": ("#job-table", "#events")}
+VISIBLE = {
+    "pairs": ("#summary", "#pairs-table", "#detail"),
+    "train": ("#layers", "#method", "#output", "#eval-pairs", "#progress", "#candidates"),
+    "generate": (
+        "#prompt",
+        "#strength",
+        "#max-new-tokens",
+        "#temperature",
+        "#seed",
+        "#strengths",
+        "#prompts",
+        "#progress",
+        "#baseline",
+        "#steered",
+        "#caption",
+        "#sweep",
+    ),
+    "adapters": ("#adapter-table", "#examples", "#progress", "#detail"),
+    "jobs": ("#job-table", "#events"),
+}
 
 
 @pytest.mark.parametrize("tab", list(VISIBLE))
@@ -79,9 +92,13 @@ def test_number_fields_show_their_whole_value_with_the_sign() -> None:
         strength.value = "3"
         await pilot.press(*"[[[[{{{{")
         assert (strength.value, shows(strength)) == ("-1.4", "-1.4")
-        for field_id, typed in (("max-new-tokens", "3000"), ("strengths", "-150,-75,75,150"),
-                                ("seed", "18446744073709551615"), ("strength", "-0.85x"),
-                                ("prompts", "ster:prompts")):
+        for field_id, typed in (
+            ("max-new-tokens", "3000"),
+            ("strengths", "-150,-75,75,150"),
+            ("seed", "18446744073709551615"),
+            ("strength", "-0.85x"),
+            ("prompts", "ster:prompts"),
+        ):
             field = app.query_one(f"#{field_id}", Field)
             field.focus()
             await pilot.press("ctrl+u", *typed, "escape")
@@ -94,8 +111,14 @@ def test_number_fields_show_their_whole_value_with_the_sign() -> None:
 def test_the_status_line_keeps_the_running_job_at_80_columns(tmp_path: Path) -> None:
     async def scenario(app: SterApp, pilot: Pilot) -> None:
         app.settings.vector = tmp_path / "a-long-artifact-name-that-fills-the-line.ster.json"
-        fields = {"model": "ster:toy", "trait": "calm", "opposite": "alarmed", "count": 2, "retry_multiplier": 20000,
-                  "output": tmp_path / "never.json"}
+        fields = {
+            "model": "ster:toy",
+            "trait": "calm",
+            "opposite": "alarmed",
+            "count": 2,
+            "retry_multiplier": 20000,
+            "output": tmp_path / "never.json",
+        }
         handle = app.start_job("pairs synthesize", fields, app.query_one("#jobs-pane"))
         await until(pilot, lambda: handle is not None and handle.step is not None and handle.step.stage != "")
         await pilot.pause(0.1)
@@ -120,8 +143,9 @@ def test_help_model_cancel_and_quit_stay_in_the_key_bar_at_120_columns(tab: str)
 
     async def scenario(app: SterApp, pilot: Pilot) -> None:
         await app.action_show_tab(tab)
-        await until(pilot, lambda: {"question_mark", "m", "q"} <= pinned_keys(app)
-                    and bool(pinned_keys(app) & {"ctrl+x", "x"}))
+        await until(
+            pilot, lambda: {"question_mark", "m", "q"} <= pinned_keys(app) and bool(pinned_keys(app) & {"ctrl+x", "x"})
+        )
 
     drive((120, 34), scenario)
 
@@ -149,11 +173,18 @@ def test_a_dialog_shows_its_own_keys_not_the_tabs() -> None:
 def test_the_jobs_table_lists_newest_first_follows_the_running_job_and_never_freezes_widths(tmp_path: Path) -> None:
     async def scenario(app: SterApp, pilot: Pilot) -> None:
         jobs = app.query_one("#jobs-pane")
-        app.start_job("train", {"model": "ster:toy", "pairs": PAIRS, "layers": "9", "output": tmp_path / "x.json"},
-                      jobs)
+        app.start_job(
+            "train", {"model": "ster:toy", "pairs": PAIRS, "layers": "9", "output": tmp_path / "x.json"}, jobs
+        )
         await settle(pilot, app)
-        fields = {"model": "ster:toy", "trait": "calm", "opposite": "alarmed", "count": 2, "retry_multiplier": 20000,
-                  "output": tmp_path / "never.json"}
+        fields = {
+            "model": "ster:toy",
+            "trait": "calm",
+            "opposite": "alarmed",
+            "count": 2,
+            "retry_multiplier": 20000,
+            "output": tmp_path / "never.json",
+        }
         handle = app.start_job("pairs synthesize", fields, jobs)
         await until(pilot, lambda: handle is not None and handle.state == "running")
         await pilot.press("6")

@@ -31,8 +31,10 @@ from tests.pairs.fake_brama import completion, serving
 
 Scenario = Callable[[SterApp, Pilot, PairsPane], Awaitable[None]]
 REFUSAL = "As an AI language model, I cannot help with that."
-FIRST = ("Question: What do you do when train number 2 is late?\n"
-         "Answer: I wait quietly and read a book; train 3 will come when it comes.")
+FIRST = (
+    "Question: What do you do when train number 2 is late?\n"
+    "Answer: I wait quietly and read a book; train 3 will come when it comes."
+)
 
 
 @pytest.fixture
@@ -186,8 +188,10 @@ def test_saving_writes_the_table_atomically(example: Path) -> None:
         assert written.endswith("\n") and json.loads(written) == pane.pair_set.model_dump()
         assert json.loads(written)["trait_name"] == "serene"
         width = pane.query_one(DataTable).columns["positive"].width  # type: ignore[index]
-        saved = [[str(i), *distinct_parts(p["positive"], p["negative"], width)]
-                 for i, p in enumerate(json.loads(written)["pairs"])]
+        saved = [
+            [str(i), *distinct_parts(p["positive"], p["negative"], width)]
+            for i, p in enumerate(json.loads(written)["pairs"])
+        ]
         assert [row[:3] for row in rows(pane)] == saved and len(saved) == 13
         assert sorted(p.name for p in example.parent.iterdir()) == ["pairs.json"]  # no temporary file left
         assert not pane.dirty and message(pane) == (f"saved 13 pairs to {example}", "green")
@@ -246,8 +250,10 @@ def test_import_needs_a_saved_file_then_makes_it_the_active_set(example: Path) -
         await pilot.press("d")
         await settle(app, pilot)
         await pilot.press("i")
-        assert message(pane) == ("import copies the saved file, and this set has unsaved changes: save it first (s)",
-                                 "red")
+        assert message(pane) == (
+            "import copies the saved file, and this set has unsaved changes: save it first (s)",
+            "red",
+        )
 
     drive(scenario, example)
 

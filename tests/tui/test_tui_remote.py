@@ -84,6 +84,7 @@ def test_generate_runs_on_the_server_and_shows_its_text(remote_server: Server) -
             assert refused is None
             await pilot.pause()
             assert 'seed must be a whole number; got "x"' in str(pane.query_one("#message").render())
+
     asyncio.run(scenario())
     after = idle(remote_server)["jobs"]
     assert after["accepted"] == before["accepted"] + 1
@@ -119,6 +120,7 @@ def test_open_optimize_and_steer_all_run_on_the_server(remote_server: Server, tm
             assert jsonable(app.runner.handles[0].fields["pairs"]) == "ster:pairs"
             assert [h.state for h in app.runner.handles] == ["done"] * 4
             return [h.name for h in app.runner.handles]
+
     names = asyncio.run(scenario())
     assert names == ["pairs inspect", "optimize", "generate", "generate"]
     after = idle(remote_server)["jobs"]
@@ -151,6 +153,7 @@ def test_ctrl_x_cancels_a_long_job_on_the_server(remote_server: Server, tmp_path
             finally:  # a failed check must not leave the job training on the server for minutes
                 app.runner.cancel()
                 await settle(pilot, app, seconds=30)
+
     asyncio.run(scenario())
     after = idle(remote_server)
     assert after["status"] == "ok" and after["running"] == 0
@@ -167,10 +170,12 @@ def test_an_unreachable_server_is_a_refusal_that_names_it() -> None:
     async def scenario() -> None:
         app = SterApp(Settings(), remote=Remote(url, connect_timeout=2.0))
         async with app.run_test(size=(100, 30)) as pilot:
-            handle = app.start_job("generate", {"model": TOY, "prompt": "question :", "max_new_tokens": 2},
-                                   app.query_one(JobsPane))
+            handle = app.start_job(
+                "generate", {"model": TOY, "prompt": "question :", "max_new_tokens": 2}, app.query_one(JobsPane)
+            )
             assert handle is not None
             await settle(pilot, app, seconds=10)
             assert handle.state == "refused"
             assert handle.last_message.startswith(f"cannot reach the Ster server at {url}")
+
     asyncio.run(scenario())

@@ -59,7 +59,8 @@ def artifacts() -> Path:
 
 
 def test_the_default_artifact_goes_to_the_data_directory_named_after_trait_method_and_model(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
 
     async def scenario(app: SterApp, pilot: Pilot, pane: TrainPane) -> None:
@@ -133,8 +134,9 @@ def test_results_show_what_the_last_job_did_and_older_ones_are_marked(tmp_path: 
         pane.query_one("#output", Input).value = str(tmp_path / "c.json")
         await pilot.press("escape", "t")
         await settle(pilot, app)
-        assert title(pane) == ("older result (the last train was refused): "
-                               "train: pca at layer 2, fitted on the whole set")
+        assert title(pane) == (
+            "older result (the last train was refused): train: pca at layer 2, fitted on the whole set"
+        )
         assert message(pane) == "layer 9 is out of range: this model has 4 layers, numbered 0..3"
         app._model_chosen({"model": "ster:toy-chat", "precision": "f32", "device": "cpu", "chat_template": "auto"})
         await pilot.pause()
@@ -197,16 +199,20 @@ def test_the_per_layer_plot_holds_each_layers_best_candidate_of_a_real_optimize_
         best: dict[int, dict] = {}
         for row in candidates:  # per layer: the highest holdout accuracy, then the highest separation
             key = (row["holdout_accuracy"], row["holdout_separation"] or float("-inf"))
-            if row["layer"] not in best or key > (best[row["layer"]]["holdout_accuracy"],
-                                                  best[row["layer"]]["holdout_separation"] or float("-inf")):
+            if row["layer"] not in best or key > (
+                best[row["layer"]]["holdout_accuracy"],
+                best[row["layer"]]["holdout_separation"] or float("-inf"),
+            ):
                 best[row["layer"]] = row
         layers = sorted(best)
         selected = next(row for row in candidates if row["selected"])
         monitor = plot.plot_widget.plt._active.monitor  # what plotext was given to draw
         assert monitor.x == [layers, layers] and monitor.yside == ["left", "right"]
-        assert monitor.y == [[best[layer]["holdout_accuracy"] for layer in layers],
-                             [best[layer]["holdout_separation"] for layer in layers]]
-        assert sum(monitor.vcoord, []) == [selected["layer"]] == [2]  # the selected layer's line
+        assert monitor.y == [
+            [best[layer]["holdout_accuracy"] for layer in layers],
+            [best[layer]["holdout_separation"] for layer in layers],
+        ]
+        assert [x for line in monitor.vcoord for x in line] == [selected["layer"]] == [2]  # the selected layer's line
         assert (monitor.xlabel, monitor.ylabel) == (["layer", None], ["accuracy", "separation"])
         assert plot.plot_widget.region.height >= 10 and plot.plot_widget.region.width >= 30
         heading = str(plot.query_one("#layer-plot-title").render())
@@ -228,6 +234,9 @@ def test_a_one_layer_train_plots_a_point_with_its_accuracy_and_margin() -> None:
         entry = result["layers"][0]  # type: ignore[index]
         monitor = pane.query_one(LayerPlot).plot_widget.plt._active.monitor
         assert monitor.x == [[2], [2]] and monitor.y == [[entry["train_accuracy"]], [entry["train_margin"]]]
-        assert sum(monitor.vcoord, []) == [] and monitor.ylabel == ["accuracy", "margin"]  # nothing selected
+        assert [x for line in monitor.vcoord for x in line] == [] and monitor.ylabel == [
+            "accuracy",
+            "margin",
+        ]  # nothing selected
 
     drive(scenario)

@@ -86,8 +86,17 @@ def test_the_form_starts_at_the_contract_defaults_of_each_objective() -> None:
             assert float(shown["top-p"]) == fields["top_p"].default
 
 
-MORE_VALUES = {"seed": "7", "layers": "1,3", "warmup-steps": "2", "checkpoint-every": "3", "max-sequence": "256",
-               "batch-size": "2", "temperature": "0.7", "top-p": "0.8", "max-new-tokens": "16"}
+MORE_VALUES = {
+    "seed": "7",
+    "layers": "1,3",
+    "warmup-steps": "2",
+    "checkpoint-every": "3",
+    "max-sequence": "256",
+    "batch-size": "2",
+    "temperature": "0.7",
+    "top-p": "0.8",
+    "max-new-tokens": "16",
+}
 
 
 @pytest.mark.parametrize("objective", ["sft", "dpo", "reward", "grpo"])
@@ -102,8 +111,13 @@ def test_more_settings_reach_the_request_of_each_objective(objective: str) -> No
         fields = pane.fields()
         assert fields is not None, message(pane)
         request = build_job_request(pane_job(objective), **fields)
-        assert (request.seed, request.layers, request.warmup_steps, request.checkpoint_every,  # type: ignore
-                request.max_sequence) == (7, "1,3", 2, 3, 256)  # type: ignore[attr-defined]
+        assert (
+            request.seed,
+            request.layers,
+            request.warmup_steps,
+            request.checkpoint_every,  # type: ignore
+            request.max_sequence,
+        ) == (7, "1,3", 2, 3, 256)  # type: ignore[attr-defined]
         if grpo:
             assert (request.temperature, request.top_p, request.max_new_tokens) == (0.7, 0.8, 16)  # type: ignore
             assert request.batch_size == 1 and "batch" not in str(more.title)  # type: ignore[attr-defined]
@@ -190,12 +204,14 @@ def test_a_dpo_run_on_the_apps_pair_set_starts_at_ln_2(tmp_path: Path) -> None:
     drive(scenario)
 
 
-def test_a_cancelled_run_leaves_a_checkpoint_and_r_resumes_it_to_the_uninterrupted_adapter(tmp_path: Path, paced_training: None) -> None:
+def test_a_cancelled_run_leaves_a_checkpoint_and_r_resumes_it_to_the_uninterrupted_adapter(
+    tmp_path: Path, paced_training: None
+) -> None:
     out, whole = tmp_path / "cut" / "a.safetensors", tmp_path / "whole" / "a.safetensors"
-    common = {"model": "ster:toy", "examples": "ster:examples", "epochs": 30, "accumulation": 1,
-              "learning_rate": 5e-3}
-    final = run_job("tune sft", build_job_request("tune sft", **common, output=whole), lambda _: None,
-                    threading.Event())
+    common = {"model": "ster:toy", "examples": "ster:examples", "epochs": 30, "accumulation": 1, "learning_rate": 5e-3}
+    final = run_job(
+        "tune sft", build_job_request("tune sft", **common, output=whole), lambda _: None, threading.Event()
+    )
     assert final.type == "result", final
 
     async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
@@ -227,24 +243,26 @@ def test_a_cancelled_run_leaves_a_checkpoint_and_r_resumes_it_to_the_uninterrupt
     drive(scenario)
 
 
-@pytest.mark.parametrize(("field", "value", "sentence"), [
-    ("learning-rate", "0", "learning rate must be a finite number above zero"),
-    ("epochs", "two", 'epochs is a whole number; "two" is not'),
-    ("targets", "qq", 'unknown adapter target "qq"'),
-    ("group", "1", "group must be at least 2"),
-    ("seed", "-1", "seed must be between 0 and 18446744073709551615"),
-    ("layers", "2-", "layers"),
-    ("warmup-steps", "x", 'warmup steps is a whole number; "x" is not'),
-    ("checkpoint-every", "-2", "checkpoint every must be at least 0"),
-    ("max-sequence", "1", "max sequence must be at least 2"),
-    ("batch-size", "0", "batch must be at least 1"),
-    ("temperature", "0", "temperature must be a finite number above zero"),
-    ("top-p", "1.5", "top-p must be above 0 and at most 1"),
-    ("max-new-tokens", "0", "max new tokens must be at least 1"),
-    ("output", "x.json", "adapter x.json ends in .json, which is where its sidecar goes"),
-])
-def test_a_bad_value_is_refused_in_the_forms_words_before_anything_runs(field: str, value: str,
-                                                                         sentence: str) -> None:
+@pytest.mark.parametrize(
+    ("field", "value", "sentence"),
+    [
+        ("learning-rate", "0", "learning rate must be a finite number above zero"),
+        ("epochs", "two", 'epochs is a whole number; "two" is not'),
+        ("targets", "qq", 'unknown adapter target "qq"'),
+        ("group", "1", "group must be at least 2"),
+        ("seed", "-1", "seed must be between 0 and 18446744073709551615"),
+        ("layers", "2-", "layers"),
+        ("warmup-steps", "x", 'warmup steps is a whole number; "x" is not'),
+        ("checkpoint-every", "-2", "checkpoint every must be at least 0"),
+        ("max-sequence", "1", "max sequence must be at least 2"),
+        ("batch-size", "0", "batch must be at least 1"),
+        ("temperature", "0", "temperature must be a finite number above zero"),
+        ("top-p", "1.5", "top-p must be above 0 and at most 1"),
+        ("max-new-tokens", "0", "max new tokens must be at least 1"),
+        ("output", "x.json", "adapter x.json ends in .json, which is where its sidecar goes"),
+    ],
+)
+def test_a_bad_value_is_refused_in_the_forms_words_before_anything_runs(field: str, value: str, sentence: str) -> None:
     async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
         grpo = field in ("group", "temperature", "top-p", "max-new-tokens")
         objective, data = ("grpo", "ster:grpo-prompts") if grpo else ("sft", "ster:examples")

@@ -16,7 +16,7 @@ async def settle(pilot: Pilot, app: SterApp, seconds: float = 60.0) -> None:
     await pilot.pause(0.1)
 
 
-async def until(pilot: Pilot, condition, seconds: float = 30.0) -> None:  # noqa: ANN001
+async def until(pilot: Pilot, condition, seconds: float = 30.0) -> None:
     for _ in range(int(seconds / 0.02)):
         if condition():
             return

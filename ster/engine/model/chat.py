@@ -102,8 +102,13 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -150,8 +155,13 @@ class ChatTemplate:
 
     def render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> str:
         """Render a conversation, refusing any failure with the template line it happened on."""
-        context = {"messages": list(messages), "add_generation_prompt": add_generation_prompt,
-                   "tools": None, "documents": None, **self.special}
+        context = {
+            "messages": list(messages),
+            "add_generation_prompt": add_generation_prompt,
+            "tools": None,
+            "documents": None,
+            **self.special,
+        }
         try:
             return self._template.render(**context)
         except jinja2.UndefinedError as exc:

@@ -59,10 +59,14 @@ class TextCodec:
         head = self.template.render(turns, add_generation_prompt=True)
         whole = self.template.render([*turns, {"role": "assistant", "content": answer}], add_generation_prompt=False)
         if not whole.startswith(head):
-            raise Refusal("the chat template renders the conversation with a different beginning than the prompt "
-                          "alone, so the completion cannot be told apart from the prompt")
-        return (self.tokenizer.encode(head, add_special_tokens=False).ids,
-                self.tokenizer.encode(whole[len(head):], add_special_tokens=False).ids)
+            raise Refusal(
+                "the chat template renders the conversation with a different beginning than the prompt "
+                "alone, so the completion cannot be told apart from the prompt"
+            )
+        return (
+            self.tokenizer.encode(head, add_special_tokens=False).ids,
+            self.tokenizer.encode(whole[len(head) :], add_special_tokens=False).ids,
+        )
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of generated ids, without special tokens."""

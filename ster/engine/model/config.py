@@ -40,8 +40,14 @@ SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", 
 OPTIONAL_SIZES = ("num_key_value_heads", "head_dim")
 MAX_POSITIONS = 1 << 31
 """A context longer than any model's (the longest are about 2^23 positions)."""
-POSITIVE_REALS = ("rms_norm_eps", "rope_theta", "rope_local_theta", "query_pre_attn_scalar",
-                  "final_logit_softcapping", "attn_logit_softcapping")
+POSITIVE_REALS = (
+    "rms_norm_eps",
+    "rope_theta",
+    "rope_local_theta",
+    "query_pre_attn_scalar",
+    "final_logit_softcapping",
+    "attn_logit_softcapping",
+)
 """Settings that are divided by, raised to a power or taken a root of: each a finite number above 0 (or null)."""
 
 
@@ -105,8 +111,9 @@ def _gemma3(raw: dict[str, Any]) -> None:
     raw["hidden_act"] = raw.pop("hidden_activation", None) or raw.get("hidden_act") or "gelu_pytorch_tanh"
     if raw.get("sliding_window") is not None and raw.get("layer_types") is None:
         pattern = int(raw.get("sliding_window_pattern", 6))
-        raw["layer_types"] = [SLIDING if (i + 1) % pattern else FULL for i in range(int(raw.get("num_hidden_layers")
-                                                                                            or 0))]
+        raw["layer_types"] = [
+            SLIDING if (i + 1) % pattern else FULL for i in range(int(raw.get("num_hidden_layers") or 0))
+        ]
     params = raw.get("rope_parameters")
     if isinstance(params, dict) and (FULL in params or SLIDING in params):  # transformers 5: per layer type
         full, local = params.get(FULL) or {}, params.get(SLIDING) or {}
@@ -118,31 +125,72 @@ def _gemma3(raw: dict[str, Any]) -> None:
         raw["rope_local_theta"] = raw.get("rope_local_base_freq", 10_000.0)
 
 
-GEMMA3_DEFAULTS = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
-                   "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
-                   "max_position_embeddings": 131_072, "tie_word_embeddings": True, "query_pre_attn_scalar": 256,
-                   "sliding_window": 4096, "rms_norm_eps": 1e-6}
+GEMMA3_DEFAULTS = {
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "max_position_embeddings": 131_072,
+    "tie_word_embeddings": True,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "rms_norm_eps": 1e-6,
+}
 """transformers' Gemma3TextConfig defaults: the text_config of a multimodal Gemma 3 checkpoint omits many."""
-GEMMA3: dict[str, Any] = {"qk_norm": True, "norm_offset": 1.0, "embed_scale": True, "sandwich_norms": True, "normalise": _gemma3}
+GEMMA3: dict[str, Any] = {
+    "qk_norm": True,
+    "norm_offset": 1.0,
+    "embed_scale": True,
+    "sandwich_norms": True,
+    "normalise": _gemma3,
+}
 
-FAMILIES: dict[str, Family] = {family.model_type: family for family in (
-    Family("llama", normalise=_no_sliding),
-    Family("qwen2", {"rms_norm_eps": 1e-6}, qkv_bias=True, normalise=_qwen_sliding),
-    Family("mistral", {"sliding_window": 4096}, normalise=_every_layer_slides),
-    Family("qwen3", {"head_dim": 128}, qk_norm=True, normalise=_qwen_sliding),
-    Family("phi3", {"rms_norm_eps": 1e-5, "sliding_window": None},
-           fused={"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")},
-           normalise=_every_layer_slides),
-    Family("gemma3_text", GEMMA3_DEFAULTS, **GEMMA3),
-    Family("gemma3", GEMMA3_DEFAULTS, **GEMMA3, text_config=True,
-           renames=(("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
-                    ("model.language_model.", "model."), ("vision_tower.", None), ("multi_modal_projector.", None),
-                    ("model.vision_tower.", None), ("model.multi_modal_projector.", None))),
-)}
+FAMILIES: dict[str, Family] = {
+    family.model_type: family
+    for family in (
+        Family("llama", normalise=_no_sliding),
+        Family("qwen2", {"rms_norm_eps": 1e-6}, qkv_bias=True, normalise=_qwen_sliding),
+        Family("mistral", {"sliding_window": 4096}, normalise=_every_layer_slides),
+        Family("qwen3", {"head_dim": 128}, qk_norm=True, normalise=_qwen_sliding),
+        Family(
+            "phi3",
+            {"rms_norm_eps": 1e-5, "sliding_window": None},
+            fused={"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")},
+            normalise=_every_layer_slides,
+        ),
+        Family("gemma3_text", GEMMA3_DEFAULTS, **GEMMA3),
+        Family(
+            "gemma3",
+            GEMMA3_DEFAULTS,
+            **GEMMA3,
+            text_config=True,
+            renames=(
+                ("language_model.model.", "model."),
+                ("language_model.lm_head.", "lm_head."),
+                ("model.language_model.", "model."),
+                ("vision_tower.", None),
+                ("multi_modal_projector.", None),
+                ("model.vision_tower.", None),
+                ("model.multi_modal_projector.", None),
+            ),
+        ),
+    )
+}
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
-FAMILY_FIELDS = ("sliding_window", "layer_types", "rope_local_theta", "rope_local_type", "query_pre_attn_scalar",
-                 "final_logit_softcapping", "attn_logit_softcapping", "partial_rotary_factor",
-                 "use_bidirectional_attention")
+FAMILY_FIELDS = (
+    "sliding_window",
+    "layer_types",
+    "rope_local_theta",
+    "rope_local_type",
+    "query_pre_attn_scalar",
+    "final_logit_softcapping",
+    "attn_logit_softcapping",
+    "partial_rotary_factor",
+    "use_bidirectional_attention",
+)
 """The fields Llama does not have. A Llama config never sets them, and they are left out of its
 fingerprint, which therefore stays what it was before other families ran."""
 
@@ -255,11 +303,15 @@ class DecoderConfig(BaseModel):
             if getattr(self, name) is not None:
                 _positive_real(name, getattr(self, name))
         if self.num_hidden_layers > MAX_LAYERS:
-            raise ValueError(f"num_hidden_layers {self.num_hidden_layers} is more than any model has (Ster reads at "
-                             f"most {MAX_LAYERS})")
+            raise ValueError(
+                f"num_hidden_layers {self.num_hidden_layers} is more than any model has (Ster reads at "
+                f"most {MAX_LAYERS})"
+            )
         if self.head_dim is None and self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} does not divide into its {self.num_attention_heads} "
-                             "attention heads, and no head_dim says how wide a head is")
+            raise ValueError(
+                f"hidden_size {self.hidden_size} does not divide into its {self.num_attention_heads} "
+                "attention heads, and no head_dim says how wide a head is"
+            )
         return self
 
     @property
@@ -285,7 +337,7 @@ class DecoderConfig(BaseModel):
     @property
     def attention_scale(self) -> float | None:
         """The factor of the attention scores when it is not ``head_dim ** -0.5`` (None: that default)."""
-        return None if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar ** -0.5
+        return None if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar**-0.5
 
     def sliding(self, layer: int) -> bool:
         """Whether ``layer`` attends through the sliding window."""
@@ -329,7 +381,7 @@ def decoder_name(config: DecoderConfig, name: str) -> str | None:
     checkpoints hold the text model under ``language_model``), or None for a tensor the decoder does not read."""
     for prefix, replacement in config.family.renames:
         if name.startswith(prefix):
-            return None if replacement is None else replacement + name[len(prefix):]
+            return None if replacement is None else replacement + name[len(prefix) :]
     return name
 
 
@@ -345,8 +397,9 @@ def check_architecture(model_type: str, where: str, supported: tuple[str, ...] =
     """Refuse any family but those ``supported``, naming the type found and the types supported."""
     if model_type not in supported:
         names = ", ".join(f'"{name}"' for name in supported)
-        raise Refusal(f'{where} declares model_type "{model_type}", which Ster cannot load; supported model types: '
-                      f"{names}")
+        raise Refusal(
+            f'{where} declares model_type "{model_type}", which Ster cannot load; supported model types: {names}'
+        )
 
 
 def check_model_type(path: Path, where: str | None = None) -> str:
@@ -371,15 +424,21 @@ def generic_config(raw: dict[str, Any], where: str) -> Any:
 
     if model_type not in CONFIG_MAPPING_NAMES:
         names = ", ".join(f'"{name}"' for name in SUPPORTED_MODEL_TYPES)
-        raise Refusal(f'{where} declares model_type "{model_type}", which Ster cannot load: it has no decoder for it '
-                      f"(natively: {names}) and transformers does not know it")
+        raise Refusal(
+            f'{where} declares model_type "{model_type}", which Ster cannot load: it has no decoder for it '
+            f"(natively: {names}) and transformers does not know it"
+        )
     architectures = [str(name) for name in raw.get("architectures") or []]
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or raw.get("is_encoder_decoder"):
-        raise Refusal(f'{where} declares model_type "{model_type}", which is not a causal language model; Ster reads '
-                      "and steers causal language models only")
+        raise Refusal(
+            f'{where} declares model_type "{model_type}", which is not a causal language model; Ster reads '
+            "and steers causal language models only"
+        )
     if architectures and not any("CausalLM" in name or "LMHead" in name for name in architectures):
-        raise Refusal(f"{where} declares architectures {', '.join(architectures)}, which is not a causal language "
-                      "model; Ster reads and steers causal language models only")
+        raise Refusal(
+            f"{where} declares architectures {', '.join(architectures)}, which is not a causal language "
+            "model; Ster reads and steers causal language models only"
+        )
     if raw.get("auto_map"):
         raise Refusal(f"{where} needs its own modelling code (auto_map); Ster does not run code a checkpoint ships")
     try:
@@ -403,17 +462,23 @@ def _generic_decoder_config(raw: dict[str, Any], path: Path, unimplemented: str 
     try:
         hidden, heads = int(value("hidden_size")), int(value("num_attention_heads", 1))
         return DecoderConfig(
-            model_type=str(raw["model_type"]), native=False, unimplemented=unimplemented,
-            vocab_size=value("vocab_size"), hidden_size=hidden,
+            model_type=str(raw["model_type"]),
+            native=False,
+            unimplemented=unimplemented,
+            vocab_size=value("vocab_size"),
+            hidden_size=hidden,
             intermediate_size=value("intermediate_size", None) or value("n_inner", None) or 4 * hidden,
-            num_hidden_layers=value("num_hidden_layers"), num_attention_heads=heads,
+            num_hidden_layers=value("num_hidden_layers"),
+            num_attention_heads=heads,
             num_key_value_heads=value("num_key_value_heads", heads),
             head_dim=value("head_dim", hidden // heads if heads > 0 else None),
             hidden_act=str(value("hidden_act", "") or value("hidden_activation", "") or "unknown"),
             max_position_embeddings=value("max_position_embeddings", 2048),
             tie_word_embeddings=bool(value("tie_word_embeddings", False)),
-            bos_token_id=value("bos_token_id"), eos_token_id=value("eos_token_id"),
-            sliding_window=value("sliding_window"), layer_types=value("layer_types"),
+            bos_token_id=value("bos_token_id"),
+            eos_token_id=value("eos_token_id"),
+            sliding_window=value("sliding_window"),
+            layer_types=value("layer_types"),
             final_logit_softcapping=value("final_logit_softcapping"),
         )
     except (ValidationError, TypeError, ValueError) as exc:
@@ -455,17 +520,24 @@ def _unimplemented(config: DecoderConfig) -> str | None:
 def _check_supported(config: DecoderConfig, path: Path) -> None:
     """Refuse settings no decoder can run as they stand."""
     if config.num_attention_heads % config.kv_heads:
-        raise Refusal(f"model config {path} has {config.kv_heads} key/value heads, which do not divide "
-                      f"its {config.num_attention_heads} attention heads")
+        raise Refusal(
+            f"model config {path} has {config.kv_heads} key/value heads, which do not divide "
+            f"its {config.num_attention_heads} attention heads"
+        )
     if config.use_bidirectional_attention:
         raise Refusal(f"model config {path} uses bidirectional attention; Ster runs causal decoders only")
     if config.rotary_size % 2 or not 0 < config.partial_rotary_factor <= 1:
-        raise Refusal(f"model config {path} has partial_rotary_factor {config.partial_rotary_factor}, which does "
-                      f"not rotate an even number of each head's {config.head_size} dimensions")
+        raise Refusal(
+            f"model config {path} has partial_rotary_factor {config.partial_rotary_factor}, which does "
+            f"not rotate an even number of each head's {config.head_size} dimensions"
+        )
     if config.sliding_window is not None and config.sliding_window < 1:
-        raise Refusal(f"model config {path} has sliding_window {config.sliding_window}; a window sees at least "
-                      "the token itself")
+        raise Refusal(
+            f"model config {path} has sliding_window {config.sliding_window}; a window sees at least the token itself"
+        )
     types = config.layer_types
     if types is not None and (len(types) != config.num_hidden_layers or set(types) - {SLIDING, FULL}):
-        raise Refusal(f"model config {path} has layer_types that do not give one of {SLIDING}, {FULL} for each of "
-                      f"its {config.num_hidden_layers} layers")
+        raise Refusal(
+            f"model config {path} has layer_types that do not give one of {SLIDING}, {FULL} for each of "
+            f"its {config.num_hidden_layers} layers"
+        )

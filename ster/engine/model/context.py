@@ -42,8 +42,7 @@ def encode_within(codec: TextCodec, text: str, context: int, what: str) -> list[
     if len(text) > max(window, PROBE_ABOVE):
         probe = len(codec.encode_prompt(_cut(text, window)))
         if probe > PROBE_FACTOR * context:
-            raise Refusal(f"{what} is at least {probe} tokens long, more than the model's context of "
-                          f"{context} tokens")
+            raise Refusal(f"{what} is at least {probe} tokens long, more than the model's context of {context} tokens")
     ids = codec.encode_prompt(text)
     if len(ids) > context:
         raise Refusal(f"{what} is {len(ids)} tokens long, more than the model's context of {context} tokens")
@@ -57,9 +56,13 @@ def encode_each(codec: TextCodec, texts: list[str], context: int, label: str) ->
 
 def encode_pairs(codec: TextCodec, pairs: list[tuple[str, str]], context: int) -> list[tuple[list[int], list[int]]]:
     """Both sides of every pair through :func:`encode_within`, naming a refused side by its pair's index."""
-    return [(encode_within(codec, positive, context, f"pair {index}'s positive side"),
-             encode_within(codec, negative, context, f"pair {index}'s negative side"))
-            for index, (positive, negative) in enumerate(pairs)]
+    return [
+        (
+            encode_within(codec, positive, context, f"pair {index}'s positive side"),
+            encode_within(codec, negative, context, f"pair {index}'s negative side"),
+        )
+        for index, (positive, negative) in enumerate(pairs)
+    ]
 
 
 def _cut(text: str, window: int) -> str:
@@ -76,8 +79,13 @@ def count_tokens(codec: TextCodec, text: str) -> int:
         return 0
 
 
-def generation_budget(prompt_tokens: int, requested: int | None, default: int, context: int,
-                      note: Callable[[str], None] = lambda sentence: None) -> int:
+def generation_budget(
+    prompt_tokens: int,
+    requested: int | None,
+    default: int,
+    context: int,
+    note: Callable[[str], None] = lambda sentence: None,
+) -> int:
     """How many tokens to generate after the longest prompt of ``prompt_tokens`` tokens.
 
     An explicit ``requested`` that would run past the context is refused; ``None``
@@ -86,15 +94,21 @@ def generation_budget(prompt_tokens: int, requested: int | None, default: int, c
     """
     room = context - prompt_tokens
     if room < 1:
-        raise Refusal(f"the {prompt_tokens}-token prompt fills the model's context of {context} tokens, "
-                      f"leaving no room to generate")
+        raise Refusal(
+            f"the {prompt_tokens}-token prompt fills the model's context of {context} tokens, "
+            f"leaving no room to generate"
+        )
     if requested is None:
         if room < default:
-            note(f"generating at most {room} tokens rather than the default {default}: the model's context of "
-                 f"{context} leaves that much room after the {prompt_tokens}-token prompt")
+            note(
+                f"generating at most {room} tokens rather than the default {default}: the model's context of "
+                f"{context} leaves that much room after the {prompt_tokens}-token prompt"
+            )
         return min(default, room)
     if requested > room:
-        raise Refusal(f"the {prompt_tokens}-token prompt and --max-new-tokens {requested} need "
-                      f"{prompt_tokens + requested} positions, more than the model's context of {context}; "
-                      f"give --max-new-tokens {room} or fewer")
+        raise Refusal(
+            f"the {prompt_tokens}-token prompt and --max-new-tokens {requested} need "
+            f"{prompt_tokens + requested} positions, more than the model's context of {context}; "
+            f"give --max-new-tokens {room} or fewer"
+        )
     return requested

@@ -57,7 +57,7 @@ def positions(ids: Tensor, past: int, key_mask: Tensor | None) -> Tensor:
     if key_mask is None:
         return torch.arange(past, past + length, device=ids.device).expand(batch, length)
     real_before = key_mask.long().cumsum(dim=1) - 1  # [B, S]
-    return real_before[:, past:past + length].clamp(min=0)
+    return real_before[:, past : past + length].clamp(min=0)
 
 
 def checked_depth(count: int, depth: int | None, vocab: Vocab) -> int:
@@ -97,9 +97,18 @@ class Decoder(Protocol):
     def lm_head(self) -> nn.Linear:
         """The output head, whose weight says the model's dtype and device."""
 
-    def __call__(self, ids: Tensor, *, cache: Any = None, key_mask: Tensor | None = None, depth: int | None = None,
-                 vocab: Vocab = "last", layout: Layout | None = None, adapters: bool = True,
-                 start: tuple[int, Tensor] | None = None) -> ForwardOutput:
+    def __call__(
+        self,
+        ids: Tensor,
+        *,
+        cache: Any = None,
+        key_mask: Tensor | None = None,
+        depth: int | None = None,
+        vocab: Vocab = "last",
+        layout: Layout | None = None,
+        adapters: bool = True,
+        start: tuple[int, Tensor] | None = None,
+    ) -> ForwardOutput:
         """Run ``ids`` [B, T] through the first ``depth`` blocks (see :meth:`SterDecoder.forward`)."""
 
     def new_cache(self, batch: int, max_len: int) -> Any:
@@ -119,8 +128,9 @@ class Decoder(Protocol):
 
     def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]: ...
 
-    def named_parameters(self, prefix: str = "", recurse: bool = True,
-                         remove_duplicate: bool = True) -> Iterator[tuple[str, nn.Parameter]]: ...
+    def named_parameters(
+        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, nn.Parameter]]: ...
 
     def modules(self) -> Iterator[nn.Module]: ...
 

@@ -132,7 +132,9 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 class KVCache:
     """Keys and values of every layer, preallocated for the whole generation, at the weights' dtype."""
 
-    def __init__(self, config: DecoderConfig, batch: int, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, config: DecoderConfig, batch: int, max_len: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
         shape = (config.num_hidden_layers, batch, config.kv_heads, max_len, config.head_size)
         self.keys = torch.empty(shape, dtype=dtype, device=device)
         self.values = torch.empty(shape, dtype=dtype, device=device)
@@ -142,14 +144,14 @@ class KVCache:
     def append(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Store this step's [B, kv, T, hd] keys and values; return every position so far."""
         end = self.length + keys.shape[2]
-        self.keys[layer, :, :, self.length:end] = keys
-        self.values[layer, :, :, self.length:end] = values
+        self.keys[layer, :, :, self.length : end] = keys
+        self.values[layer, :, :, self.length : end] = values
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
 
     def take_prefix(self, alone: KVCache, count: int) -> None:
         """Copy a single-row cache's positions into every one of this cache's ``count`` rows (a shared prefill)."""
-        self.keys[:, :, :, :alone.length] = alone.keys[:, :, :, :alone.length]
-        self.values[:, :, :, :alone.length] = alone.values[:, :, :, :alone.length]
+        self.keys[:, :, :, : alone.length] = alone.keys[:, :, :, : alone.length]
+        self.values[:, :, :, : alone.length] = alone.values[:, :, :, : alone.length]
         self.length = alone.length
 
     def keep_rows(self, rows: Tensor) -> None:
@@ -215,8 +217,8 @@ class Attention(nn.Module):
             qkv = torch.cat((norm(q, self.q_norm), norm(k, self.k_norm), v), dim=2)
         qkv = qkv.transpose(1, 2)
         view = step.local if self.sliding and step.local is not None else step
-        qk = _rotate(qkv[:, :heads + kv_heads].float(), view.cos, view.sin)  # queries and keys, f32
-        q, k, v = qk[:, :heads], qk[:, heads:].to(x.dtype), qkv[:, heads + kv_heads:]
+        qk = _rotate(qkv[:, : heads + kv_heads].float(), view.cos, view.sin)  # queries and keys, f32
+        q, k, v = qk[:, :heads], qk[:, heads:].to(x.dtype), qkv[:, heads + kv_heads :]
         if step.cache is not None:
             k, v = step.cache.append(layer, k, v)  # [B, kv, S, hd]
         if length == 1 and view.mask is None:
@@ -293,10 +295,12 @@ class Block(nn.Module):
 
     def forward(self, h: Tensor, step: StepInputs) -> Tensor:
         if self.sandwich:
-            h = h + norm(self.self_attn.attend(norm(h, self.input_layernorm), step, self.index),
-                         self.post_attention_layernorm)
-            return h + norm(self.mlp.feed(norm(h, self.pre_feedforward_layernorm), step),
-                            self.post_feedforward_layernorm)
+            h = h + norm(
+                self.self_attn.attend(norm(h, self.input_layernorm), step, self.index), self.post_attention_layernorm
+            )
+            return h + norm(
+                self.mlp.feed(norm(h, self.pre_feedforward_layernorm), step), self.post_feedforward_layernorm
+            )
         h = h + self.self_attn.attend(norm(h, self.input_layernorm), step, self.index)
         return h + self.mlp.feed(norm(h, self.post_attention_layernorm), step)
 
@@ -354,7 +358,8 @@ class SterDecoder(nn.Module):
         for block in self.block_list():
             modules: tuple[tuple[Attention | MLP, tuple[str, ...], str], ...] = (
                 (block.self_attn, ("q_proj", "k_proj", "v_proj"), "o_proj"),
-                (block.mlp, ("gate_proj", "up_proj"), "down_proj"))
+                (block.mlp, ("gate_proj", "up_proj"), "down_proj"),
+            )
             for module, names, last in modules:
                 fused = module.fused_weight
                 weights += [fused] if fused is not None else [getattr(module, n).weight for n in names]
@@ -412,7 +417,7 @@ class SterDecoder(nn.Module):
             first = 0
             h = embed(ids, self.model.embed_tokens.weight)  # [B, T, D]
             if self.config.family.embed_scale:  # Gemma: × sqrt(hidden_size), rounded to the weights' dtype
-                h = h * torch.tensor(self.config.hidden_size ** 0.5, dtype=h.dtype)
+                h = h * torch.tensor(self.config.hidden_size**0.5, dtype=h.dtype)
         else:
             first, h = start
         for block in self.blocks[first:depth]:
@@ -421,8 +426,9 @@ class SterDecoder(nn.Module):
             cache.length += ids.shape[1]
         return ForwardOutput(h, self._logits(h, vocab))
 
-    def _window_inputs(self, step: StepInputs, positions: Tensor, past: int, key_mask: Tensor | None,
-                       layout: Layout | None) -> StepInputs:
+    def _window_inputs(
+        self, step: StepInputs, positions: Tensor, past: int, key_mask: Tensor | None, layout: Layout | None
+    ) -> StepInputs:
         """The sliding layers' angles and mask: the full layers' mask less every key a window or more before
         the query, counted in positions (real tokens), so padding and packed layouts slide as a lone row does."""
         window = self.config.sliding_window
@@ -464,7 +470,9 @@ class SterDecoder(nn.Module):
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
-def _attention_mask(length: int, past: int, key_mask: Tensor | None, device: torch.device) -> tuple[Tensor | None, bool]:
+def _attention_mask(
+    length: int, past: int, key_mask: Tensor | None, device: torch.device
+) -> tuple[Tensor | None, bool]:
     """The boolean [B, 1, T, S] mask of keys each query may see, or (None, causal) when the
     plain causal rule is exact: no padding, and either one query or no cached keys."""
     if key_mask is None and (length == 1 or past == 0):

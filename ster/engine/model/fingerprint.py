@@ -47,8 +47,10 @@ def checkpoint_fingerprint(config: DecoderConfig, weights: tuple[Path, ...]) -> 
     for path in weights:
         fd = _open(path)
         try:
-            tensors += [(name, dtype, shape, _sample(fd, path, begin, end))
-                        for name, (dtype, shape, begin, end) in _header(path).items()]
+            tensors += [
+                (name, dtype, shape, _sample(fd, path, begin, end))
+                for name, (dtype, shape, begin, end) in _header(path).items()
+            ]
         finally:
             os.close(fd)
     for name, dtype, shape, sample in sorted(tensors):
@@ -81,8 +83,9 @@ def _entry(path: Path, name: str, entry: Any, base: int) -> tuple[str, list[int]
         begin, end = (int(x) for x in entry["data_offsets"])
         dtype, shape = str(entry["dtype"]), [int(n) for n in entry["shape"]]
     except (TypeError, KeyError, ValueError):
-        raise Refusal(f"weights file {path} could not be read: tensor {name} has no dtype, shape and "
-                      f"data_offsets in its header") from None
+        raise Refusal(
+            f"weights file {path} could not be read: tensor {name} has no dtype, shape and data_offsets in its header"
+        ) from None
     if not 0 <= begin <= end:
         raise Refusal(f"weights file {path} could not be read: tensor {name} has data_offsets {begin}..{end}")
     return dtype, shape, base + begin, base + end

@@ -135,10 +135,13 @@ class GenericDecoder(nn.Module):
         attribute = next(name for name, names in LORA_MODULES.items() if projection in names)
         module = getattr(self.layers[layer], attribute, None)
         fused = [name for name, parts in self.config.family.fused.items() if projection in parts]
-        if module is None or not any(isinstance(getattr(module, name, None), nn.Linear) for name in [projection,
-                                                                                                    *fused]):
-            raise Refusal(f"this {self.config.model_type} model's layers have no {attribute}.{projection} linear "
-                          "projection, so an adapter cannot target it here")
+        if module is None or not any(
+            isinstance(getattr(module, name, None), nn.Linear) for name in [projection, *fused]
+        ):
+            raise Refusal(
+                f"this {self.config.model_type} model's layers have no {attribute}.{projection} linear "
+                "projection, so an adapter cannot target it here"
+            )
         return cast(FactorHost, module)
 
     def forward(
@@ -171,9 +174,13 @@ class GenericDecoder(nn.Module):
             if stop:
                 raise _Stop
 
-        kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask, "position_ids": positions,
-                                  "use_cache": cache is not None, self._cache_keyword: None if cache is None
-                                  else cache.inner}
+        kwargs: dict[str, Any] = {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": positions,
+            "use_cache": cache is not None,
+            self._cache_keyword: None if cache is None else cache.inner,
+        }
         if self._keeps_logits and not stop:
             kwargs["logits_to_keep"] = 1 if vocab == "last" else 0
         self.adapters_on = adapters
@@ -219,8 +226,10 @@ class GenericDecoder(nn.Module):
 
     def final_norm(self, h: Tensor) -> Tensor:
         if self.final is None:
-            raise Refusal(f"Ster cannot find the final norm of this {self.config.model_type} model, so it cannot "
-                          "score tokens outside transformers' own forward")
+            raise Refusal(
+                f"Ster cannot find the final norm of this {self.config.model_type} model, so it cannot "
+                "score tokens outside transformers' own forward"
+            )
         return cast(Tensor, self.final(h))
 
     def project(self, h: Tensor) -> Tensor:
@@ -245,8 +254,10 @@ def _decoder_layers(model: PreTrainedModel, config: DecoderConfig) -> nn.ModuleL
     for _, module in model.named_modules():
         if isinstance(module, nn.ModuleList) and len(module) == config.num_hidden_layers:
             return module
-    raise Refusal(f"Ster cannot find the {config.num_hidden_layers} decoder layers of this {config.model_type} model "
-                  "to read and steer")
+    raise Refusal(
+        f"Ster cannot find the {config.num_hidden_layers} decoder layers of this {config.model_type} model "
+        "to read and steer"
+    )
 
 
 def _final_norm(model: PreTrainedModel) -> nn.Module | None:
@@ -281,9 +292,11 @@ def load_generic(root: Path, config: DecoderConfig, dtype: torch.dtype, device: 
         raise Refusal(f"transformers could not load {root}: {first_sentence(exc)}") from None
     # transformers fills a weight the files lack with random numbers and only logs it; a model that is not what
     # its config.json says is refused instead, naming the first tensor that disagrees.
-    for kind, what in (("missing_keys", "have no tensor {}, which config.json implies"),
-                       ("mismatched_keys", "hold tensor {} at a shape config.json does not imply"),
-                       ("unexpected_keys", "hold tensor {}, which a {} model does not have")):
+    for kind, what in (
+        ("missing_keys", "have no tensor {}, which config.json implies"),
+        ("mismatched_keys", "hold tensor {} at a shape config.json does not imply"),
+        ("unexpected_keys", "hold tensor {}, which a {} model does not have"),
+    ):
         names = sorted(str(entry[0] if isinstance(entry, tuple) else entry) for entry in info.get(kind) or ())
         if names:
             raise Refusal(f"the weights in {root} " + what.format(names[0], config.model_type))

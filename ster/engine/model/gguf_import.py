@@ -91,8 +91,14 @@ def read_header(path: Path) -> GgufHeader:
         raise Refusal(f"{path} declares no general.architecture")
     name = fields["general.name"].contents() if "general.name" in fields else None
     tensors = frozenset(tensor.name for tensor in reader.tensors)
-    freqs = next((tuple(float(x) for x in tensor.data.reshape(-1)) for tensor in reader.tensors
-                  if tensor.name == "rope_freqs.weight"), None)
+    freqs = next(
+        (
+            tuple(float(x) for x in tensor.data.reshape(-1))
+            for tensor in reader.tensors
+            if tensor.name == "rope_freqs.weight"
+        ),
+        None,
+    )
     return GgufHeader(str(fields["general.architecture"].contents()), name, fields, tensors, freqs)
 
 
@@ -103,12 +109,15 @@ def check_header(header: GgufHeader, where: str) -> None:
     if factors == ["rope_freqs.weight"] and header.architecture == "llama" and llama3_scaling(header) is not None:
         factors = []  # Llama 3.1's and 3.2's scaling, written back as rope_scaling "llama3"
     if factors:
-        raise Refusal(f"{where} scales its rope by per-frequency factors ({factors[0]}) that Llama 3's rope scaling "
-                      "does not reproduce, which neither transformers' GGUF reader nor Ster rebuilds")
+        raise Refusal(
+            f"{where} scales its rope by per-frequency factors ({factors[0]}) that Llama 3's rope scaling "
+            "does not reproduce, which neither transformers' GGUF reader nor Ster rebuilds"
+        )
     scaling = header.value(f"{header.architecture}.rope.scaling.type")
     if scaling not in (None, "none", "linear"):
-        raise Refusal(f'{where} uses rope scaling "{scaling}"; Ster imports GGUF files with linear rope scaling '
-                      "or none")
+        raise Refusal(
+            f'{where} uses rope scaling "{scaling}"; Ster imports GGUF files with linear rope scaling or none'
+        )
 
 
 def import_job(request: ModelImportRequest, ctx: JobContext) -> ImportResult:
@@ -133,9 +142,15 @@ def import_job(request: ModelImportRequest, ctx: JobContext) -> ImportResult:
         load_decoder(checkpoint, config, "f32", resolve_device("cpu"))
         ctx.check_cancelled()
     return ImportResult(
-        output=str(request.output), source=str(source), name=header.name,
-        files=sorted(p.name for p in request.output.iterdir()), tensors=tensors, parameters=parameters,
-        num_hidden_layers=config.num_hidden_layers, hidden_size=config.hidden_size, vocab_size=config.vocab_size,
+        output=str(request.output),
+        source=str(source),
+        name=header.name,
+        files=sorted(p.name for p in request.output.iterdir()),
+        tensors=tensors,
+        parameters=parameters,
+        num_hidden_layers=config.num_hidden_layers,
+        hidden_size=config.hidden_size,
+        vocab_size=config.vocab_size,
         chat_template=bool(tokenizer.chat_template),
     )
 
@@ -154,11 +169,20 @@ def _load_with_transformers(path: Path, header: GgufHeader) -> tuple[Any, Any]:
         warnings.simplefilter("ignore")
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-            config = _complete_config(AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name), header,
-                                      tokenizer)
-            model, info = cast(tuple[Any, dict[str, Any]], AutoModelForCausalLM.from_pretrained(
-                str(path.parent), gguf_file=path.name, config=config, dtype=torch.float32, output_loading_info=True,
-                ignore_mismatched_sizes=True))  # reported below, in a sentence, instead of in a logged table
+            config = _complete_config(
+                AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name), header, tokenizer
+            )
+            model, info = cast(
+                tuple[Any, dict[str, Any]],
+                AutoModelForCausalLM.from_pretrained(
+                    str(path.parent),
+                    gguf_file=path.name,
+                    config=config,
+                    dtype=torch.float32,
+                    output_loading_info=True,
+                    ignore_mismatched_sizes=True,
+                ),
+            )  # reported below, in a sentence, instead of in a logged table
         except ImportError as exc:
             raise Refusal(f"importing GGUF needs the gguf and accelerate packages: {first_sentence(exc)}") from None
         except (ValueError, KeyError, RuntimeError, TypeError, IndexError, AttributeError) as exc:
@@ -180,8 +204,11 @@ def _complete_config(config: Any, header: GgufHeader, tokenizer: Any) -> Any:
     if key_length is not None and hasattr(config, "head_dim"):
         config.head_dim = int(key_length)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    rope = config.rope_parameters.get("full_attention", config.rope_parameters) if arch == "gemma3" \
+    rope = (
+        config.rope_parameters.get("full_attention", config.rope_parameters)
+        if arch == "gemma3"
         else config.rope_parameters
+    )
     rotating = header.value(f"{arch}.rope.dimension_count")
     if arch == "phi3" and rotating is not None and int(rotating) != head_dim:
         rope["partial_rotary_factor"] = int(rotating) / head_dim
@@ -191,8 +218,9 @@ def _complete_config(config: Any, header: GgufHeader, tokenizer: Any) -> Any:
     if llama3 is not None:
         rope.update(llama3)
     if arch == "gemma3":  # llama.cpp: 1/sqrt(head_dim), but 1/sqrt(hidden/heads) for the 62-layer 27B
-        config.query_pre_attn_scalar = (config.hidden_size // config.num_attention_heads
-                                        if config.num_hidden_layers == 62 else head_dim)
+        config.query_pre_attn_scalar = (
+            config.hidden_size // config.num_attention_heads if config.num_hidden_layers == 62 else head_dim
+        )
     if arch in ("llama", "qwen3"):
         config.attention_bias = "blk.0.attn_q.bias" in header.tensors
     if arch == "llama":
@@ -224,8 +252,13 @@ def llama3_scaling(header: GgufHeader) -> dict[str, Any] | None:
     divisors = torch.tensor(header.rope_freqs, dtype=torch.float64)
     factor = float(divisors.max())
     for context in LLAMA3_CONTEXTS:
-        scaling: dict[str, Any] = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                   "original_max_position_embeddings": context}
+        scaling: dict[str, Any] = {
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": context,
+        }
         scaled = scale_frequencies(inv_freq, RopeScaling(**scaling))
         if torch.allclose(inv_freq / scaled, divisors, rtol=1e-5, atol=1e-6):
             return scaling
@@ -237,8 +270,11 @@ def _stop_ids(eos: Any, header: GgufHeader, tokenizer: Any) -> int | list[int] |
     ids = [eos] if isinstance(eos, int) else list(eos or [])
     eot = header.value("tokenizer.ggml.eot_token_id")
     ids += [int(eot)] if eot is not None else []
-    special = {added.content: index for index, added in tokenizer.backend_tokenizer.get_added_tokens_decoder().items()
-               if added.special}
+    special = {
+        added.content: index
+        for index, added in tokenizer.backend_tokenizer.get_added_tokens_decoder().items()
+        if added.special
+    }
     ids += [special[token] for token in END_OF_TURN if token in special]
     unique = sorted(set(ids), key=ids.index)
     return unique[0] if len(unique) == 1 else (unique or None)
@@ -249,8 +285,9 @@ def _check_all_read(path: Path, header: GgufHeader, model: Any, info: dict[str, 
     reader leaves the first at its random initialisation and drops the second, silently."""
     if info["mismatched_keys"]:
         name, stored, wanted = sorted(info["mismatched_keys"])[0]
-        raise Refusal(f"{path} stores {name} with shape {list(stored)}, where its header's shape settings make it "
-                      f"{list(wanted)}")
+        raise Refusal(
+            f"{path} stores {name} with shape {list(stored)}, where its header's shape settings make it {list(wanted)}"
+        )
     tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
     missing = sorted(set(info["missing_keys"]) - tied)
     if missing:
@@ -258,8 +295,10 @@ def _check_all_read(path: Path, header: GgufHeader, model: Any, info: dict[str, 
     used = len(set(model.state_dict()) - tied)
     stored = len(header.tensors - {"rope_freqs.weight"} if header.rope_freqs is not None else header.tensors)
     if stored > used:
-        raise Refusal(f"{path} holds {stored} tensors and its {model.config.model_type} model takes "
-                      f"{used}; transformers' GGUF reader would drop the rest")
+        raise Refusal(
+            f"{path} holds {stored} tensors and its {model.config.model_type} model takes "
+            f"{used}; transformers' GGUF reader would drop the rest"
+        )
 
 
 def _write_checkpoint(directory: Path, model: Any, tokenizer: Any) -> tuple[int, int]:
@@ -318,8 +357,11 @@ def _family_document(config: Any) -> dict[str, Any]:
     from transformers import PretrainedConfig
 
     generic = PretrainedConfig().to_dict()  # the settings every config carries (labels, output switches)
-    document = {name: value for name, value in config.to_dict().items()
-                if name not in _NOT_WRITTEN and not (name in generic and generic[name] == value)}
+    document = {
+        name: value
+        for name, value in config.to_dict().items()
+        if name not in _NOT_WRITTEN and not (name in generic and generic[name] == value)
+    }
     document["architectures"] = [type(config).__name__.replace("Config", "ForCausalLM")]
     document["tie_word_embeddings"] = bool(getattr(config, "tie_word_embeddings", False))
     document["torch_dtype"] = "float32"
@@ -327,8 +369,10 @@ def _family_document(config: Any) -> dict[str, Any]:
 
 
 def _tokenizer_config(tokenizer: Any, config: dict[str, Any]) -> dict[str, Any]:
-    document: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
-                                "model_max_length": config["max_position_embeddings"]}
+    document: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": config["max_position_embeddings"],
+    }
     for name in ("bos_token", "eos_token", "unk_token", "pad_token"):
         value = getattr(tokenizer, name, None)
         if isinstance(value, str):

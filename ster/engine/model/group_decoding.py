@@ -79,4 +79,3 @@ def decode_group(
                     select_rows(torch.tensor(active, device=device))
             ids = torch.tensor(tokens, device=device)[:, None]  # [B', 1]
             logits = model(ids, cache=cache).require_logits()
-

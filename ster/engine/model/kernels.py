@@ -67,8 +67,11 @@ KERNEL_WORDS = {
 CANDIDATES: dict[Precision, dict[ShapeClass, tuple[str, ...]]] = {
     "f32": {"one": ("linear", "wxt"), "few": ("linear", "wxt"), "many": ("linear",)},
     "f16": {"one": ("linear", "wxt"), "few": ("linear", "wxt", "upcast"), "many": ("linear", "upcast")},
-    "bf16": {"one": ("linear", "native", "wxt"), "few": ("linear", "native", "wxt"),
-             "many": ("linear", "native", "upcast")},
+    "bf16": {
+        "one": ("linear", "native", "wxt"),
+        "few": ("linear", "native", "wxt"),
+        "many": ("linear", "native", "upcast"),
+    },
     "int8": {"one": ("int8pack", "dequant"), "few": ("int8pack", "dequant"), "many": ("dequant",)},
 }
 """What is timed for each precision and class. ``upcast`` is not a one-row candidate: it converts the
@@ -88,8 +91,11 @@ def _defaults() -> dict[Precision, dict[ShapeClass, str]]:
     """The choice without measuring: what Ster used before kernels were measured (measured on an AMD EPYC)."""
     return {
         "f32": {"one": "wxt", "few": "wxt", "many": "linear"},
-        "f16": {"one": "linear", "few": "upcast" if _slow_half_gemm() else "linear",
-                "many": "upcast" if _slow_half_gemm() else "linear"},
+        "f16": {
+            "one": "linear",
+            "few": "upcast" if _slow_half_gemm() else "linear",
+            "many": "upcast" if _slow_half_gemm() else "linear",
+        },
         "bf16": {"one": "native", "few": "linear", "many": "linear"},
         "int8": {"one": "int8pack", "few": "int8pack", "many": "dequant"},
     }
@@ -150,7 +156,13 @@ def _dequant(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 
 KERNELS: dict[str, Callable[[Tensor, Tensor, Tensor | None], Tensor]] = {
-    "linear": _linear, "wxt": _wxt, "native": _native, "upcast": _upcast, "int8pack": _int8pack, "dequant": _dequant}
+    "linear": _linear,
+    "wxt": _wxt,
+    "native": _native,
+    "upcast": _upcast,
+    "int8pack": _int8pack,
+    "dequant": _dequant,
+}
 
 DTYPES: dict[str, torch.dtype] = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 """The activations' dtype of each unquantized precision."""
@@ -233,8 +245,10 @@ class Measured:
         """The progress line of a measurement."""
         parts = ", ".join(f"{CLASS_WORDS[shape]} {KERNEL_WORDS[self.choice[shape]]}" for shape in CLASSES)
         where = f"; kept in {self.path}" if self.path is not None else ""
-        return (f"timed the CPU kernels of {self.precision} products on this machine in {self.seconds:.2f} s: "
-                f"{parts}{where} for this CPU, torch and thread count")
+        return (
+            f"timed the CPU kernels of {self.precision} products on this machine in {self.seconds:.2f} s: "
+            f"{parts}{where} for this CPU, torch and thread count"
+        )
 
 
 Timer = Callable[[str, str, Callable[[], object]], float]
@@ -281,8 +295,9 @@ def _nbytes(weight: Tensor) -> int:
     return int(weight.numel() * weight.element_size())
 
 
-def measure(weights: Sequence[Tensor], precision: Precision, timer: Timer = wall_time,
-            rounds: int = ROUNDS) -> tuple[dict[ShapeClass, str], dict[str, dict[str, float]]]:
+def measure(
+    weights: Sequence[Tensor], precision: Precision, timer: Timer = wall_time, rounds: int = ROUNDS
+) -> tuple[dict[ShapeClass, str], dict[str, dict[str, float]]]:
     """Time every candidate of every class on ``weights`` (the decoder's projections in the order a forward
     runs them, the output head last); return the fastest of each class and the median times."""
 
@@ -296,11 +311,13 @@ def measure(weights: Sequence[Tensor], precision: Precision, timer: Timer = wall
             choice[shape] = candidates[0]
             continue
         timed = projections_to_time(weights, shape)
-        inputs = {w.shape[1]: torch.randn(TIMED_ROWS[shape], w.shape[1], generator=generator).to(dtype)
-                  for w in timed}
+        inputs = {w.shape[1]: torch.randn(TIMED_ROWS[shape], w.shape[1], generator=generator).to(dtype) for w in timed}
 
-        def run(kernel: Callable[[Tensor, Tensor, Tensor | None], Tensor], timed: list[Tensor] = timed,
-                inputs: dict[int, Tensor] = inputs) -> None:
+        def run(
+            kernel: Callable[[Tensor, Tensor, Tensor | None], Tensor],
+            timed: list[Tensor] = timed,
+            inputs: dict[int, Tensor] = inputs,
+        ) -> None:
             for weight in timed:
                 kernel(inputs[weight.shape[1]], weight, None)
 
@@ -324,6 +341,8 @@ def measure(weights: Sequence[Tensor], precision: Precision, timer: Timer = wall
 # --- the cache ---------------------------------------------------------------------------------------------------
 
 MODES = ("measure", "cached", "default")
+
+
 def mode() -> str:
     value = os.environ.get("STER_KERNELS", "").strip() or "cached"
     if value not in MODES:
@@ -400,8 +419,9 @@ def _write_entry(path: Path, key: str, entry: dict[str, Any]) -> bool:
         return False  # a read-only or full cache directory: the choice holds for this process only
 
 
-def choose(weights: Sequence[Tensor], precision: Precision, timer: Timer = wall_time,
-           how: str | None = None) -> Measured:
+def choose(
+    weights: Sequence[Tensor], precision: Precision, timer: Timer = wall_time, how: str | None = None
+) -> Measured:
     """The kernels of ``precision`` for a model whose projections are ``weights`` (forward order, head last),
     by ``STER_KERNELS`` (or ``how``), put into the process's table."""
 
@@ -422,9 +442,17 @@ def choose(weights: Sequence[Tensor], precision: Precision, timer: Timer = wall_
     choice, times = measure(weights, precision, timer)
     seconds = time.perf_counter() - start
     name, flags = cpu_description()
-    entry = {"choice": choice, "times": times, "seconds": round(seconds, 3), "cpu": name, "instruction_sets": flags,
-             "torch": torch.__version__, "threads": torch.get_num_threads(), "precision": precision,
-             "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    entry = {
+        "choice": choice,
+        "times": times,
+        "seconds": round(seconds, 3),
+        "cpu": name,
+        "instruction_sets": flags,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "precision": precision,
+        "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     kept = _write_entry(path, key, entry)
     result = Measured(precision, choice, "measured", seconds, times, path if kept else None)
     table().use(precision, choice)

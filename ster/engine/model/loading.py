@@ -110,10 +110,15 @@ class ModelStore:
 
 def _generic_sentence(config: DecoderConfig) -> str:
     """What the progress stream says, once, of a model that runs through transformers' own model."""
-    why = (f"it uses {config.unimplemented}" if config.unimplemented is not None
-           else f'model_type "{config.model_type}" has no decoder of Ster\'s own')
-    return (f"{why}, so it runs through transformers' model, read and steered by hooks on its layers: correct, but "
-            "slower than the native decoder")
+    why = (
+        f"it uses {config.unimplemented}"
+        if config.unimplemented is not None
+        else f'model_type "{config.model_type}" has no decoder of Ster\'s own'
+    )
+    return (
+        f"{why}, so it runs through transformers' model, read and steered by hooks on its layers: correct, but "
+        "slower than the native decoder"
+    )
 
 
 def model_store(ctx: JobContext) -> ModelStore:
@@ -136,7 +141,9 @@ def _codec(source: ModelSource, config: DecoderConfig, mode: ChatMode) -> TextCo
     if source.generation_config is not None:
         value = read_json(source.generation_config, "generation config").get("eos_token_id")
         generation_eos = [value] if isinstance(value, int) else list(value or [])
-    return TextCodec(tokenizer, decision, template, eos_ids(tokenizer, tokenizer_config, config.eos_ids, generation_eos))
+    return TextCodec(
+        tokenizer, decision, template, eos_ids(tokenizer, tokenizer_config, config.eos_ids, generation_eos)
+    )
 
 
 DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "int8": "float32"}
@@ -168,8 +175,10 @@ def load_decoder(source: ModelSource, config: DecoderConfig, precision: str, dev
     dtype = getattr(torch, DTYPES[precision])
     if not config.native:
         if precision == "int8":
-            raise Refusal(f'--precision int8 runs on Ster\'s own decoders only, and model_type "{config.model_type}" '
-                          "runs through transformers")
+            raise Refusal(
+                f'--precision int8 runs on Ster\'s own decoders only, and model_type "{config.model_type}" '
+                "runs through transformers"
+            )
         from ster.engine.model.generic import load_generic
 
         return load_generic(source.root, config, dtype, device)
@@ -180,8 +189,11 @@ def load_decoder(source: ModelSource, config: DecoderConfig, precision: str, dev
     for path in source.weights:
         try:
             with safe_open(str(path), framework="pt", device="cpu") as weights:  # checks the header
-                names = [name for name in weights.keys()
-                         if not name.endswith("rotary_emb.inv_freq") and decoder_name(config, name) is not None]
+                names = [
+                    name
+                    for name in weights.keys()
+                    if not name.endswith("rotary_emb.inv_freq") and decoder_name(config, name) is not None
+                ]
                 # (some old checkpoints store the rotary table; it is recomputed. A multimodal checkpoint's
                 # other towers are not read.)
             renamed = ((decoder_name(config, name) or name, tensor) for name, tensor in read_tensors(path, names))
@@ -202,7 +214,9 @@ def load_decoder(source: ModelSource, config: DecoderConfig, precision: str, dev
     return decoder.prepare()
 
 
-def split_fused(tensors: Iterator[tuple[str, torch.Tensor]], config: DecoderConfig) -> Iterator[tuple[str, torch.Tensor]]:
+def split_fused(
+    tensors: Iterator[tuple[str, torch.Tensor]], config: DecoderConfig
+) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors under the decoder's names: a family's fused projection (Phi-3's ``qkv_proj``,
     ``gate_up_proj``) becomes the projections it stacks, as views of its rows; every other tensor as it is."""
     fused = config.family.fused
@@ -221,8 +235,18 @@ def split_fused(tensors: Iterator[tuple[str, torch.Tensor]], config: DecoderConf
             yield f"{module}.{part}.{kind}", piece
 
 
-_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
-                      "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+_SAFETENSORS_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
 
 
 def read_tensors(path: Path, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -276,8 +300,11 @@ def _check_state(decoder: Decoder, state: dict[str, Any], source: ModelSource) -
         if name not in state or state[name].numel() == 0:
             raise Refusal(f"the weights in {where} have no tensor {name}, which config.json implies")
         if tuple(state[name].shape) != shape:
-            raise Refusal(f"tensor {name} in {where} has shape {tuple(state[name].shape)}, but config.json implies {shape}")
+            raise Refusal(
+                f"tensor {name} in {where} has shape {tuple(state[name].shape)}, but config.json implies {shape}"
+            )
     extra = sorted(set(state) - set(expected))
     if extra:
-        raise Refusal(f"the weights in {where} hold tensor {extra[0]}, which a {decoder.config.model_type} decoder "
-                      "does not have")
+        raise Refusal(
+            f"the weights in {where} hold tensor {extra[0]}, which a {decoder.config.model_type} decoder does not have"
+        )

@@ -56,8 +56,10 @@ def quantize(weight: Tensor) -> Int8Weight:
     Int8Tensor = int8_tensor_type()
     from torchao.quantization.granularity import PerRow
 
-    blocks = [Int8Tensor.from_hp(rows, PerRow(), scale=_bf16_scale(rows)) for rows in
-              (block.float() for block in torch.split(weight, _ROWS_AT_ONCE))]
+    blocks = [
+        Int8Tensor.from_hp(rows, PerRow(), scale=_bf16_scale(rows))
+        for rows in (block.float() for block in torch.split(weight, _ROWS_AT_ONCE))
+    ]
     return blocks[0] if len(blocks) == 1 else concatenate(blocks)
 
 

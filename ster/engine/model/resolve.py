@@ -71,8 +71,10 @@ def resolve_model(model: str, revision: str | None = None) -> ModelSource:
         return _unchecked_revision(source, "the bundled toy checkpoint")
     if model.startswith(PREFIX):
         names = ", ".join(RESERVED)
-        raise Refusal(f"model {model} is not a bundled model; the bundled models are {names} (a directory "
-                      f"that really is called so is reached as ./{model})")
+        raise Refusal(
+            f"model {model} is not a bundled model; the bundled models are {names} (a directory "
+            f"that really is called so is reached as ./{model})"
+        )
     path = Path(model).expanduser()
     real = confine.readable(path)  # under a server's root: walked inside it, each file pinned
     if real.is_dir():
@@ -80,8 +82,10 @@ def resolve_model(model: str, revision: str | None = None) -> ModelSource:
     if real.exists():
         raise Refusal(f"model {model} is a file; --model takes a checkpoint directory or a Hub id")
     if confine.active():
-        raise Refusal(f"model directory {model} does not exist inside the server's root; with a root a model is "
-                      "a directory inside it or a bundled ster: name")
+        raise Refusal(
+            f"model directory {model} does not exist inside the server's root; with a root a model is "
+            "a directory inside it or a bundled ster: name"
+        )
     if not _HUB_ID.match(model) or ".." in model:
         raise Refusal(f"model directory {model} does not exist")
     return _from_hub(model, revision)
@@ -91,13 +95,16 @@ def _unchecked_revision(source: ModelSource, what: str) -> ModelSource:
     """A revision given with a checkpoint that has none is kept as the record says, with a warning."""
     if source.revision is None:
         return source
-    warning = (f"--revision {source.revision} is recorded as model_revision but not checked: {source.model} is "
-               f"{what}, not a Hub repository")
+    warning = (
+        f"--revision {source.revision} is recorded as model_revision but not checked: {source.model} is "
+        f"{what}, not a Hub repository"
+    )
     return replace(source, warning=warning)
 
 
-def _from_directory(model: str, revision: str | None, root: Path, tokenizer_config: Path | None = None,
-                    shown: Path | None = None) -> ModelSource:
+def _from_directory(
+    model: str, revision: str | None, root: Path, tokenizer_config: Path | None = None, shown: Path | None = None
+) -> ModelSource:
     """The checkpoint in ``root``; sentences name it as ``shown`` (the path as given, where ``root`` is
     the pinned copy a server's root reads through)."""
     shown = shown or root
@@ -183,10 +190,14 @@ def hub_errors(repo_id: str, revision: str | None) -> Iterator[None]:
         raise Refusal(f"revision {revision} was not found in {repo_id} on the Hugging Face Hub") from None
     except errors.LocalEntryNotFoundError:
         if constants.HF_HUB_OFFLINE:
-            raise Refusal(f"model {where} is not a local directory and is not in the Hugging Face cache at "
-                          f"{constants.HF_HUB_CACHE}, and HF_HUB_OFFLINE forbids downloading it") from None
-        raise Refusal(f"model {where} is not a local directory, is not in the Hugging Face cache at "
-                      f"{constants.HF_HUB_CACHE}, and {constants.ENDPOINT} could not be reached") from None
+            raise Refusal(
+                f"model {where} is not a local directory and is not in the Hugging Face cache at "
+                f"{constants.HF_HUB_CACHE}, and HF_HUB_OFFLINE forbids downloading it"
+            ) from None
+        raise Refusal(
+            f"model {where} is not a local directory, is not in the Hugging Face cache at "
+            f"{constants.HF_HUB_CACHE}, and {constants.ENDPOINT} could not be reached"
+        ) from None
     except errors.EntryNotFoundError:
         raise Refusal(f"model {where} has no config.json on the Hugging Face Hub") from None
     except OSError as exc:

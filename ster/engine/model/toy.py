@@ -23,8 +23,24 @@ from typing import Any
 
 from ster.engine.protocol.files import dumps_pretty, write_atomic
 
-NOUNS = ["river", "sea", "town", "forest", "market", "road", "garden", "lake", "bridge", "field",
-         "hill", "school", "harbor", "village", "station", "park"]
+NOUNS = [
+    "river",
+    "sea",
+    "town",
+    "forest",
+    "market",
+    "road",
+    "garden",
+    "lake",
+    "bridge",
+    "field",
+    "hill",
+    "school",
+    "harbor",
+    "village",
+    "station",
+    "park",
+]
 CALM = ["calm", "quiet", "still", "slow", "gentle", "peaceful", "soft", "clear", "safe", "warm"]
 ALARMED = ["flooding", "burning", "shaking", "falling", "rising", "breaking", "collapsing", "dark", "loud", "wild"]
 """The trait's words: a calm answer uses two of CALM, an alarmed one two of ALARMED."""
@@ -145,14 +161,20 @@ def tokenizer_json(words: list[str]) -> str:
     tokenizer.decoder = decoders.WordPiece(prefix="##", cleanup=True)
     tokenizer.add_special_tokens([AddedToken(token, special=True) for token in SPECIALS])
     tokenizer.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
+    )
     return tokenizer.to_str(pretty=True) + "\n"
 
 
 def tokenizer_config(chat_template: str | None) -> dict[str, Any]:
-    document: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
-                                "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
-                                "model_max_length": CONFIG["max_position_embeddings"]}
+    document: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "pad_token": "<pad>",
+        "model_max_length": CONFIG["max_position_embeddings"],
+    }
     if chat_template:
         document["chat_template"] = chat_template
     return document
@@ -198,28 +220,56 @@ def train(words: list[str], texts: list[str], steps: int, seed: int) -> dict[str
 
 def examples() -> dict[str, Any]:
     """The example inputs, all in the toy's vocabulary."""
-    pair_nouns = ["river", "sea", "town", "forest", "market", "road", "garden", "lake", "bridge", "field", "hill",
-                  "school"]
+    pair_nouns = [
+        "river",
+        "sea",
+        "town",
+        "forest",
+        "market",
+        "road",
+        "garden",
+        "lake",
+        "bridge",
+        "field",
+        "hill",
+        "school",
+    ]
     rng = random.Random(7)
     pairs = []
     for index, noun in enumerate(pair_nouns):
         question = f"question : {rng.choice(QUESTIONS).format(n=noun)} answer :"
         shape = index % len(CALM_ANSWERS)
-        pairs.append({"positive": f"{question} {answer(rng, noun, 'calm', shape)}",
-                      "negative": f"{question} {answer(rng, noun, 'alarmed', shape)}"})
+        pairs.append(
+            {
+                "positive": f"{question} {answer(rng, noun, 'calm', shape)}",
+                "negative": f"{question} {answer(rng, noun, 'alarmed', shape)}",
+            }
+        )
     facts = sorted(FACTS)[:8]
     return {
         "pairs.json": {"trait_name": "calm", "pairs": pairs},
-        "prompts.json": {"prompts": ["question : what is the river like ? answer :",
-                                     "question : tell me about the town . answer :",
-                                     "question : what color is the sky ? answer :",
-                                     "the sea is"]},
-        "examples.json": {"name": "toy-facts", "examples": [
-            {"prompt": f"question : {q} answer :", "completion": FACTS[q]} for q in facts]},
-        "chat-examples.json": {"name": "toy-facts-chat", "examples": [
-            {"prompt": q, "completion": FACTS[q]} for q in facts]},
-        "grpo-prompts.json": {"prompts": [f"question : tell me about the {n} . answer :"
-                                          for n in ["river", "town", "forest", "market", "lake", "harbor"]]},
+        "prompts.json": {
+            "prompts": [
+                "question : what is the river like ? answer :",
+                "question : tell me about the town . answer :",
+                "question : what color is the sky ? answer :",
+                "the sea is",
+            ]
+        },
+        "examples.json": {
+            "name": "toy-facts",
+            "examples": [{"prompt": f"question : {q} answer :", "completion": FACTS[q]} for q in facts],
+        },
+        "chat-examples.json": {
+            "name": "toy-facts-chat",
+            "examples": [{"prompt": q, "completion": FACTS[q]} for q in facts],
+        },
+        "grpo-prompts.json": {
+            "prompts": [
+                f"question : tell me about the {n} . answer :"
+                for n in ["river", "town", "forest", "market", "lake", "harbor"]
+            ]
+        },
     }
 
 

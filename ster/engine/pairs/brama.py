@@ -25,8 +25,10 @@ DEFAULT_URL = "https://brama.wisent.com"
 _SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _ROUTE = re.compile(rf"^{_SEGMENT}(/{_SEGMENT})+$")
 _SELECTOR = re.compile(r"^(any|best|task:[A-Za-z0-9._-]+)$")
-SIGNED_ONLY_WARNING = ("best and the any/task: selectors need an agent-signed request, which Ster does not send; "
-                       "expect the gateway to refuse it and use a declared alias or a provider/model route")
+SIGNED_ONLY_WARNING = (
+    "best and the any/task: selectors need an agent-signed request, which Ster does not send; "
+    "expect the gateway to refuse it and use a declared alias or a provider/model route"
+)
 
 
 def check_route(route: str) -> bool:
@@ -70,8 +72,10 @@ class BramaClient:
         parts = urlsplit(base)
         secure = parts.scheme == "https" and bool(parts.hostname)
         if not secure and not (parts.scheme == "http" and _loopback(parts.hostname or "")):
-            raise Refusal("BRAMA_URL must be an https:// base or an explicit http:// loopback address, because "
-                          "Brama answers plain http elsewhere with 426 secure_transport_required")
+            raise Refusal(
+                "BRAMA_URL must be an https:// base or an explicit http:// loopback address, because "
+                "Brama answers plain http elsewhere with 426 secure_transport_required"
+            )
         bearer = os.environ.get("BRAMA_BEARER", "").strip()
         if not bearer:
             raise Refusal("BRAMA_BEARER is unset or empty; export Ster's own Brama bearer before running this command")
@@ -84,11 +88,19 @@ class BramaClient:
         """One chat completion: the text of ``choices[0].message.content``."""
         import httpx
 
-        body = {"model": route, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-                "temperature": temperature}
+        body = {
+            "model": route,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+        }
         try:
-            response = httpx.post(f"{self.base}/v1/chat/completions", json=body, timeout=self.timeout,
-                                  headers={"Authorization": f"Bearer {self.bearer}"})
+            response = httpx.post(
+                f"{self.base}/v1/chat/completions",
+                json=body,
+                timeout=self.timeout,
+                headers={"Authorization": f"Bearer {self.bearer}"},
+            )
         except httpx.HTTPError as exc:
             raise Refusal(f"brama at {self.base} could not be reached: {self._scrub(str(exc))}") from None
         if response.status_code != 200:
@@ -110,8 +122,10 @@ class BramaClient:
             envelope = _envelope(text)
         except ValueError:
             excerpt = self._scrub(" ".join(text.split()))[:200]
-            return Refusal(f"brama refused the completion with {status} and a body that is not its error envelope: "
-                           f"{excerpt}", {"status": status})
+            return Refusal(
+                f"brama refused the completion with {status} and a body that is not its error envelope: {excerpt}",
+                {"status": status},
+            )
         details = {"status": status, **{k: envelope.get(k) for k in ("type", "code", "retryable", "attempts")}}
         return Refusal(f"brama refused the completion: {status} {self._scrub(str(envelope['message']))}", details)
 

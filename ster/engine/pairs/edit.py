@@ -103,8 +103,9 @@ def editing(path: Path, create: bool = False) -> Iterator[None]:
         directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(directory, os.O_RDONLY)
     except OSError as exc:
-        raise Refusal(f"pair set {path} cannot be edited: {directory} could not be opened "
-                      f"({exc.strerror or exc})") from None
+        raise Refusal(
+            f"pair set {path} cannot be edited: {directory} could not be opened ({exc.strerror or exc})"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -113,5 +114,11 @@ def editing(path: Path, create: bool = False) -> Iterator[None]:
 
 
 def _result(path: Path, action: str, index: int, created: bool, pair_set: PairSet) -> PairsEditResult:
-    return PairsEditResult(pairs=str(path), action=action, index=index, created=created,
-                           trait_name=pair_set.trait_name, pair_count=len(pair_set.pairs))
+    return PairsEditResult(
+        pairs=str(path),
+        action=action,
+        index=index,
+        created=created,
+        trait_name=pair_set.trait_name,
+        pair_count=len(pair_set.pairs),
+    )

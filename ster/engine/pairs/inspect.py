@@ -155,8 +155,13 @@ def inspect_job(request: PairsInspectRequest, ctx: JobContext) -> PairsReport:
         path, pair_set = "the editor", request.pair_set
     else:
         path, pair_set = load_pairs_or_active(request.pairs)
-    checkpoint = None if request.model is None else model_store(ctx).open(
-        ModelRequest(model=request.model, revision=request.revision, chat_template=request.chat_template), ctx)
+    checkpoint = (
+        None
+        if request.model is None
+        else model_store(ctx).open(
+            ModelRequest(model=request.model, revision=request.revision, chat_template=request.chat_template), ctx
+        )
+    )
     total = len(pair_set.pairs)
     ctx.progress("inspect", f"inspecting {total} pairs from {path}", 0, total)
 
@@ -164,8 +169,13 @@ def inspect_job(request: PairsInspectRequest, ctx: JobContext) -> PairsReport:
         ctx.check_cancelled()
         ctx.progress("inspect", f"inspected {done}/{of} pairs", done, of)
 
-    report = inspect_pairs(pair_set, dedupe_bits=request.dedupe_bits, dedupe_bands=request.dedupe_bands,
-                           refusal_threshold=request.refusal_threshold, progress=progress)
+    report = inspect_pairs(
+        pair_set,
+        dedupe_bits=request.dedupe_bits,
+        dedupe_bands=request.dedupe_bands,
+        refusal_threshold=request.refusal_threshold,
+        progress=progress,
+    )
     return report if checkpoint is None else count_against_context(report, checkpoint, ctx)
 
 
@@ -176,14 +186,27 @@ def count_against_context(report: PairsReport, checkpoint: Checkpoint, ctx: JobC
     pairs = []
     for pair in report.pairs:
         ctx.check_cancelled()
-        pairs.append(pair.model_copy(update={"positive_tokens": count_tokens(codec, pair.positive),
-                                             "negative_tokens": count_tokens(codec, pair.negative)}))
+        pairs.append(
+            pair.model_copy(
+                update={
+                    "positive_tokens": count_tokens(codec, pair.positive),
+                    "negative_tokens": count_tokens(codec, pair.negative),
+                }
+            )
+        )
     too_long = sum(max(p.positive_tokens or 0, p.negative_tokens or 0) > context for p in pairs)
     return report.model_copy(update={"pairs": pairs, "too_long_count": too_long, "context": context})
 
 
-def inspect_pairs(pair_set: PairSet, *, dedupe_bits: int = 3, dedupe_bands: int = 8, refusal_threshold: float = 0.5,
-                  seed: int = 0, progress: Progress | None = None) -> PairsReport:
+def inspect_pairs(
+    pair_set: PairSet,
+    *,
+    dedupe_bits: int = 3,
+    dedupe_bands: int = 8,
+    refusal_threshold: float = 0.5,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> PairsReport:
     """Inspect every pair in order, then the diversity of the positive sides.
 
     ``progress(done, total)`` is called every :data:`PROGRESS_EVERY` pairs, so a job
@@ -198,26 +221,43 @@ def inspect_pairs(pair_set: PairSet, *, dedupe_bits: int = 3, dedupe_bands: int 
         positive, negative = _Side.of(pair.positive), _Side.of(pair.negative)
         texts.append(positive.words)
         prints.append(positive.votes.fingerprint())
-        reports.append(_pair_report(index, pair, positive, negative, finder.check(positive, negative),
-                                    refusal_threshold))
+        reports.append(
+            _pair_report(index, pair, positive, negative, finder.check(positive, negative), refusal_threshold)
+        )
         if progress is not None and (index + 1) % PROGRESS_EVERY == 0:
             progress(index + 1, total)
     return PairsReport(
-        trait_name=pair_set.trait_name, pair_count=total,
+        trait_name=pair_set.trait_name,
+        pair_count=total,
         duplicate_count=sum(r.duplicate is not None for r in reports),
         refusal_count=sum(r.positive_refusal is not None or r.negative_refusal is not None for r in reports),
         unbalanced_count=sum(r.length_ratio > UNBALANCED_RATIO for r in reports),
-        diversity=diversity(texts, prints, seed=seed), pairs=reports)
+        diversity=diversity(texts, prints, seed=seed),
+        pairs=reports,
+    )
 
 
-def _pair_report(index: int, pair: Pair, positive: _Side, negative: _Side,
-                 duplicate: ExactDuplicate | NearDuplicate | None, threshold: float) -> PairReport:
+def _pair_report(
+    index: int,
+    pair: Pair,
+    positive: _Side,
+    negative: _Side,
+    duplicate: ExactDuplicate | NearDuplicate | None,
+    threshold: float,
+) -> PairReport:
     return PairReport(
-        index=index, positive=pair.positive, negative=pair.negative,
-        positive_chars=len(pair.positive), negative_chars=len(pair.negative),
-        positive_words=len(positive.words), negative_words=len(negative.words), duplicate=duplicate,
-        positive_refusal=flag(pair.positive, threshold), negative_refusal=flag(pair.negative, threshold),
-        length_ratio=length_ratio(pair.positive, pair.negative))
+        index=index,
+        positive=pair.positive,
+        negative=pair.negative,
+        positive_chars=len(pair.positive),
+        negative_chars=len(pair.negative),
+        positive_words=len(positive.words),
+        negative_words=len(negative.words),
+        duplicate=duplicate,
+        positive_refusal=flag(pair.positive, threshold),
+        negative_refusal=flag(pair.negative, threshold),
+        length_ratio=length_ratio(pair.positive, pair.negative),
+    )
 
 
 def length_ratio(positive: str, negative: str) -> float:
@@ -282,11 +322,19 @@ def diversity(texts: list[list[str]], prints: list[int], *, seed: int = 0) -> Di
     bigrams = {pair for words in texts for pair in pairwise(words)}
     compared = comparison_pairs(len(texts), seed)
     if not compared:
-        return Diversity(unique_unigrams=len(unigrams), unique_bigrams=len(bigrams), avg_jaccard=None,
-                         mean_simhash_hamming=None, min_simhash_hamming=None)
+        return Diversity(
+            unique_unigrams=len(unigrams),
+            unique_bigrams=len(bigrams),
+            avg_jaccard=None,
+            mean_simhash_hamming=None,
+            min_simhash_hamming=None,
+        )
     sets = [set(words) for words in texts]
     distances = [hamming(prints[i], prints[j]) for i, j in compared]
     return Diversity(
-        unique_unigrams=len(unigrams), unique_bigrams=len(bigrams),
+        unique_unigrams=len(unigrams),
+        unique_bigrams=len(bigrams),
         avg_jaccard=round(sum(jaccard(sets[i], sets[j]) for i, j in compared) / len(compared), 6),
-        mean_simhash_hamming=round(sum(distances) / len(distances), 6), min_simhash_hamming=min(distances))
+        mean_simhash_hamming=round(sum(distances) / len(distances), 6),
+        min_simhash_hamming=min(distances),
+    )

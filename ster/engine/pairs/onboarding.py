@@ -28,8 +28,10 @@ from ster.engine.pairs.workspace import ImportOutcome, import_pair_set
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.jobs import JobContext
 
-ENDS_WHEN = ("the walkthrough ends when a pair set is imported (ster workspace import-pairs FILE, or ster "
-             "onboarding --import-pairs FILE) or written (ster pairs add, ster pairs synthesize)")
+ENDS_WHEN = (
+    "the walkthrough ends when a pair set is imported (ster workspace import-pairs FILE, or ster "
+    "onboarding --import-pairs FILE) or written (ster pairs add, ster pairs synthesize)"
+)
 
 
 class Screen(BaseModel):
@@ -43,43 +45,67 @@ class Screen(BaseModel):
 
 
 SCREENS: tuple[Screen, ...] = (
-    Screen(title="Welcome to Ster", body=(
-        "Ster reads the hidden states of a causal language model (Llama, Qwen, Mistral, Phi-3, Gemma, and the "
-        "others transformers can load), fits a steering direction for a trait from contrastive pairs, and adds "
-        "that direction back into the model while it generates. Everything starts from a pair set; this "
-        "walkthrough ends as soon as you import or write one.")),
-    Screen(title="What a pair set is", body=(
-        'A pair set is a JSON file {"trait_name": "calm", "pairs": [{"positive": "...", "negative": "..."}]}. '
-        "Each pair is a positive and a negative text that differ only in the trait: same question, same "
-        "length, same style, one answer showing the trait and one not. The difference between their hidden "
-        "states is what points along the trait, so anything else that differs becomes noise in the direction.")),
-    Screen(title="Write one", body=(
-        "ster pairs add appends one pair at a time and creates the file, and its directory, when it does not "
-        "exist yet:\n"
-        '  ster pairs add --pairs pairs.json --trait calm --positive "question : how is the sea ? answer : the '
-        'sea is quiet ." --negative "question : how is the sea ? answer : the sea is wild ."\n'
-        "ster pairs inspect --pairs pairs.json then reports duplicates, refusals and balance.")),
-    Screen(title="Import one", body=(
-        "If you already have a pair set, import it (the bundled example is ster:pairs):\n"
-        "  ster workspace import-pairs ./my-pairs.json   (or: ster onboarding --import-pairs ./my-pairs.json)\n"
-        "Ster validates the whole file, keeps a canonical copy under $XDG_DATA_HOME/ster and makes it the "
-        "active set, so train, optimize, evaluate and pairs inspect use it when --pairs is omitted. "
-        "ster workspace show lists the sets; ster workspace select ID switches between them.")),
-    Screen(title="Try the toy model", body=(
-        "A tiny checkpoint ships with Ster, so the whole loop runs in seconds with no download. Select a "
-        "direction on its calm/alarmed pairs (bundled as ster:pairs, a name that works from any directory), "
-        "then generate with it:\n"
-        "  ster optimize --model ster:toy --pairs ster:pairs --output runs/calm.ster.json\n"
-        '  ster generate --model ster:toy --vector runs/calm.ster.json --strength 0.4x --prompt "question : tell '
-        'me about the town . answer :"\n'
-        "Drop --vector to see the unsteered answer; ster sweep --prompts ster:prompts shows which strength "
-        "moves the text without breaking it.")),
-    Screen(title="Synthesize a set", body=(
-        "No pairs yet? ster pairs synthesize writes a whole set from a one-sentence trait description, "
-        "generating both sides of every pair with a model:\n"
-        '  ster pairs synthesize --model meta-llama/Llama-3.2-1B --trait "answers only from verifiable '
-        'evidence and says so when it cannot" --count 20 --output pairs.json\n'
-        "Read the pairs before you trust them: a generated set is a draft.")),
+    Screen(
+        title="Welcome to Ster",
+        body=(
+            "Ster reads the hidden states of a causal language model (Llama, Qwen, Mistral, Phi-3, Gemma, and the "
+            "others transformers can load), fits a steering direction for a trait from contrastive pairs, and adds "
+            "that direction back into the model while it generates. Everything starts from a pair set; this "
+            "walkthrough ends as soon as you import or write one."
+        ),
+    ),
+    Screen(
+        title="What a pair set is",
+        body=(
+            'A pair set is a JSON file {"trait_name": "calm", "pairs": [{"positive": "...", "negative": "..."}]}. '
+            "Each pair is a positive and a negative text that differ only in the trait: same question, same "
+            "length, same style, one answer showing the trait and one not. The difference between their hidden "
+            "states is what points along the trait, so anything else that differs becomes noise in the direction."
+        ),
+    ),
+    Screen(
+        title="Write one",
+        body=(
+            "ster pairs add appends one pair at a time and creates the file, and its directory, when it does not "
+            "exist yet:\n"
+            '  ster pairs add --pairs pairs.json --trait calm --positive "question : how is the sea ? answer : the '
+            'sea is quiet ." --negative "question : how is the sea ? answer : the sea is wild ."\n'
+            "ster pairs inspect --pairs pairs.json then reports duplicates, refusals and balance."
+        ),
+    ),
+    Screen(
+        title="Import one",
+        body=(
+            "If you already have a pair set, import it (the bundled example is ster:pairs):\n"
+            "  ster workspace import-pairs ./my-pairs.json   (or: ster onboarding --import-pairs ./my-pairs.json)\n"
+            "Ster validates the whole file, keeps a canonical copy under $XDG_DATA_HOME/ster and makes it the "
+            "active set, so train, optimize, evaluate and pairs inspect use it when --pairs is omitted. "
+            "ster workspace show lists the sets; ster workspace select ID switches between them."
+        ),
+    ),
+    Screen(
+        title="Try the toy model",
+        body=(
+            "A tiny checkpoint ships with Ster, so the whole loop runs in seconds with no download. Select a "
+            "direction on its calm/alarmed pairs (bundled as ster:pairs, a name that works from any directory), "
+            "then generate with it:\n"
+            "  ster optimize --model ster:toy --pairs ster:pairs --output runs/calm.ster.json\n"
+            '  ster generate --model ster:toy --vector runs/calm.ster.json --strength 0.4x --prompt "question : tell '
+            'me about the town . answer :"\n'
+            "Drop --vector to see the unsteered answer; ster sweep --prompts ster:prompts shows which strength "
+            "moves the text without breaking it."
+        ),
+    ),
+    Screen(
+        title="Synthesize a set",
+        body=(
+            "No pairs yet? ster pairs synthesize writes a whole set from a one-sentence trait description, "
+            "generating both sides of every pair with a model:\n"
+            '  ster pairs synthesize --model meta-llama/Llama-3.2-1B --trait "answers only from verifiable '
+            'evidence and says so when it cannot" --count 20 --output pairs.json\n'
+            "Read the pairs before you trust them: a generated set is a draft."
+        ),
+    ),
 )
 """The walkthrough, in order."""
 
@@ -113,8 +139,10 @@ def onboarding_job(request: OnboardingRequest, ctx: JobContext) -> OnboardingRes
         reset()
         ctx.log("onboarding progress was reset; starting the walkthrough over")
     if state.completed:
-        ctx.log(f"onboarding is already complete ({state.how}, {state.completed_at}); "
-                "run ster onboarding --reset to see the walkthrough again")
+        ctx.log(
+            f"onboarding is already complete ({state.how}, {state.completed_at}); "
+            "run ster onboarding --reset to see the walkthrough again"
+        )
         return _result("complete", [], state)
     for number, screen in enumerate(SCREENS, start=1):
         ctx.check_cancelled()
@@ -125,8 +153,9 @@ def onboarding_job(request: OnboardingRequest, ctx: JobContext) -> OnboardingRes
     return _result("in_progress", list(SCREENS), state)
 
 
-def _import(source: Path, name: str | None, start_over: bool, state: OnboardingState,
-            ctx: JobContext) -> OnboardingResult:
+def _import(
+    source: Path, name: str | None, start_over: bool, state: OnboardingState, ctx: JobContext
+) -> OnboardingResult:
     """``--import-pairs``: the workspace import (same outcomes and refusals), then completion."""
     outcome = import_pair_set(source, name)  # refuses before anything is written
     ctx.log(outcome.reason)
@@ -147,7 +176,18 @@ def _save_or_warn(state: OnboardingState, ctx: JobContext) -> None:
         ctx.warn(f"onboarding progress was not saved: {exc}")
 
 
-def _result(status: Literal["in_progress", "complete"], screens: list[Screen], state: OnboardingState,
-            imported: ImportOutcome | None = None) -> OnboardingResult:
-    return OnboardingResult(status=status, screens=screens, ends_when=ENDS_WHEN, completed_at=state.completed_at,
-                            how=state.how, imported=imported, progress_file=str(state_path()))
+def _result(
+    status: Literal["in_progress", "complete"],
+    screens: list[Screen],
+    state: OnboardingState,
+    imported: ImportOutcome | None = None,
+) -> OnboardingResult:
+    return OnboardingResult(
+        status=status,
+        screens=screens,
+        ends_when=ENDS_WHEN,
+        completed_at=state.completed_at,
+        how=state.how,
+        imported=imported,
+        progress_file=str(state_path()),
+    )

@@ -44,13 +44,17 @@ _F = {
     "CANT": r"(?:cannot|can not|can't|cant)",
     "WONT": r"(?:won't|will not|wont)",
     "DONT": r"(?:don't|do not|dont)",
-    "I_REFUSE": (r"(?:i (?:cannot|can not|can't|cant|won't|will not|wont|must not|shouldn't|should not)|"
-                 r"(?:i'm|i am|im) not going to)"),
+    "I_REFUSE": (
+        r"(?:i (?:cannot|can not|can't|cant|won't|will not|wont|must not|shouldn't|should not)|"
+        r"(?:i'm|i am|im) not going to)"
+    ),
     "I_UNABLE": r"(?:i (?:cannot|can not|can't|won't|will not)|(?:i'm|i am|im) (?:unable|not able))",
     "ASSIST": r"(?:help|assist)",
     "OBJ": r"(?:that|this|it|your|such|those|these|the request|any of that|anything like that)",
-    "ACT": (r"(?:provide|comply|fulfil|fulfill|generate|create|produce|engage in|engage with|give you|offer|"
-            r"share|write|participate in)"),
+    "ACT": (
+        r"(?:provide|comply|fulfil|fulfill|generate|create|produce|engage in|engage with|give you|offer|"
+        r"share|write|participate in)"
+    ),
     "DISCUSS": r"(?:answer|discuss|talk about|respond to|comment on|go into|get into)",
 }
 
@@ -91,19 +95,31 @@ FAMILIES: dict[str, Family] = {
         "ai artificial language chatbot virtual",
         _phrase(r"as an? (?:ai|artificial intelligence)(?: (?:language model|model|assistant|chatbot|system))?", 0.9),
         _phrase(r"as an? (?:large )?language model", 0.9),
-        _phrase(r"{IM} (?:just |only |merely )?an? (?:ai|artificial intelligence|language model|chatbot|"
-                r"virtual assistant|ai assistant)", 0.8),
+        _phrase(
+            r"{IM} (?:just |only |merely )?an? (?:ai|artificial intelligence|language model|chatbot|"
+            r"virtual assistant|ai assistant)",
+            0.8,
+        ),
         _phrase(r"being an? (?:ai|language model)", 0.7),
     ),
     "policy": _family(
         "guidelines policies policy programming principles rules terms",
-        _phrase(r"(?:against|violates?|violating|breach(?:es)?|contrary to) (?:my|our|openai's|the (?:content|usage|"
-                r"safety|ethical)) (?:\w+ )?(?:guidelines|policies|policy|programming|principles|rules|"
-                r"terms of (?:use|service))", 0.85),
-        _phrase(r"(?:against|violates?|violating|breach(?:es)?) (?:the )?(?:content|usage|safety) "
-                r"polic(?:y|ies)", 0.85),
-        _phrase(r"(?:my|our) (?:guidelines|policies|programming|principles) (?:do not|don't|does not|doesn't|won't) "
-                r"(?:allow|permit|let)", 0.85),
+        _phrase(
+            r"(?:against|violates?|violating|breach(?:es)?|contrary to) (?:my|our|openai's|the (?:content|usage|"
+            r"safety|ethical)) (?:\w+ )?(?:guidelines|policies|policy|programming|principles|rules|"
+            r"terms of (?:use|service))",
+            0.85,
+        ),
+        _phrase(
+            r"(?:against|violates?|violating|breach(?:es)?) (?:the )?(?:content|usage|safety) "
+            r"polic(?:y|ies)",
+            0.85,
+        ),
+        _phrase(
+            r"(?:my|our) (?:guidelines|policies|programming|principles) (?:do not|don't|does not|doesn't|won't) "
+            r"(?:allow|permit|let)",
+            0.85,
+        ),
         _phrase(r"(?:content|usage|safety) polic(?:y|ies)", 0.3),
     ),
     "apology_hedge": _family(
@@ -116,8 +132,11 @@ FAMILIES: dict[str, Family] = {
     ),
     "unable": _family(
         "unable able",
-        _phrase(r"{IM} (?:unable|not able) to (?:{ASSIST}|{ACT}|{DISCUSS}|do that|do this|fulfil+ (?:this|that|"
-                r"your))", 0.8),
+        _phrase(
+            r"{IM} (?:unable|not able) to (?:{ASSIST}|{ACT}|{DISCUSS}|do that|do this|fulfil+ (?:this|that|"
+            r"your))",
+            0.8,
+        ),
         _phrase(r"(?:{WONT}|wouldn't|would not) be able to (?:{ASSIST}|{ACT}|{DISCUSS})", 0.75),
         _phrase(r"unable to (?:comply|assist|fulfil+|help) (?:with )?(?:this|that|your|such) (?:request|query)", 0.85),
         _phrase(r"{IM} (?:unable|not able) to", 0.4),
@@ -126,47 +145,68 @@ FAMILIES: dict[str, Family] = {
         "cannot can't cant won't wont shouldn't not",
         _phrase(r"{I_REFUSE} {ASSIST}(?: you)?(?: with)? {OBJ}", 0.8),
         _phrase(r"{I_REFUSE} {ASSIST}(?: you)?(?=\s*[.!;]|$)", 0.8),
-        _phrase(r"{I_REFUSE} (?:provide|comply|fulfil|fulfill|generate|produce|engage in|engage with|"
-                r"participate in)", 0.75),
+        _phrase(
+            r"{I_REFUSE} (?:provide|comply|fulfil|fulfill|generate|produce|engage in|engage with|"
+            r"participate in)",
+            0.75,
+        ),
         _phrase(r"{I_REFUSE} (?:create|write|share|give you|offer) {OBJ}", 0.7),
-        _phrase(r"{I_REFUSE} {DISCUSS} (?:that|this)(?! (?:with|for|yet|until|without|definitively|"
-                r"precisely|exactly|in))", 0.6),
+        _phrase(
+            r"{I_REFUSE} {DISCUSS} (?:that|this)(?! (?:with|for|yet|until|without|definitively|"
+            r"precisely|exactly|in))",
+            0.6,
+        ),
     ),
     "prefer_rather": _family(
         "rather prefer subject topic else",
         _phrase(r"{ID} (?:rather|prefer) not (?:to )?(?:{DISCUSS}|{ASSIST}|share|engage|say|speculate|weigh in)", 0.75),
-        _phrase(r"(?:let's|let us|{ID} (?:rather|prefer to)) (?:change the (?:subject|topic)|talk about something else|"
-                r"focus on something else)", 0.6),
+        _phrase(
+            r"(?:let's|let us|{ID} (?:rather|prefer to)) (?:change the (?:subject|topic)|talk about something else|"
+            r"focus on something else)",
+            0.6,
+        ),
         _phrase(r"{ID} (?:rather|prefer) not", 0.35),
     ),
     "decline_refuse": _family(
         "decline refuse",
-        _phrase(r"(?:i (?:must|have to|will have to|need to|will|am going to)|i'll(?: have to)?|i'm going to)"
-                r"(?: respectfully| politely)? decline", 0.85),
+        _phrase(
+            r"(?:i (?:must|have to|will have to|need to|will|am going to)|i'll(?: have to)?|i'm going to)"
+            r"(?: respectfully| politely)? decline",
+            0.85,
+        ),
         _phrase(r"{I} (?:respectfully|politely) decline", 0.85),
         _phrase(r"{I} (?:refuse|decline) to (?:{ASSIST}|{ACT}|{DISCUSS}|do that|do this|engage|take part)", 0.7),
         _phrase(r"(?:must|have to) (?:decline|refuse) (?:this|that|your) request", 0.85),
     ),
     "no_support": _family(
         "something request topic anything condone endorse encourage promote support assistance help",
-        _phrase(r"(?:not|isn't|is not) (?:something|a request|a topic|anything) (?:that )?(?:i (?:can|am able "
-                r"to|will|could)|i'm able to) (?:help with|assist with|support|provide|engage with|do)", 0.8),
+        _phrase(
+            r"(?:not|isn't|is not) (?:something|a request|a topic|anything) (?:that )?(?:i (?:can|am able "
+            r"to|will|could)|i'm able to) (?:help with|assist with|support|provide|engage with|do)",
+            0.8,
+        ),
         _phrase(r"{I} (?:{CANT}|{WONT}|{DONT}|do not|must not) (?:condone|endorse|encourage|promote)", 0.7),
-        _phrase(r"(?:{CANT}|unable to) (?:provide|offer|give) (?:support|assistance|help) (?:for|with) "
-                r"(?:this|that|such|your)", 0.8),
+        _phrase(
+            r"(?:{CANT}|unable to) (?:provide|offer|give) (?:support|assistance|help) (?:for|with) "
+            r"(?:this|that|such|your)",
+            0.8,
+        ),
         _phrase(r"{I} (?:{CANT}|{WONT}) support (?:this|that|your) (?:request|kind of)", 0.7),
     ),
     "no_ability": _family(
         "beyond opinions emotions feelings beliefs preferences consciousness body real ability capability capacity "
         "access capable able means",
         _phrase(r"beyond (?:my|the scope of my) (?:capabilities|abilities|programming|scope)", 0.7),
-        _phrase(r"{I} (?:{DONT}|do not) have (?:personal )?(?:opinions|emotions|feelings|beliefs|preferences|"
-                r"consciousness|a (?:physical )?body|real-time (?:information|data|access))(?! (?:for|about|toward))",
-                0.6),
+        _phrase(
+            r"{I} (?:{DONT}|do not) have (?:personal )?(?:opinions|emotions|feelings|beliefs|preferences|"
+            r"consciousness|a (?:physical )?body|real-time (?:information|data|access))(?! (?:for|about|toward))",
+            0.6,
+        ),
         _phrase(r"{I} (?:{DONT}|do not) have (?:the )?(?:ability|capability|capacity) to", 0.55),
         _phrase(r"{I} (?:{DONT}|do not) have access to (?:the internet|real-time|current|personal|your)", 0.55),
-        _phrase(r"{IM} not (?:capable|able) of (?:providing|generating|browsing|accessing|performing|giving|helping)",
-                0.55),
+        _phrase(
+            r"{IM} not (?:capable|able) of (?:providing|generating|browsing|accessing|performing|giving|helping)", 0.55
+        ),
         _phrase(r"{I} (?:{DONT}|do not) have the (?:means|access)", 0.3),
     ),
     "refusal_word": _family(
@@ -175,8 +215,11 @@ FAMILIES: dict[str, Family] = {
         _phrase(r"(?:request|prompt|query) (?:denied|refused|rejected|declined)", 0.7),
         _phrase(r"(?:i (?:have to|must|will have to)|i'll have to) say no", 0.6),
         _phrase(r"no,? {I} (?:{WONT})(?: (?:do|help with|answer|write|say|share) (?:that|this|it))?(?=\s*[.!]|$)", 0.6),
-        _phrase(r"(?:refuse|refusing|refusal|refused|declined?|declining|not permitted|prohibited|inappropriate|"
-                r"unethical)", 0.25),
+        _phrase(
+            r"(?:refuse|refusing|refusal|refused|declined?|declining|not permitted|prohibited|inappropriate|"
+            r"unethical)",
+            0.25,
+        ),
     ),
 }
 """The ten families, in reporting order for ties, each with its trigger words and phrases."""
@@ -215,9 +258,12 @@ def _family_match(order: int, name: str, family: Family, text: str) -> _Match | 
 def _matches(text: str, gated: bool = True) -> list[_Match]:
     """Each family's evidence in ``text``; ``gated=False`` runs every phrase (the tests' reference)."""
     present = set(_GATE_WORD.findall(text.lower().replace("’", "'")))
-    return [m for order, (name, family) in enumerate(FAMILIES.items())
-            if not (gated and family.triggers.isdisjoint(present))
-            and (m := _family_match(order, name, family, text)) is not None]
+    return [
+        m
+        for order, (name, family) in enumerate(FAMILIES.items())
+        if not (gated and family.triggers.isdisjoint(present))
+        and (m := _family_match(order, name, family, text)) is not None
+    ]
 
 
 def score(text: str) -> RefusalFlag | None:

@@ -258,7 +258,7 @@ def _group_spans(spans: list[tuple[int, int]], groups: int) -> list[tuple[int, i
     base, extra = divmod(len(spans), groups)
     merged, start = [], 0
     for group in range(groups):
-        members = spans[start:start + base + (group < extra)]
+        members = spans[start : start + base + (group < extra)]
         merged.append((members[0][0], sum(width for _, width in members)))
         start += len(members)
     return merged

@@ -62,23 +62,31 @@ class SynthesisReport(BaseModel):
 
 
 def question_prompt(trait: str) -> str:
-    return (f"Write one short everyday question that a friend might ask you, where the answer could show this "
-            f"trait: {trait}. Write only the question.")
+    return (
+        f"Write one short everyday question that a friend might ask you, where the answer could show this "
+        f"trait: {trait}. Write only the question."
+    )
 
 
 def answer_prompt(question: str, voice: str) -> str:
-    return (f"Answer the question below in two or three sentences, in a voice that is {voice}. "
-            f"Write only the answer.\n\nQuestion: {question}")
+    return (
+        f"Answer the question below in two or three sentences, in a voice that is {voice}. "
+        f"Write only the answer.\n\nQuestion: {question}"
+    )
 
 
 def repair_prompt(question: str, voice: str) -> str:
-    return (f"{answer_prompt(question, voice)}\n\nStay in that voice. Do not refuse, apologise, or mention "
-            f"being an AI: this is a writing exercise.")
+    return (
+        f"{answer_prompt(question, voice)}\n\nStay in that voice. Do not refuse, apologise, or mention "
+        f"being an AI: this is a writing exercise."
+    )
 
 
 def opposite_prompt(trait: str) -> str:
-    return (f"In two to five words, what is the opposite of this trait: {trait}? "
-            f"Reply with the short phrase only, nothing else.")
+    return (
+        f"In two to five words, what is the opposite of this trait: {trait}? "
+        f"Reply with the short phrase only, nothing else."
+    )
 
 
 def clean(text: str, label: str) -> str:
@@ -113,22 +121,33 @@ def synthesize_job(request: PairsSynthesizeRequest, ctx: JobContext) -> Synthesi
     check_output_file(request.output, PAIR_SET, ctx.log)  # before a model loads or a gateway is asked
     writer, identity = _writer(request, ctx)
     opposite = request.opposite or clean_opposite(writer(opposite_prompt(request.trait))) or NEUTRAL
-    ctx.log(f"writing pairs for \"{request.trait}\" against \"{opposite}\"")
+    ctx.log(f'writing pairs for "{request.trait}" against "{opposite}"')
     loop = _Loop(request, ctx, writer, opposite)
     loop.run()
     if not loop.kept:
-        raise Refusal(f"synthesis kept no pairs in {loop.attempts} attempts ({loop.counts()}); nothing was written",
-                      {"attempts": loop.attempts})
+        raise Refusal(
+            f"synthesis kept no pairs in {loop.attempts} attempts ({loop.counts()}); nothing was written",
+            {"attempts": loop.attempts},
+        )
     pair_set = PairSet(trait_name=request.trait_name or slug(request.trait), pairs=loop.kept)
     ctx.check_cancelled()
     save_pairs(request.output, pair_set)
     note_pair_set_written(request.output)
     return SynthesisReport(
-        output=str(request.output), generator=identity, trait_name=pair_set.trait_name,
-        trait_description=request.trait, opposite=opposite, requested=request.count, attempts=loop.attempts,
-        kept=len(loop.kept), rejected_empty=loop.rejected_empty, rejected_refusals=loop.rejected_refusals,
-        rejected_duplicates=loop.rejected_duplicates, refusal_retries=loop.refusal_retries,
-        diversity=inspect_pairs(pair_set).diversity)
+        output=str(request.output),
+        generator=identity,
+        trait_name=pair_set.trait_name,
+        trait_description=request.trait,
+        opposite=opposite,
+        requested=request.count,
+        attempts=loop.attempts,
+        kept=len(loop.kept),
+        rejected_empty=loop.rejected_empty,
+        rejected_refusals=loop.rejected_refusals,
+        rejected_duplicates=loop.rejected_duplicates,
+        refusal_retries=loop.refusal_retries,
+        diversity=inspect_pairs(pair_set).diversity,
+    )
 
 
 class _Loop:
@@ -142,21 +161,29 @@ class _Loop:
         self.rejected_duplicates = self.refusal_retries = 0
 
     def counts(self) -> str:
-        return (f"{self.rejected_empty} empty, {self.rejected_refusals} refusing, "
-                f"{self.rejected_duplicates} duplicate")
+        return f"{self.rejected_empty} empty, {self.rejected_refusals} refusing, {self.rejected_duplicates} duplicate"
 
     def run(self) -> None:
         budget = self.request.count * self.request.retry_multiplier
         while len(self.kept) < self.request.count and self.attempts < budget:
             self.ctx.check_cancelled()
             self.attempts += 1
-            self.ctx.progress("synthesize", f"synthesizing pair {len(self.kept) + 1}/{self.request.count} "
-                                            f"(attempt {self.attempts})", len(self.kept), self.request.count)
+            self.ctx.progress(
+                "synthesize",
+                f"synthesizing pair {len(self.kept) + 1}/{self.request.count} (attempt {self.attempts})",
+                len(self.kept),
+                self.request.count,
+            )
             pair = self.attempt()
             if pair is not None:
                 self.kept.append(pair)
-                self.ctx.progress("kept", f"kept pair {len(self.kept)}/{self.request.count}", len(self.kept),
-                                  self.request.count, data=pair.model_dump())
+                self.ctx.progress(
+                    "kept",
+                    f"kept pair {len(self.kept)}/{self.request.count}",
+                    len(self.kept),
+                    self.request.count,
+                    data=pair.model_dump(),
+                )
 
     def attempt(self) -> Pair | None:
         question = clean_question(self.writer(question_prompt(self.request.trait)))
@@ -181,8 +208,9 @@ class _Loop:
         return self.unless_duplicate(question, positive, negative)
 
     def unless_duplicate(self, question: str, positive: str, negative: str) -> Pair | None:
-        pair = Pair(positive=f"Question: {question}\nAnswer: {positive}",
-                    negative=f"Question: {question}\nAnswer: {negative}")
+        pair = Pair(
+            positive=f"Question: {question}\nAnswer: {positive}", negative=f"Question: {question}\nAnswer: {negative}"
+        )
         fingerprint = pair_fingerprint(pair.positive, pair.negative)
         if self.index.find(fingerprint) is not None:
             self.rejected_duplicates += 1
@@ -208,8 +236,13 @@ def _local_writer(request: PairsSynthesizeRequest, ctx: JobContext) -> tuple[Wri
     from ster.engine.model.decoding import decode
     from ster.engine.model.sampling import Sampling
 
-    model_request = ModelRequest(model=request.model or "", revision=request.revision, precision=request.precision,
-                                 device=request.device, chat_template=request.chat_template)
+    model_request = ModelRequest(
+        model=request.model or "",
+        revision=request.revision,
+        precision=request.precision,
+        device=request.device,
+        chat_template=request.chat_template,
+    )
     checkpoint = model_store(ctx).open(model_request, ctx)
     decoder = model_store(ctx).decoder(checkpoint, ctx)
     codec, seed = checkpoint.codec, [request.seed]
@@ -217,9 +250,15 @@ def _local_writer(request: PairsSynthesizeRequest, ctx: JobContext) -> tuple[Wri
     def write(prompt: str) -> str:
         sampling = Sampling(request.temperature, request.top_p, seed[0])
         seed[0] += 1  # a fresh sampler per call; the same seed would repeat one continuation all run
-        generation = decode(decoder, codec.encode_prompt(prompt), max_new_tokens=request.max_new_tokens,
-                            sampling=sampling, eos_ids=codec.eos_ids, on_token=lambda i, t: None,
-                            check_cancelled=ctx.check_cancelled)
+        generation = decode(
+            decoder,
+            codec.encode_prompt(prompt),
+            max_new_tokens=request.max_new_tokens,
+            sampling=sampling,
+            eos_ids=codec.eos_ids,
+            on_token=lambda i, t: None,
+            check_cancelled=ctx.check_cancelled,
+        )
         return codec.decode(generation.ids)
 
     return write, f"local:{checkpoint.source.model}"
@@ -241,4 +280,3 @@ def _brama_writer(request: PairsSynthesizeRequest, ctx: JobContext) -> tuple[Wri
         return client.complete(route, prompt, request.max_new_tokens, request.temperature)
 
     return write, f"brama:{route}"
-

@@ -71,8 +71,7 @@ INDEX_FILE = "index.json"
 LOCK_FILE = "index.lock"
 PAIRS_DIR = "pairs"
 ID_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
-ID_RULE = ('lowercase letters, digits, ".", "_" and "-", starting with a letter or digit, '
-           "at most 64 characters")
+ID_RULE = 'lowercase letters, digits, ".", "_" and "-", starting with a letter or digit, at most 64 characters'
 """Ids name files; lowercase only so two ids never collide on a case-insensitive filesystem."""
 IMPORT_HINT = "ster workspace import-pairs FILE"
 
@@ -194,8 +193,10 @@ def active_pairs() -> Path:
         raise Refusal(f"no pair set is active in the workspace; give --pairs FILE, or import one with {IMPORT_HINT}")
     path = root / entry.file
     if not path.is_file():
-        raise Refusal(f'the active pair set "{entry.id}" has lost its copy {path}; import it again with '
-                      f"{IMPORT_HINT}, or select another set with ster workspace select ID")
+        raise Refusal(
+            f'the active pair set "{entry.id}" has lost its copy {path}; import it again with '
+            f"{IMPORT_HINT}, or select another set with ster workspace select ID"
+        )
     return path
 
 
@@ -218,8 +219,15 @@ def import_pair_set(source: Path, name: str | None) -> ImportOutcome:
         taken = index.find(set_id)
         if taken is not None:
             raise _conflict(root, taken)
-        entry = Entry(id=set_id, file=f"{PAIRS_DIR}/{set_id}.json", digest=digest, trait_name=pair_set.trait_name,
-                      pair_count=len(pair_set.pairs), imported_at=_now(), source=str(source.resolve()))
+        entry = Entry(
+            id=set_id,
+            file=f"{PAIRS_DIR}/{set_id}.json",
+            digest=digest,
+            trait_name=pair_set.trait_name,
+            pair_count=len(pair_set.pairs),
+            imported_at=_now(),
+            source=str(source.resolve()),
+        )
         write_atomic(root / entry.file, canonical)
         _write_index(root, index.model_copy(update={"active": set_id, "entries": [*index.entries, entry]}))
     return _outcome("imported", root, entry, source, f'imported {source} as "{set_id}" and made it the active set')
@@ -306,23 +314,42 @@ def _reuse(root: Path, index: Index, kept: Entry, canonical: str, source: Path) 
 
 def _conflict(root: Path, taken: Entry) -> Refusal:
     path = root / taken.file
-    return Refusal(f'conflicting: the workspace already keeps a different pair set as "{taken.id}" ({path}), which '
-                   f"is never overwritten; import under another --name, or first run ster workspace remove {taken.id}",
-                   details={"status": "conflicting", "id": taken.id, "existing": str(path)})
+    return Refusal(
+        f'conflicting: the workspace already keeps a different pair set as "{taken.id}" ({path}), which '
+        f"is never overwritten; import under another --name, or first run ster workspace remove {taken.id}",
+        details={"status": "conflicting", "id": taken.id, "existing": str(path)},
+    )
 
 
-def _outcome(status: Literal["imported", "unchanged"], root: Path, entry: Entry, source: Path,
-             reason: str) -> ImportOutcome:
-    return ImportOutcome(status=status, id=entry.id, path=str(root / entry.file), source=str(source.resolve()),
-                         digest=entry.digest, trait_name=entry.trait_name, pair_count=entry.pair_count,
-                         active=entry.id, reason=reason)
+def _outcome(
+    status: Literal["imported", "unchanged"], root: Path, entry: Entry, source: Path, reason: str
+) -> ImportOutcome:
+    return ImportOutcome(
+        status=status,
+        id=entry.id,
+        path=str(root / entry.file),
+        source=str(source.resolve()),
+        digest=entry.digest,
+        trait_name=entry.trait_name,
+        pair_count=entry.pair_count,
+        active=entry.id,
+        reason=reason,
+    )
 
 
 def _view(root: Path, entry: Entry, active: bool) -> SetView:
     path = root / entry.file
-    return SetView(id=entry.id, path=str(path), present=path.is_file(), active=active, digest=entry.digest,
-                   trait_name=entry.trait_name, pair_count=entry.pair_count, imported_at=entry.imported_at,
-                   source=entry.source)
+    return SetView(
+        id=entry.id,
+        path=str(path),
+        present=path.is_file(),
+        active=active,
+        digest=entry.digest,
+        trait_name=entry.trait_name,
+        pair_count=entry.pair_count,
+        imported_at=entry.imported_at,
+        source=entry.source,
+    )
 
 
 def _id_for(source: Path, name: str | None) -> str:
@@ -333,7 +360,7 @@ def _id_for(source: Path, name: str | None) -> str:
         return name
     stem = source.name.removesuffix(".json")
     if not ID_PATTERN.fullmatch(stem):
-        raise Refusal(f'the file name {source.name} does not make a valid set id ({ID_RULE}); give one with --name')
+        raise Refusal(f"the file name {source.name} does not make a valid set id ({ID_RULE}); give one with --name")
     return stem
 
 
@@ -341,8 +368,9 @@ def _require_known(index: Index, set_id: str) -> Entry:
     entry = index.find(set_id)
     if entry is None:
         known = ", ".join(f'"{e.id}"' for e in index.entries)
-        where = (f"the known sets are {known}" if known
-                 else f"the workspace holds none yet; import one with {IMPORT_HINT}")
+        where = (
+            f"the known sets are {known}" if known else f"the workspace holds none yet; import one with {IMPORT_HINT}"
+        )
         raise Refusal(f'no pair set "{set_id}" in the workspace; {where}')
     return entry
 

@@ -108,14 +108,15 @@ class Root:
         if os.path.isabs(text):
             for spelling in self._spellings:
                 if text == spelling or text.startswith(spelling.rstrip("/") + "/"):
-                    text = text[len(spelling):]
+                    text = text[len(spelling) :]
                     break
             else:
                 raise self.outside(shown)
         return [part for part in text.split("/") if part not in ("", ".")]
 
-    def walk(self, value: str | Path, shown: str | None = None, start: tuple[int, tuple[str, ...]] | None = None
-             ) -> Walked:
+    def walk(
+        self, value: str | Path, shown: str | None = None, start: tuple[int, tuple[str, ...]] | None = None
+    ) -> Walked:
         """Walk ``value`` from the root, following every link that stays inside it.
 
         A component that does not exist ends the walk: it and the rest are ``missing``. ``shown``
@@ -212,8 +213,15 @@ def _open_component(name: str, directory: int) -> tuple[int | None, int]:
     return fd, os.fstat(fd).st_mode
 
 
-def _ended(stack: list[int], names: list[str], missing: tuple[str, ...], fd: int | None, mode: int,
-           name: str | None = None, linked: bool = False) -> Walked:
+def _ended(
+    stack: list[int],
+    names: list[str],
+    missing: tuple[str, ...],
+    fd: int | None,
+    mode: int,
+    name: str | None = None,
+    linked: bool = False,
+) -> Walked:
     """Keep the descriptor of the directory the walk ended in; close the rest of the stack."""
     keep = stack.pop()
     for each in stack:
@@ -261,8 +269,9 @@ class _Job:
         if self.shadow is None:
             # held like any temporary of Ster's (locked while the job lives), so a server killed outright
             # leaves it to be reclaimed by the next confined job rather than forever
-            self.shadow = Path(inflight.temp_directory(prefix=".ster-root.", suffix=inflight.SUFFIX,
-                                                       dir=tempfile.gettempdir()))
+            self.shadow = Path(
+                inflight.temp_directory(prefix=".ster-root.", suffix=inflight.SUFFIX, dir=tempfile.gettempdir())
+            )
         self.count += 1
         place = self.shadow / str(self.count)
         place.mkdir()
@@ -447,7 +456,7 @@ def _output(job: _Job, path: Path) -> _Output:
             os.close(walked.directory)
             raise Refusal(f"{path} is the server's root, not a file inside it")
         out = _Output(job.hold(walked.directory), walked.missing[:-1], walked.name, walked.relative)
-        job.directories[out.directory] = walked.relative[:len(walked.relative) - max(len(walked.missing), 1)]
+        job.directories[out.directory] = walked.relative[: len(walked.relative) - max(len(walked.missing), 1)]
         job.names[_fd_path(out.directory)] = "/".join(job.directories[out.directory]) or "."
         if not out.missing and not walked.linked:
             job.write_dirs.setdefault(os.path.dirname(key), out.directory)
@@ -475,7 +484,9 @@ def directory_of_write(path: Path) -> Path | None:
     if job is None or _route(job, path)[0] == "own":
         return None
     out = _output(job, path)
-    return Path(_fd_path(out.directory)) if _PINNABLE else job.root.path.joinpath(*out.relative[:-1 - len(out.missing)])
+    return (
+        Path(_fd_path(out.directory)) if _PINNABLE else job.root.path.joinpath(*out.relative[: -1 - len(out.missing)])
+    )
 
 
 def _shown(job: _Job, path: Path) -> str:

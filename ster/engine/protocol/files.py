@@ -83,12 +83,11 @@ def read_json(path: Path, what: str) -> Any:
     try:
         document = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
-        raise Refusal(
-            f"{what} {path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from None
+        raise Refusal(f"{what} {path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except DuplicateKey as exc:
-        raise Refusal(f'{what} {path} gives the key "{exc.key}" twice in one object, so which value '
-                      "is meant is ambiguous") from None
+        raise Refusal(
+            f'{what} {path} gives the key "{exc.key}" twice in one object, so which value is meant is ambiguous'
+        ) from None
     except RecursionError:
         raise Refusal(f"{what} {path} nests its arrays or objects too deeply to be read") from None
     if may_hold_surrogate(text):
@@ -150,8 +149,9 @@ def load_document(path: Path, model: type[M], what: str) -> M:
         raise Refusal(f"{what} {path} is not in the expected shape: {first_error(exc)}") from None
 
 
-def check_output_file(path: Path, kind: str | None = None, log: Callable[[str], None] | None = None,
-                      what: str = "output") -> None:
+def check_output_file(
+    path: Path, kind: str | None = None, log: Callable[[str], None] | None = None, what: str = "output"
+) -> None:
     """Refuse an output path that cannot become a file of ``kind``, before any work is done.
 
     A symlink is judged by the file it points to, which is what the write replaces. A
@@ -168,8 +168,10 @@ def check_output_file(path: Path, kind: str | None = None, log: Callable[[str], 
     if kind is None or found is None or found.empty:
         return
     if found.kind != kind:
-        raise Refusal(f"{what} {path} already holds {found.phrase}, which writing {with_article(kind)} there "
-                      "would destroy; give another path")
+        raise Refusal(
+            f"{what} {path} already holds {found.phrase}, which writing {with_article(kind)} there "
+            "would destroy; give another path"
+        )
     if log is not None:
         log(f"replacing the {kind} at {path}")
 
@@ -192,8 +194,9 @@ def _check_can_hold_a_file(path: Path, what: str, directory: Path) -> None:
         os.unlink(probe)
         inflight.unregister(probe)
     except OSError as exc:
-        raise Refusal(f"{what} {path} cannot be written: {directory} cannot hold a new file "
-                      f"({exc.strerror or exc})") from None
+        raise Refusal(
+            f"{what} {path} cannot be written: {directory} cannot hold a new file ({exc.strerror or exc})"
+        ) from None
 
 
 def write_atomic(path: Path, data: str | bytes, keep: bool = False) -> None:

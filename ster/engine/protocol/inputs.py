@@ -49,8 +49,9 @@ def read_input(path: Path, what: str) -> bytes:
         if stat.S_ISDIR(mode):
             raise Refusal(f"{what} {path} is a directory, not a file")
         if not stat.S_ISREG(mode):
-            raise Refusal(f"{what} {path} is {special_file(mode) or 'not a regular file'}, not a regular file; "
-                          "give a file")
+            raise Refusal(
+                f"{what} {path} is {special_file(mode) or 'not a regular file'}, not a regular file; give a file"
+            )
         try:
             return handle.read()
         except OSError as exc:
@@ -109,8 +110,10 @@ def check_json_text(document: Any, what: str, path: Path | str) -> None:
     if found is not None:
         where, surrogate = found
         at = f" at {where}" if where else ""
-        raise Refusal(f"{what} {path} holds {surrogate_phrase(surrogate)}{at}, which is not a character; write the "
-                      "character itself or a valid surrogate pair")
+        raise Refusal(
+            f"{what} {path} holds {surrogate_phrase(surrogate)}{at}, which is not a character; write the "
+            "character itself or a valid surrogate pair"
+        )
 
 
 def check_regular_inputs(request: Any) -> None:

@@ -45,15 +45,17 @@ JOBS: dict[str, tuple[str, str]] = {
     "pairs add": ("ster.engine.pairs.edit:add_job", "ster.engine.pairs.requests:PairsAddRequest"),
     "pairs remove": ("ster.engine.pairs.edit:remove_job", "ster.engine.pairs.requests:PairsRemoveRequest"),
     "pairs save": ("ster.engine.pairs.edit:save_job", "ster.engine.pairs.requests:PairsSaveRequest"),
-    "pairs synthesize": ("ster.engine.pairs.synthesize:synthesize_job",
-                         "ster.engine.pairs.requests:PairsSynthesizeRequest"),
-    "workspace import-pairs": ("ster.engine.pairs.workspace:import_job",
-                               "ster.engine.pairs.requests:WorkspaceImportRequest"),
+    "pairs synthesize": (
+        "ster.engine.pairs.synthesize:synthesize_job",
+        "ster.engine.pairs.requests:PairsSynthesizeRequest",
+    ),
+    "workspace import-pairs": (
+        "ster.engine.pairs.workspace:import_job",
+        "ster.engine.pairs.requests:WorkspaceImportRequest",
+    ),
     "workspace show": ("ster.engine.pairs.workspace:show_job", "ster.engine.pairs.requests:WorkspaceShowRequest"),
-    "workspace select": ("ster.engine.pairs.workspace:select_job",
-                         "ster.engine.pairs.requests:WorkspaceSelectRequest"),
-    "workspace remove": ("ster.engine.pairs.workspace:remove_job",
-                         "ster.engine.pairs.requests:WorkspaceRemoveRequest"),
+    "workspace select": ("ster.engine.pairs.workspace:select_job", "ster.engine.pairs.requests:WorkspaceSelectRequest"),
+    "workspace remove": ("ster.engine.pairs.workspace:remove_job", "ster.engine.pairs.requests:WorkspaceRemoveRequest"),
     "onboarding": ("ster.engine.pairs.onboarding:onboarding_job", "ster.engine.pairs.requests:OnboardingRequest"),
     "model import": ("ster.engine.model.gguf_import:import_job", "ster.engine.model.requests:ModelImportRequest"),
     "tune sft": ("ster.engine.tune.train:sft_job", "ster.engine.tune.requests:SftRequest"),
@@ -81,8 +83,14 @@ class JobContext:
     """The front end's model store, shared between its jobs; a job that maps a checkpoint creates one
     when the front end gave none (see :func:`ster.engine.model.loading.model_store`)."""
 
-    def progress(self, stage: str, message: str, current: int | None = None, total: int | None = None,
-                 data: dict[str, Any] | None = None) -> None:
+    def progress(
+        self,
+        stage: str,
+        message: str,
+        current: int | None = None,
+        total: int | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> None:
         self.emit(Progress(stage=stage, message=message, current=current, total=total, data=data))
 
     def token(self, text: str, index: int, stream: str = "text") -> None:

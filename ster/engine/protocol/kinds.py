@@ -40,8 +40,12 @@ SIGNATURES: tuple[tuple[str, frozenset[str]], ...] = (
 )
 """Kind → the top-level keys that mark it, most specific first; a pair set needs no trait_name."""
 
-SPECIAL = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"),
-           (stat.S_ISBLK, "a device"))
+SPECIAL = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a device"),
+    (stat.S_ISBLK, "a device"),
+)
 """Things at a path that are not files: writing one would block, fail, or reach hardware."""
 
 
@@ -85,7 +89,7 @@ def _safetensors(path: Path, size: int) -> bool:
 
 
 def special_file(mode: int) -> str | None:
-    """"a FIFO", "a socket" or "a device" for a mode that is one of those; None otherwise."""
+    """ "a FIFO", "a socket" or "a device" for a mode that is one of those; None otherwise."""
     return next((name for test, name in SPECIAL if test(mode)), None)
 
 

@@ -5,9 +5,29 @@ from __future__ import annotations
 import os
 import platform
 
-INSTRUCTION_SETS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
-                    "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16", "asimd", "asimdhp", "bf16", "i8mm",
-                    "sve", "sve2", "sme")
+INSTRUCTION_SETS = (
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "amx_fp16",
+    "asimd",
+    "asimdhp",
+    "bf16",
+    "i8mm",
+    "sve",
+    "sve2",
+    "sme",
+)
 """The instruction sets a matrix kernel can use: what the kernel cache's key and the benchmarks name of a CPU."""
 
 

@@ -91,12 +91,15 @@ def check_outputs(values: dict[str, Any], outputs: Iterable[str]) -> None:
     inputs = [name for name, value in values.items() if isinstance(value, Path) and name not in written]
     for out in written:
         if _inside(values[out], DATA_DIR):
-            raise ValueError(f"{flag(out)} {values[out]} is inside Ster's bundled data, which is read-only; "
-                             "give a path outside it")
+            raise ValueError(
+                f"{flag(out)} {values[out]} is inside Ster's bundled data, which is read-only; give a path outside it"
+            )
         for name in inputs:
             if same_file(values[out], values[name]):
-                raise ValueError(f"{flag(out)} {values[out]} is the same file as {flag(name)} {values[name]}, "
-                                 f"so writing it would destroy the input; give {flag(out)} another path")
+                raise ValueError(
+                    f"{flag(out)} {values[out]} is the same file as {flag(name)} {values[name]}, "
+                    f"so writing it would destroy the input; give {flag(out)} another path"
+                )
 
 
 def same_file(a: Path, b: Path) -> bool:

@@ -105,8 +105,9 @@ def check_text_values(data: dict[str, Any]) -> None:
     where, surrogate = found
     name, _, inner = where.partition(".")
     at = f" at {inner}" if inner else ""
-    raise ValueError(f"{flag(name)} holds {surrogate_phrase(surrogate)}{at}, which is not a character; give valid "
-                     "UTF-8 text")
+    raise ValueError(
+        f"{flag(name)} holds {surrogate_phrase(surrogate)}{at}, which is not a character; give valid UTF-8 text"
+    )
 
 
 def check_file_outputs(data: dict[str, Any], files: list[str]) -> None:
@@ -115,8 +116,9 @@ def check_file_outputs(data: dict[str, Any], files: list[str]) -> None:
     for name in files:
         value = data.get(name)
         if isinstance(value, str) and value.rstrip().endswith(("/", "/.", os.sep, f"{os.sep}.")):
-            raise ValueError(f"{flag(name)} {value} ends in {os.sep}, so it names a directory; {flag(name)} takes a "
-                             "file path")
+            raise ValueError(
+                f"{flag(name)} {value} ends in {os.sep}, so it names a directory; {flag(name)} takes a file path"
+            )
 
 
 def check_outside_model(values: dict[str, Any], outputs: tuple[str, ...]) -> None:
@@ -128,8 +130,10 @@ def check_outside_model(values: dict[str, Any], outputs: tuple[str, ...]) -> Non
     for name in outputs:
         value = values.get(name)
         if isinstance(value, Path) and _inside(value, root):
-            raise ValueError(f"{flag(name)} {value} is inside {root}, the checkpoint --model {model} reads, so "
-                             f"writing it could destroy the model; give {flag(name)} a path outside it")
+            raise ValueError(
+                f"{flag(name)} {value} is inside {root}, the checkpoint --model {model} reads, so "
+                f"writing it could destroy the model; give {flag(name)} a path outside it"
+            )
 
 
 def model_directory(model: str) -> Path | None:

@@ -24,8 +24,23 @@ import numpy as np
 
 MAX_HEADER = 100_000_000
 """The largest header a reader parses (the bound the safetensors library itself uses)."""
-SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4,
-         "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+SIZES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U64": 8,
+    "U32": 4,
+    "U16": 2,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 """Bytes per element of every dtype a safetensors header may name."""
 FLOATS = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": None}
 """The floating-point dtypes numpy decodes (bf16 through its upper half of an f32)."""
@@ -73,7 +88,7 @@ def parse(raw: bytes) -> TensorFile:
     if 8 + length > len(raw):
         raise Damaged(f"is truncated (its header runs to byte {8 + length}, and the file holds {len(raw)})")
     try:
-        header = json.loads(bytes(raw[8:8 + length]))
+        header = json.loads(bytes(raw[8 : 8 + length]))
     except (ValueError, RecursionError):
         raise Damaged("is not a safetensors file (its header is not JSON)") from None
     if not isinstance(header, dict):
@@ -81,16 +96,16 @@ def parse(raw: bytes) -> TensorFile:
     metadata = header.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise Damaged("is not a safetensors file (its __metadata__ is not an object of strings)")
-    data = memoryview(raw)[8 + length:]
-    return TensorFile({name: _entry(name, entry) for name, entry in header.items()}, metadata,
-                      _check_tiling(header, data))
+    data = memoryview(raw)[8 + length :]
+    return TensorFile(
+        {name: _entry(name, entry) for name, entry in header.items()}, metadata, _check_tiling(header, data)
+    )
 
 
 def _entry(name: str, entry: Any) -> dict[str, Any]:
     """One header entry, checked: a known dtype, a shape of whole numbers, offsets spanning exactly its bytes."""
     if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
-        raise Damaged(f"is not a safetensors file (its header's entry for {name} is not dtype, shape and "
-                      "data_offsets)")
+        raise Damaged(f"is not a safetensors file (its header's entry for {name} is not dtype, shape and data_offsets)")
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
     if dtype not in SIZES:
         raise Damaged(f"names dtype {dtype!r} for tensor {name}, which is not a safetensors dtype")
@@ -100,8 +115,10 @@ def _entry(name: str, entry: Any) -> dict[str, Any]:
         raise Damaged(f"gives tensor {name} the offsets {offsets!r}, which are not a start and an end")
     count = math.prod(shape)
     if offsets[1] - offsets[0] != count * SIZES[dtype]:
-        raise Damaged(f"gives tensor {name} {offsets[1] - offsets[0]} bytes where its shape {shape} of {dtype} "
-                      f"takes {count * SIZES[dtype]}")
+        raise Damaged(
+            f"gives tensor {name} {offsets[1] - offsets[0]} bytes where its shape {shape} of {dtype} "
+            f"takes {count * SIZES[dtype]}"
+        )
     return entry
 
 
@@ -115,12 +132,13 @@ def _check_tiling(header: dict[str, Any], data: memoryview) -> memoryview:
     for name, entry in sorted(header.items(), key=lambda item: tuple(item[1]["data_offsets"])):
         begin, stop = entry["data_offsets"]
         if begin != end:
-            raise Damaged(f"is not a safetensors file (tensor {name} starts at byte {begin} of the data, where the "
-                          f"tensors before it end at {end})")
+            raise Damaged(
+                f"is not a safetensors file (tensor {name} starts at byte {begin} of the data, where the "
+                f"tensors before it end at {end})"
+            )
         end = stop
     if end > len(data):
-        raise Damaged(f"is truncated (its header describes {end} bytes of tensor data, and the file holds "
-                      f"{len(data)})")
+        raise Damaged(f"is truncated (its header describes {end} bytes of tensor data, and the file holds {len(data)})")
     if end < len(data):
         raise Damaged(f"holds {len(data) - end} bytes after its last tensor, which no safetensors writer leaves")
     return data

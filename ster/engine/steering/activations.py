@@ -34,7 +34,7 @@ def read_last_states(
     with torch.inference_mode(), record_blocks(model, layers) as seen:
         for start in range(0, len(order), batch_size):
             check_cancelled()
-            rows = order[start:start + batch_size]
+            rows = order[start : start + batch_size]
             ids, key_mask, lasts = _pad([sequences[i] for i in rows], device)
             model(ids, key_mask=key_mask, depth=max(layers) + 1, vocab="none")
             picks = torch.arange(len(rows), device=device)
@@ -120,7 +120,7 @@ def read_pair_states(
     with torch.inference_mode(), record_blocks(model, layers) as seen:
         for start in range(0, len(order), batch_size):
             check_cancelled()
-            chosen = order[start:start + batch_size]
+            chosen = order[start : start + batch_size]
             ids, layout = pack_rows([rows[i] for i in chosen], device)
             model(ids, depth=max(layers) + 1, vocab="none", layout=layout)
             picks = torch.arange(len(chosen), device=device)
@@ -131,7 +131,7 @@ def read_pair_states(
             if spread is not None:
                 real = torch.zeros(ids.shape, dtype=torch.bool, device=device)
                 for i, row in enumerate(chosen):
-                    real[i, 1:len(rows[row].ids)] = True  # every real token but the first (see Spread)
+                    real[i, 1 : len(rows[row].ids)] = True  # every real token but the first (see Spread)
                 spread.add(seen, real)
             on_batch(min(start + batch_size, len(order)), len(order))
     return positives, negatives
@@ -165,8 +165,11 @@ def pack_rows(rows: list[PairRow], device: torch.device) -> tuple[Tensor, Layout
     branch = torch.full((len(rows), width), -1)
     for i, row in enumerate(rows):
         n = len(row.ids)
-        ids[i, :n], positions[i, :n], branch[i, :n] = (torch.tensor(row.ids), torch.tensor(row.positions),
-                                                       torch.tensor(row.branch))
+        ids[i, :n], positions[i, :n], branch[i, :n] = (
+            torch.tensor(row.ids),
+            torch.tensor(row.positions),
+            torch.tensor(row.branch),
+        )
     query_branch, key_branch = branch[:, :, None], branch[:, None, :]
     visible = (key_branch == 0) | (key_branch == query_branch)
     causal = positions[:, None, :] <= positions[:, :, None]

@@ -21,8 +21,10 @@ from ster.engine.model.hooks import added
 def plan(model: Decoder, vectors: dict[int, list[float]], scales: dict[int, float]) -> dict[int, Tensor]:
     """Per layer, ``scales[layer] × vector`` in the model's dtype and on its device."""
     weight = model.lm_head.weight
-    return {layer: (torch.tensor(vector, dtype=torch.float32) * scales[layer]).to(weight.device, weight.dtype)
-            for layer, vector in vectors.items()}
+    return {
+        layer: (torch.tensor(vector, dtype=torch.float32) * scales[layer]).to(weight.device, weight.dtype)
+        for layer, vector in vectors.items()
+    }
 
 
 @contextmanager

@@ -196,10 +196,18 @@ class ArtifactSummary(BaseModel):
 def summarize(artifact: SteeringArtifact) -> ArtifactSummary:
     fields = artifact.model_dump(exclude={"vectors"})
     fields["strength_unit"] = artifact.strength_unit or "norm"
-    layers = [LayerSummary(layer=v.layer, width=len(v.vector), norm=_norm(v.vector),
-                           train_accuracy=v.train_accuracy, train_margin=v.train_margin,
-                           activation_norm=v.activation_norm, activation_spread=v.activation_spread)
-              for v in artifact.vectors]
+    layers = [
+        LayerSummary(
+            layer=v.layer,
+            width=len(v.vector),
+            norm=_norm(v.vector),
+            train_accuracy=v.train_accuracy,
+            train_margin=v.train_margin,
+            activation_norm=v.activation_norm,
+            activation_spread=v.activation_spread,
+        )
+        for v in artifact.vectors
+    ]
     return ArtifactSummary(**fields, layers=layers)
 
 
@@ -208,8 +216,10 @@ def load_artifact(path: Path) -> SteeringArtifact:
     _not_an_adapter_file(path)
     raw = read_json(path, "steering artifact")
     if isinstance(raw, dict) and "rank" in raw and "targets" in raw:
-        raise Refusal(f"{path} is a LoRA adapter sidecar, not a steering artifact: it carries rank and targets "
-                      f"where a steering artifact carries trait_name and vectors")
+        raise Refusal(
+            f"{path} is a LoRA adapter sidecar, not a steering artifact: it carries rank and targets "
+            f"where a steering artifact carries trait_name and vectors"
+        )
     if isinstance(raw, dict) and raw.get("product", "ster") != "ster":
         raise Refusal(f'{path} was written by product "{raw["product"]}", not by ster')
     if isinstance(raw, dict) and isinstance(raw.get("schema_version"), int) and raw["schema_version"] != SCHEMA_VERSION:
@@ -227,8 +237,10 @@ def _not_an_adapter_file(path: Path) -> None:
     side = sidecar_path(path)
     real, real_side = confine.readable(path), confine.readable(side)
     if side != path and real.is_file() and real_side.is_file() and file_kind(real_side) == ADAPTER_SIDECAR:
-        raise Refusal(f"{path} is a LoRA adapter, not a steering artifact: its sidecar {side} carries rank and targets "
-                      f"where a steering artifact carries trait_name and vectors")
+        raise Refusal(
+            f"{path} is a LoRA adapter, not a steering artifact: its sidecar {side} carries rank and targets "
+            f"where a steering artifact carries trait_name and vectors"
+        )
 
 
 def _check_values(artifact: SteeringArtifact, path: Path | str) -> None:
@@ -262,8 +274,10 @@ def _check_layer(entry: LayerVector, path: Path | str) -> None:
     if entry.layer < 0:
         raise Refusal(f"{path}: layer {entry.layer} is not a layer index; layers are numbered from 0")
     if entry.layer >= MAX_LAYERS:
-        raise Refusal(f"{path}: layer {entry.layer} is beyond any model's layers (Ster reads models of at most "
-                      f"{MAX_LAYERS} layers)")
+        raise Refusal(
+            f"{path}: layer {entry.layer} is beyond any model's layers (Ster reads models of at most "
+            f"{MAX_LAYERS} layers)"
+        )
 
 
 def _check_scores(entry: LayerVector, path: Path | str) -> None:
@@ -275,12 +289,16 @@ def _check_scores(entry: LayerVector, path: Path | str) -> None:
         raise Refusal(f"{where} train_margin is {entry.train_margin}; a margin is a finite number")
     norm = entry.activation_norm
     if norm is not None and not (math.isfinite(norm) and norm > 0):
-        raise Refusal(f"{where} activation_norm is {norm}; it is the mean norm of the states the direction was "
-                      "fitted on, a finite number above 0 (or null where it was not recorded)")
+        raise Refusal(
+            f"{where} activation_norm is {norm}; it is the mean norm of the states the direction was "
+            "fitted on, a finite number above 0 (or null where it was not recorded)"
+        )
     spread = entry.activation_spread
     if spread is not None and not (math.isfinite(spread) and spread > 0):
-        raise Refusal(f"{where} activation_spread is {spread}; it is the spread of the states the direction was "
-                      "fitted on, a finite number above 0 (or null where it was not recorded)")
+        raise Refusal(
+            f"{where} activation_spread is {spread}; it is the spread of the states the direction was "
+            "fitted on, a finite number above 0 (or null where it was not recorded)"
+        )
 
 
 def _check_direction(entry: LayerVector, hidden_size: int, path: Path | str) -> None:
@@ -294,8 +312,9 @@ def _check_direction(entry: LayerVector, hidden_size: int, path: Path | str) -> 
     if norm == 0:
         raise Refusal(f"{where} is all zeros, so it has no direction to steer along")
     if abs(norm - 1) > UNIT_TOLERANCE:
-        raise Refusal(f"{where} has norm {norm:.6g} where Ster writes unit directions, so it was written or edited "
-                      "elsewhere")
+        raise Refusal(
+            f"{where} has norm {norm:.6g} where Ster writes unit directions, so it was written or edited elsewhere"
+        )
 
 
 def _norm(vector: list[float]) -> float:
@@ -303,12 +322,14 @@ def _norm(vector: list[float]) -> float:
     return math.hypot(*vector)
 
 
-def check_against_model(artifact: SteeringArtifact, model: str, fingerprint: str, hidden_size: int,
-                        layers: int) -> str | None:
+def check_against_model(
+    artifact: SteeringArtifact, model: str, fingerprint: str, hidden_size: int, layers: int
+) -> str | None:
     """Refuse applying the artifact to a model it was not fitted for; the log line when only its
     fingerprint, not its name, says it is the same model."""
-    note = check_identity("artifact", artifact.model, artifact.model_fingerprint, model, fingerprint,
-                          "the direction was fitted")
+    note = check_identity(
+        "artifact", artifact.model, artifact.model_fingerprint, model, fingerprint, "the direction was fitted"
+    )
     if artifact.hidden_size != hidden_size:
         raise Refusal(f"artifact width {artifact.hidden_size} does not match model width {hidden_size}")
     for entry in artifact.vectors:
@@ -321,12 +342,18 @@ def open_artifact(ctx: JobContext, path: Path, checkpoint: Checkpoint) -> Steeri
     """Load an artifact, refuse it for another model, and warn when it is read out of its format."""
     artifact = load_artifact(path)
     config = checkpoint.config
-    note = check_against_model(artifact, checkpoint.source.model, checkpoint.fingerprint, config.hidden_size,
-                               config.num_hidden_layers)
+    note = check_against_model(
+        artifact, checkpoint.source.model, checkpoint.fingerprint, config.hidden_size, config.num_hidden_layers
+    )
     if note is not None:
         ctx.log(note)
-    for sentence in provenance_sentences(artifact.precision, artifact.chat_template, checkpoint.request.precision,
-                                         checkpoint.codec.decision, _consequence(checkpoint.request)):
+    for sentence in provenance_sentences(
+        artifact.precision,
+        artifact.chat_template,
+        checkpoint.request.precision,
+        checkpoint.codec.decision,
+        _consequence(checkpoint.request),
+    ):
         ctx.warn(sentence)
     adapted = adapter_sentence(artifact.adapter, getattr(checkpoint.request, "adapter", None))
     if adapted:
@@ -343,8 +370,10 @@ def adapter_sentence(fitted: str | None, current: Path | None) -> str | None:
         return None
     was = f"through adapter {fitted}" if fitted else "on the bare checkpoint"
     now = f"attaches adapter {current}" if current else "reads the bare checkpoint"
-    return (f"this direction was fitted {was} and this run {now}, so it is being read in a different space than "
-            f"it was fitted in")
+    return (
+        f"this direction was fitted {was} and this run {now}, so it is being read in a different space than "
+        f"it was fitted in"
+    )
 
 
 def _consequence(request: object) -> str:
@@ -358,8 +387,13 @@ def _consequence(request: object) -> str:
     return GENERIC_CONSEQUENCE
 
 
-def provenance_sentences(fitted_precision: str | None, fitted_chat: str | None, precision: str,
-                         chat_template: str | None, consequence: str = GENERIC_CONSEQUENCE) -> list[str]:
+def provenance_sentences(
+    fitted_precision: str | None,
+    fitted_chat: str | None,
+    precision: str,
+    chat_template: str | None,
+    consequence: str = GENERIC_CONSEQUENCE,
+) -> list[str]:
     """The warnings for a direction fitted at ``fitted_*`` and read at the run's settings; none for null
     records. ``consequence`` ends the chat-template sentence with what the mismatch means here."""
     return provenance_warnings("direction", fitted_precision, fitted_chat, precision, chat_template, consequence)

@@ -166,7 +166,9 @@ def at_budget(points: list[Point], sign: int, budget: float) -> float | None:
                 return abs(rung.strength) * math.sqrt(budget / rung.kl)
             if low.kl <= 0:
                 return abs(low.strength)
-            slope = (math.log(abs(rung.strength)) - math.log(abs(low.strength))) / (math.log(rung.kl) - math.log(low.kl))
+            slope = (math.log(abs(rung.strength)) - math.log(abs(low.strength))) / (
+                math.log(rung.kl) - math.log(low.kl)
+            )
             return math.exp(math.log(abs(low.strength)) + (math.log(budget) - math.log(low.kl)) * slope)
         low = rung
     return abs(rungs[-1].strength)
@@ -190,8 +192,11 @@ def score(points: list[Point], budget: float) -> tuple[float | None, float | Non
     up, down = at_budget(points, 1, budget), at_budget(points, -1, budget)
     moved_up = behaviour_at(points, up) - base if up else 0.0
     moved_down = base - behaviour_at(points, -down) if down else 0.0
-    return (up if up and moved_up > 0 else None, -down if down and moved_down > 0 else None,
-            max(moved_up, 0.0) + max(moved_down, 0.0))
+    return (
+        up if up and moved_up > 0 else None,
+        -down if down and moved_down > 0 else None,
+        max(moved_up, 0.0) + max(moved_down, 0.0),
+    )
 
 
 def _rank(trial: Trial, trials: list[Trial]) -> tuple[bool, float, int]:
@@ -206,9 +211,17 @@ def pareto(trials: list[Trial]) -> list[FrontPoint]:
         points: list[FrontPoint] = []
         for trial in trials:
             base = next(p for p in trial.points if p.strength == 0)
-            points += [FrontPoint(layers=trial.layers, method=trial.method, strength=p.strength, kl=p.kl,
-                                  behaviour_shift=(p.behaviour - base.behaviour) * sign)
-                       for p in trial.points if p.strength * sign > 0]
+            points += [
+                FrontPoint(
+                    layers=trial.layers,
+                    method=trial.method,
+                    strength=p.strength,
+                    kl=p.kl,
+                    behaviour_shift=(p.behaviour - base.behaviour) * sign,
+                )
+                for p in trial.points
+                if p.strength * sign > 0
+            ]
         points.sort(key=lambda point: (point.kl, -point.behaviour_shift))
         best = float("-inf")
         for point in points:
@@ -225,8 +238,10 @@ def load_neutral(given: Path | None) -> tuple[list[str], str]:
     document = load_document(path, PromptSet, "neutral set")
     prompts = document.prompts
     if len(prompts) > MAX_NEUTRAL:
-        raise Refusal(f"neutral set {bundled_name(path)} has {len(prompts)} prompts; KL is measured on at most "
-                      f"{MAX_NEUTRAL}, so give a smaller set")
+        raise Refusal(
+            f"neutral set {bundled_name(path)} has {len(prompts)} prompts; KL is measured on at most "
+            f"{MAX_NEUTRAL}, so give a smaller set"
+        )
     digest = hashlib.sha256("\n\x00".join(prompts).encode()).hexdigest()
     return prompts, digest
 
@@ -239,8 +254,10 @@ def _split(request: CalibrateRequest) -> tuple[Any, list[Any], list[Any]]:
     else:
         total = len(pair_set.pairs)
         if total < 4:
-            raise Refusal(f"calibrate needs at least 4 pairs to hold some out from fitting, or --holdout FILE; "
-                          f"pair set {path} has {total}")
+            raise Refusal(
+                f"calibrate needs at least 4 pairs to hold some out from fitting, or --holdout FILE; "
+                f"pair set {path} has {total}"
+            )
         fit_count = (total * 8) // 10
         fit, held = pair_set.pairs[:fit_count], pair_set.pairs[fit_count:]
     if len(fit) < 2:
@@ -248,8 +265,9 @@ def _split(request: CalibrateRequest) -> tuple[Any, list[Any], list[Any]]:
     return pair_set, fit, held
 
 
-def answered_pairs(codec: Any, pairs: list[Any], context: int) -> tuple[list[tuple[list[int], list[int]]],
-                                                                        list[tuple[list[int], str, str]]]:
+def answered_pairs(
+    codec: Any, pairs: list[Any], context: int
+) -> tuple[list[tuple[list[int], list[int]]], list[tuple[list[int], str, str]]]:
     """Each held-out pair as two answers to the question they share: the text both sides begin with (cut back
     to a space or a line break) is the prompt, a user turn where the model has a chat template, and the rest
     of each side is its answer, the assistant's turn. A pair whose sides share no such text is read as
@@ -271,8 +289,10 @@ def answered_pairs(codec: Any, pairs: list[Any], context: int) -> tuple[list[tup
         _, negative = codec.encode_answer(turns, prompt, neg[cut:].strip())
         for side, ids in (("positive", positive), ("negative", negative)):
             if len(head) + len(ids) > context:
-                raise Refusal(f"held-out pair {index}'s {side} side is {len(head) + len(ids)} tokens with its "
-                              f"prompt, more than the model's context of {context} tokens")
+                raise Refusal(
+                    f"held-out pair {index}'s {side} side is {len(head) + len(ids)} tokens with its "
+                    f"prompt, more than the model's context of {context} tokens"
+                )
         out.append((head + positive, head + negative))
         questions.append((head, pos[cut:].strip(), neg[cut:].strip()))
     return out, questions
@@ -286,33 +306,43 @@ def _opening(pair: tuple[list[int], list[int]]) -> tuple[list[int], list[int]]:
 
     positive, negative = pair
     shared = shared_prefix(positive, negative)
-    return positive[:shared + SCREEN_ANSWER_TOKENS], negative[:shared + SCREEN_ANSWER_TOKENS]
+    return positive[: shared + SCREEN_ANSWER_TOKENS], negative[: shared + SCREEN_ANSWER_TOKENS]
 
 
 def _identity(request: CalibrateRequest, fingerprint: str | None, digest: str) -> dict[str, Any]:
     fields = request.model_dump(mode="json", exclude={"resume", "output", "trials"})
-    return {**fields, "fingerprint": fingerprint, "neutral_sha256": digest, "ladder": list(LADDER),
-            "screen": [SCREEN_PROMPTS, SCREEN_PAIRS, SCREEN_ANSWER_TOKENS, CONTINUATION_TOKENS]}
+    return {
+        **fields,
+        "fingerprint": fingerprint,
+        "neutral_sha256": digest,
+        "ladder": list(LADDER),
+        "screen": [SCREEN_PROMPTS, SCREEN_PAIRS, SCREEN_ANSWER_TOKENS, CONTINUATION_TOKENS],
+    }
 
 
 def _open_study(path: Path, resume: bool, identity: dict[str, Any]) -> list[Trial]:
     exists = path.exists() or path.is_symlink()
     if not resume:
         if exists:
-            raise Refusal(f"a calibration study from an interrupted run is at {path}: give --resume to continue it, "
-                          f"or remove it to start over")
+            raise Refusal(
+                f"a calibration study from an interrupted run is at {path}: give --resume to continue it, "
+                f"or remove it to start over"
+            )
         return []
     if not exists:
-        raise Refusal(f"--resume found no calibration study at {path}, which is where a run with this --output "
-                      f"leaves one")
+        raise Refusal(
+            f"--resume found no calibration study at {path}, which is where a run with this --output leaves one"
+        )
     try:
         study = Study.model_validate(read_json(path, CALIBRATION_STUDY))
     except ValidationError as exc:
         raise Refusal(f"calibration study {path} is not in the expected shape: {first_error(exc)}") from None
     for key, value in identity.items():
         if study.identity.get(key) != value:
-            raise Refusal(f"calibration study {path} was started with {key} {study.identity.get(key)!r}, not "
-                          f"{value!r}; resume it with the same inputs, or remove it to start over")
+            raise Refusal(
+                f"calibration study {path} was started with {key} {study.identity.get(key)!r}, not "
+                f"{value!r}; resume it with the same inputs, or remove it to start over"
+            )
     return study.trials
 
 
@@ -348,57 +378,85 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
     screen_prompts = sorted(rng.sample(range(len(prompts)), min(SCREEN_PROMPTS, len(prompts))))
     screen_pairs = sorted(rng.sample(range(len(held)), min(SCREEN_PAIRS, len(held))))
     with adapted(ctx, model, adapter, checkpoint):
-        ctx.progress("calibrate", f"continuing {len(prompts)} neutral prompts unsteered, "
-                                  f"{CONTINUATION_TOKENS} tokens each")
-        continuations = greedy_continuations(model, neutral_ids, CONTINUATION_TOKENS, codec.eos_ids,
-                                             check_cancelled=ctx.check_cancelled)
+        ctx.progress(
+            "calibrate", f"continuing {len(prompts)} neutral prompts unsteered, {CONTINUATION_TOKENS} tokens each"
+        )
+        continuations = greedy_continuations(
+            model, neutral_ids, CONTINUATION_TOKENS, codec.eos_ids, check_cancelled=ctx.check_cancelled
+        )
         everything = calibration.Probes(list(zip(neutral_ids, continuations)), held_ids)
-        screen = calibration.Probes([everything.neutral[i] for i in screen_prompts],
-                                    [_opening(held_ids[i]) for i in screen_pairs])
+        screen = calibration.Probes(
+            [everything.neutral[i] for i in screen_prompts], [_opening(held_ids[i]) for i in screen_pairs]
+        )
         ladder = [0.0, *[m for m in LADDER], *[-m for m in LADDER]]
         if trials:
             ctx.log(f"resuming the study at {study} after {len(trials)} trials")
         try:
             while (candidate := plan_next(layers, trials, request.trials)) is not None:
                 span, method = candidate
-                ctx.progress("calibrate", f"trial {len(trials) + 1}: {method} at {_layers(span)}, "
-                                          f"{len(ladder) - 1} strengths in one batch", len(trials) + 1, request.trials)
+                ctx.progress(
+                    "calibrate",
+                    f"trial {len(trials) + 1}: {method} at {_layers(span)}, {len(ladder) - 1} strengths in one batch",
+                    len(trials) + 1,
+                    request.trials,
+                )
                 vectors = [directions.of(layer, method) for layer in span]
                 points = calibration.measure(model, vectors, ladder, screen, ctx.check_cancelled)
                 positive, negative, value = score(points, request.kl_budget)
-                trials.append(Trial(layers=span, method=method, points=points, positive=positive, negative=negative,
-                                    score=value))
+                trials.append(
+                    Trial(layers=span, method=method, points=points, positive=positive, negative=negative, score=value)
+                )
                 _save_study(study, Study(identity=identity, trials=trials))
-                ctx.log(f"trial {len(trials)}: {method} at {_layers(span)}: score {value:.3g}, strength "
-                        f"{_shown(positive)} / {_shown(negative)} at KL budget {request.kl_budget:g}")
+                ctx.log(
+                    f"trial {len(trials)}: {method} at {_layers(span)}: score {value:.3g}, strength "
+                    f"{_shown(positive)} / {_shown(negative)} at KL budget {request.kl_budget:g}"
+                )
         except Cancelled:
             _stopped(trials, study)
         best = max(trials, key=lambda t: _rank(t, trials))
         vectors = [directions.of(layer, best.method) for layer in best.layers]
         chosen = [0.0, *([best.positive] if best.positive else []), *([best.negative] if best.negative else [])]
-        ctx.progress("calibrate", f"measuring {best.method} at {_layers(best.layers)} on all {len(prompts)} neutral "
-                                  f"prompts and {len(held)} held-out pairs")
+        ctx.progress(
+            "calibrate",
+            f"measuring {best.method} at {_layers(best.layers)} on all {len(prompts)} neutral "
+            f"prompts and {len(held)} held-out pairs",
+        )
         try:
             final = calibration.measure(model, vectors, chosen, everything, ctx.check_cancelled)
-            for _ in range(BUDGET_TRIES):  # screened on a subset: where the whole set spends more, step back to the budget
+            for _ in range(
+                BUDGET_TRIES
+            ):  # screened on a subset: where the whole set spends more, step back to the budget
                 over = [p for p in final[1:] if p.kl > request.kl_budget]
                 if not over:
                     break
-                chosen = [0.0, *[p.strength * (math.sqrt(request.kl_budget / p.kl) * 0.97 if p in over else 1.0)
-                                 for p in final[1:]]]
+                chosen = [
+                    0.0,
+                    *[
+                        p.strength * (math.sqrt(request.kl_budget / p.kl) * 0.97 if p in over else 1.0)
+                        for p in final[1:]
+                    ],
+                ]
                 final = calibration.measure(model, vectors, chosen, everything, ctx.check_cancelled)
             chosen = [p.strength for p in final]
-            asked = [questions[i] for i in sorted(rng.sample(range(len(questions)),
-                                                             min(GENERATION_PROMPTS, len(questions))))]
+            asked = [
+                questions[i] for i in sorted(rng.sample(range(len(questions)), min(GENERATION_PROMPTS, len(questions))))
+            ]
             heads = [head for head, _, _ in asked]
             by_strength: dict[float, list[list[int]]] = {s: [] for s in chosen}
             scales = [{v.layer: s * calibration.unit_of(v) for v in vectors} for s in chosen]
             for ids in heads:
                 ctx.check_cancelled()
-                generations = steered_rows_decode(model, ids, {v.layer: v.vector for v in vectors}, scales,
-                                                  max_new_tokens=FLUENCY_TOKENS, sampling=Sampling(0.0, None, 0),
-                                                  eos_ids=codec.eos_ids, on_token=lambda *a: None,
-                                                  check_cancelled=ctx.check_cancelled)
+                generations = steered_rows_decode(
+                    model,
+                    ids,
+                    {v.layer: v.vector for v in vectors},
+                    scales,
+                    max_new_tokens=FLUENCY_TOKENS,
+                    sampling=Sampling(0.0, None, 0),
+                    eos_ids=codec.eos_ids,
+                    on_token=lambda *a: None,
+                    check_cancelled=ctx.check_cancelled,
+                )
                 for s, generation in zip(chosen, generations):
                     by_strength[s].append(generation.ids)
             ratios = calibration.fluency(model, heads, by_strength) if heads else {}
@@ -411,18 +469,22 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
         from ster.engine.steering.judge import judge_texts
 
         judge_model = model_store(ctx).decoder(judge_checkpoint, ctx)
-        ctx.progress("judge", f"asking {judge_checkpoint.source.model} whether each answer is "
-                              f"{pair_set.trait_name or 'the trait'}")
+        ctx.progress(
+            "judge",
+            f"asking {judge_checkpoint.source.model} whether each answer is {pair_set.trait_name or 'the trait'}",
+        )
         try:
             for s, answers in texts.items():
                 ctx.check_cancelled()
                 scores = judge_texts(judge_model, judge_checkpoint.codec, answers, pair_set.trait_name, question)
                 judged[s] = sum(scores) / len(scores)
             known = questions[:JUDGE_CHECK_PAIRS]
-            judged_positive = judge_texts(judge_model, judge_checkpoint.codec, [p for _, p, _ in known],
-                                          pair_set.trait_name, question)
-            judged_negative = judge_texts(judge_model, judge_checkpoint.codec, [n for _, _, n in known],
-                                          pair_set.trait_name, question)
+            judged_positive = judge_texts(
+                judge_model, judge_checkpoint.codec, [p for _, p, _ in known], pair_set.trait_name, question
+            )
+            judged_negative = judge_texts(
+                judge_model, judge_checkpoint.codec, [n for _, _, n in known], pair_set.trait_name, question
+            )
             agreement = sum(a > b for a, b in zip(judged_positive, judged_negative)) / len(known)
         except Cancelled:
             _stopped(trials, study)
@@ -431,34 +493,63 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
     def side(point: Point | None) -> Side | None:
         if point is None:
             return None
-        return Side(strength=point.strength, kl=point.kl, kl_first=point.kl_first, behaviour=point.behaviour,
-                    behaviour_shift=point.behaviour - base.behaviour, preferred=point.preferred,
-                    probability=point.probability, fluency=ratios.get(point.strength),
-                    judge=judged.get(point.strength), example=_first(texts.get(point.strength)))
+        return Side(
+            strength=point.strength,
+            kl=point.kl,
+            kl_first=point.kl_first,
+            behaviour=point.behaviour,
+            behaviour_shift=point.behaviour - base.behaviour,
+            preferred=point.preferred,
+            probability=point.probability,
+            fluency=ratios.get(point.strength),
+            judge=judged.get(point.strength),
+            example=_first(texts.get(point.strength)),
+        )
 
     positive_point = next((p for p in final if p.strength > 0), None)
     negative_point = next((p for p in final if p.strength < 0), None)
-    record = Calibration(kl_budget=request.kl_budget, unit="spread" if all(v.activation_spread for v in vectors)
-                         else "norm", neutral=bundled_name(request.neutral or example_path(NEUTRAL)), neutral_sha256=digest,
-                         neutral_prompts=len(prompts), continuation_tokens=CONTINUATION_TOKENS,
-                         holdout_pairs=len(held), fit_pairs=len(fit), seed=request.seed, baseline=base,
-                         positive=side(positive_point), negative=side(negative_point), trials=trials,
-                         baseline_judge=judged.get(0.0), baseline_example=_first(texts.get(0.0)),
-                         judge=judge_checkpoint.source.model if judge_checkpoint and question else None,
-                         judge_question=question if judge_checkpoint else None, judge_agreement=agreement,
-                         generation_prompts=len(asked))
+    record = Calibration(
+        kl_budget=request.kl_budget,
+        unit="spread" if all(v.activation_spread for v in vectors) else "norm",
+        neutral=bundled_name(request.neutral or example_path(NEUTRAL)),
+        neutral_sha256=digest,
+        neutral_prompts=len(prompts),
+        continuation_tokens=CONTINUATION_TOKENS,
+        holdout_pairs=len(held),
+        fit_pairs=len(fit),
+        seed=request.seed,
+        baseline=base,
+        positive=side(positive_point),
+        negative=side(negative_point),
+        trials=trials,
+        baseline_judge=judged.get(0.0),
+        baseline_example=_first(texts.get(0.0)),
+        judge=judge_checkpoint.source.model if judge_checkpoint and question else None,
+        judge_question=question if judge_checkpoint else None,
+        judge_agreement=agreement,
+        generation_prompts=len(asked),
+    )
     _report(ctx, record, best)
     front = pareto(trials)
     _report_front(ctx, front)
     artifact = SteeringArtifact(
-        model=checkpoint.source.model, model_revision=checkpoint.source.revision,
-        model_fingerprint=checkpoint.fingerprint, trait_name=pair_set.trait_name, method=best.method,
-        hidden_size=checkpoint.config.hidden_size, precision=checkpoint.request.precision,
-        chat_template=codec.decision, adapter=str(adapter.path) if adapter else None,
-        metadata={"selection": f"calibrated over {len(trials)} trials within a mean KL of {request.kl_budget:g} on "
-                               f"{len(prompts)} neutral prompts, behaviour measured on {len(held)} held-out pairs"},
-        vectors=vectors, calibration=record, strength_unit="spread" if all(v.activation_spread for v in vectors)
-        else None)
+        model=checkpoint.source.model,
+        model_revision=checkpoint.source.revision,
+        model_fingerprint=checkpoint.fingerprint,
+        trait_name=pair_set.trait_name,
+        method=best.method,
+        hidden_size=checkpoint.config.hidden_size,
+        precision=checkpoint.request.precision,
+        chat_template=codec.decision,
+        adapter=str(adapter.path) if adapter else None,
+        metadata={
+            "selection": f"calibrated over {len(trials)} trials within a mean KL of {request.kl_budget:g} on "
+            f"{len(prompts)} neutral prompts, behaviour measured on {len(held)} held-out pairs"
+        },
+        vectors=vectors,
+        calibration=record,
+        strength_unit="spread" if all(v.activation_spread for v in vectors) else None,
+    )
     ctx.check_cancelled()
     save_artifact(request.output, artifact)
     study.unlink(missing_ok=True)
@@ -471,16 +562,19 @@ def _judge(ctx: JobContext, request: CalibrateRequest, checkpoint: Any, trait: s
         return None, None
     if request.judge is None:
         if checkpoint.codec.decision != "applied":
-            ctx.log("no judge: this model has no chat template, so it is not asked about its own answers; give "
-                    "--judge MODEL to name an instruct model")
+            ctx.log(
+                "no judge: this model has no chat template, so it is not asked about its own answers; give "
+                "--judge MODEL to name an instruct model"
+            )
             return None, None
         question = question_for(trait, request.judge_question)
         return checkpoint, question
     question = question_for(trait, request.judge_question)
     from ster.engine.model.requests import ModelRequest
 
-    judged = model_store(ctx).open(ModelRequest(model=request.judge, precision=request.precision,
-                                                device=request.device), ctx)
+    judged = model_store(ctx).open(
+        ModelRequest(model=request.judge, precision=request.precision, device=request.device), ctx
+    )
     if judged.codec.decision != "applied":
         ctx.warn(f"judge {request.judge} has no chat template, so its question is asked as raw text")
     return judged, question
@@ -500,22 +594,28 @@ def _save_study(path: Path, study: Study) -> None:
 def _stopped(trials: list[Trial], study: Path) -> None:
     """Re-raise a cancellation, naming the study when trials are saved in it."""
     if trials:
-        raise Cancelled(f"cancelled after trial {len(trials)}; the study at {study} continues it when the same "
-                        f"command is given with --resume") from None
+        raise Cancelled(
+            f"cancelled after trial {len(trials)}; the study at {study} continues it when the same "
+            f"command is given with --resume"
+        ) from None
     raise Cancelled()
 
 
 def _report(ctx: JobContext, record: Calibration, best: Trial) -> None:
-    ctx.log(f"chosen: {best.method} at {_layers(best.layers)}; unsteered behaviour {record.baseline.behaviour:+.3f} "
-            f"(positive side preferred on {record.baseline.preferred:.0%} of {record.holdout_pairs} held-out pairs)")
+    ctx.log(
+        f"chosen: {best.method} at {_layers(best.layers)}; unsteered behaviour {record.baseline.behaviour:+.3f} "
+        f"(positive side preferred on {record.baseline.preferred:.0%} of {record.holdout_pairs} held-out pairs)"
+    )
     ctx.log("| sign | strength | KL (mean) | KL (first token) | behaviour | moved | preferred | fluency |")
     for name, side in (("+", record.positive), ("-", record.negative)):
         if side is None:
             ctx.log(f"| {name} | none moves behaviour its way within the budget | | | | | | |")
             continue
         fluency = "-" if side.fluency is None else f"{side.fluency:.2f}"
-        ctx.log(f"| {name} | {side.strength:+.3g}x | {side.kl:.3f} | {side.kl_first:.3f} | {side.behaviour:+.3f} | "
-                f"{side.behaviour_shift:+.3f} | {side.preferred:.0%} | {fluency} |")
+        ctx.log(
+            f"| {name} | {side.strength:+.3g}x | {side.kl:.3f} | {side.kl_first:.3f} | {side.behaviour:+.3f} | "
+            f"{side.behaviour_shift:+.3f} | {side.preferred:.0%} | {fluency} |"
+        )
 
 
 def _report_front(ctx: JobContext, front: list[FrontPoint]) -> None:
@@ -523,8 +623,10 @@ def _report_front(ctx: JobContext, front: list[FrontPoint]) -> None:
     ctx.log("| sign | candidate | strength | KL (mean) | behaviour moved |")
     for point in front:
         sign = "+" if point.strength > 0 else "-"
-        ctx.log(f"| {sign} | {point.method} at {_layers(point.layers)} | {point.strength:+.3g}x | {point.kl:.3f} | "
-                f"{point.behaviour_shift:+.3f} |")
+        ctx.log(
+            f"| {sign} | {point.method} at {_layers(point.layers)} | {point.strength:+.3g}x | {point.kl:.3f} | "
+            f"{point.behaviour_shift:+.3f} |"
+        )
 
 
 def _layers(span: list[int]) -> str:

@@ -31,8 +31,9 @@ class Probes:
 class Directions:
     """Per (layer, method), the direction fitted on the fitting pairs' states, fitted once and kept."""
 
-    def __init__(self, layers: list[int], positives: Tensor, negatives: Tensor,
-                 spreads: dict[int, float | None]) -> None:
+    def __init__(
+        self, layers: list[int], positives: Tensor, negatives: Tensor, spreads: dict[int, float | None]
+    ) -> None:
         self.columns = {layer: column for column, layer in enumerate(layers)}
         self.positives, self.negatives, self.spreads = positives, negatives, spreads
         self.fitted: dict[tuple[int, str], LayerVector] = {}
@@ -41,13 +42,19 @@ class Directions:
         key = (layer, method)
         if key not in self.fitted:
             column = self.columns[layer]
-            self.fitted[key] = layer_vector(layer, method, self.positives[:, column], self.negatives[:, column],
-                                            self.spreads[layer])
+            self.fitted[key] = layer_vector(
+                layer, method, self.positives[:, column], self.negatives[:, column], self.spreads[layer]
+            )
         return self.fitted[key]
 
 
-def measure(model: Decoder, vectors: list[LayerVector], strengths: list[float], probes: Probes,
-            check_cancelled: Callable[[], None]) -> list[Point]:
+def measure(
+    model: Decoder,
+    vectors: list[LayerVector],
+    strengths: list[float],
+    probes: Probes,
+    check_cancelled: Callable[[], None],
+) -> list[Point]:
     """Each strength (a multiple of each layer's spread, else of its norm, signed; 0 allowed) measured as one row of
     every forward: mean KL over the neutral prompts (over the continuation and at its first position) and
     behaviour over the pairs."""
@@ -56,8 +63,14 @@ def measure(model: Decoder, vectors: list[LayerVector], strengths: list[float], 
     return measure_scales(model, directions, scales, strengths, probes, check_cancelled)
 
 
-def measure_scales(model: Decoder, directions: dict[int, list[float]], scales: list[dict[int, float]],
-                   strengths: list[float], probes: Probes, check_cancelled: Callable[[], None]) -> list[Point]:
+def measure_scales(
+    model: Decoder,
+    directions: dict[int, list[float]],
+    scales: list[dict[int, float]],
+    strengths: list[float],
+    probes: Probes,
+    check_cancelled: Callable[[], None],
+) -> list[Point]:
     """:func:`measure` with each row's scale per layer given (in the residual stream's units), ``strengths``
     naming the rows; row 0 is unsteered."""
     rows = Rows.of(model, directions, scales)
@@ -72,10 +85,17 @@ def measure_scales(model: Decoder, directions: dict[int, list[float]], scales: l
         for row, gap in enumerate(pair):
             gaps[row].append(gap)
     n = max(len(probes.neutral), 1)
-    return [Point(strength=s, kl=kl[i] / n, kl_first=first[i] / n, behaviour=_mean(gaps[i]),
-                  preferred=sum(g > 0 for g in gaps[i]) / max(len(gaps[i]), 1),
-                  probability=_mean([_sigmoid(g) for g in gaps[i]]))
-            for i, s in enumerate(strengths)]
+    return [
+        Point(
+            strength=s,
+            kl=kl[i] / n,
+            kl_first=first[i] / n,
+            behaviour=_mean(gaps[i]),
+            preferred=sum(g > 0 for g in gaps[i]) / max(len(gaps[i]), 1),
+            probability=_mean([_sigmoid(g) for g in gaps[i]]),
+        )
+        for i, s in enumerate(strengths)
+    ]
 
 
 def unit_of(vector: LayerVector) -> float:
@@ -86,6 +106,7 @@ def unit_of(vector: LayerVector) -> float:
 def fluency(model: Decoder, prompts: list[list[int]], texts: dict[float, list[list[int]]]) -> dict[float, float | None]:
     """Per strength, the unsteered model's perplexity of its texts (token-weighted over the prompts) over that of
     the strength-0 texts; None where a strength's texts are all empty."""
+
     def nll(generated: list[list[int]]) -> float | None:
         total = count = 0.0
         for prompt, text in zip(prompts, generated):

@@ -35,8 +35,10 @@ from ster.engine.steering.requests import EvaluateRequest, OptimizeRequest, Trai
 if TYPE_CHECKING:
     from ster.engine.steering.directions import Method
 
-ONE_PAIR_HOLDOUT = ("a one-pair holdout scores every candidate 0 or 1, so this ranking separates almost nothing; "
-                    "add pairs to make the choice mean something")
+ONE_PAIR_HOLDOUT = (
+    "a one-pair holdout scores every candidate 0 or 1, so this ranking separates almost nothing; "
+    "add pairs to make the choice mean something"
+)
 
 
 def _encode(checkpoint: Checkpoint, pair_set: PairSet) -> list[tuple[list[int], list[int]]]:
@@ -44,14 +46,28 @@ def _encode(checkpoint: Checkpoint, pair_set: PairSet) -> list[tuple[list[int], 
     return encode_pairs(checkpoint.codec, [(p.positive, p.negative) for p in pair_set.pairs], checkpoint.context)
 
 
-def _artifact(checkpoint: Checkpoint, pair_set: PairSet, method: Method, vectors: list[LayerVector],
-              adapter: CheckedAdapter | None, metadata: dict[str, str] | None = None) -> SteeringArtifact:
-    return SteeringArtifact(model=checkpoint.source.model, model_revision=checkpoint.source.revision,
-                            model_fingerprint=checkpoint.fingerprint,
-                            trait_name=pair_set.trait_name, method=method, hidden_size=checkpoint.config.hidden_size,
-                            precision=checkpoint.request.precision, chat_template=checkpoint.codec.decision,
-                            adapter=str(adapter.path) if adapter else None, metadata=metadata or {}, vectors=vectors,
-                            strength_unit="spread" if all(v.activation_spread for v in vectors) else "norm")
+def _artifact(
+    checkpoint: Checkpoint,
+    pair_set: PairSet,
+    method: Method,
+    vectors: list[LayerVector],
+    adapter: CheckedAdapter | None,
+    metadata: dict[str, str] | None = None,
+) -> SteeringArtifact:
+    return SteeringArtifact(
+        model=checkpoint.source.model,
+        model_revision=checkpoint.source.revision,
+        model_fingerprint=checkpoint.fingerprint,
+        trait_name=pair_set.trait_name,
+        method=method,
+        hidden_size=checkpoint.config.hidden_size,
+        precision=checkpoint.request.precision,
+        chat_template=checkpoint.codec.decision,
+        adapter=str(adapter.path) if adapter else None,
+        metadata=metadata or {},
+        vectors=vectors,
+        strength_unit="spread" if all(v.activation_spread for v in vectors) else "norm",
+    )
 
 
 def train_job(request: TrainRequest, ctx: JobContext) -> ArtifactSummary:
@@ -70,8 +86,9 @@ def train_job(request: TrainRequest, ctx: JobContext) -> ArtifactSummary:
     for column, layer in enumerate(layers):
         ctx.check_cancelled()
         ctx.progress("fit", f"fitting {request.method} at layer {layer}", column + 1, len(layers))
-        vectors.append(fitting.layer_vector(layer, request.method, positives[:, column], negatives[:, column],
-                                            spreads[layer]))
+        vectors.append(
+            fitting.layer_vector(layer, request.method, positives[:, column], negatives[:, column], spreads[layer])
+        )
     artifact = _artifact(checkpoint, pair_set, request.method, vectors, adapter)
     ctx.check_cancelled()
     save_artifact(request.output, artifact)
@@ -113,8 +130,9 @@ def optimize_job(request: OptimizeRequest, ctx: JobContext) -> OptimizeResult:
     path, pair_set = load_pairs_or_active(request.pairs)
     total = len(pair_set.pairs)
     if total < 4:
-        raise Refusal(f"optimize needs at least 4 pairs, so that some are held out to rank on; "
-                      f"pair set {path} has {total}")
+        raise Refusal(
+            f"optimize needs at least 4 pairs, so that some are held out to rank on; pair set {path} has {total}"
+        )
     check_output_file(request.output, ARTIFACT, ctx.log)
     checkpoint = model_store(ctx).open(request, ctx)
     layers = LayerSpec.parse(request.layers).resolve(checkpoint.config.num_hidden_layers)
@@ -128,16 +146,20 @@ def optimize_job(request: OptimizeRequest, ctx: JobContext) -> OptimizeResult:
 
     spread = fitting.Spread(layers, checkpoint.config.hidden_size)
     positives, negatives = fitting.read_pairs(ctx, checkpoint, encoded, layers, request.batch_size, adapter, spread)
-    candidates = [Candidate(**numbers, selected=False)
-                  for numbers in fitting.rank(ctx, layers, positives, negatives, fit_count)]
+    candidates = [
+        Candidate(**numbers, selected=False) for numbers in fitting.rank(ctx, layers, positives, negatives, fit_count)
+    ]
     best = max(range(len(candidates)), key=lambda i: _rank_key(candidates[i], i))
     winner = candidates[best] = candidates[best].model_copy(update={"selected": True})
     column = layers.index(winner.layer)
     ctx.progress("fit", f"refitting {winner.method} at layer {winner.layer} on all {total} pairs")
-    vector = fitting.layer_vector(winner.layer, winner.method, positives[:, column], negatives[:, column],
-                                  spread.values()[winner.layer])
-    sentence = (f"chosen over {len(candidates)} candidates on a {total - fit_count}-pair holdout, "
-                f"then refitted on all {total} pairs")
+    vector = fitting.layer_vector(
+        winner.layer, winner.method, positives[:, column], negatives[:, column], spread.values()[winner.layer]
+    )
+    sentence = (
+        f"chosen over {len(candidates)} candidates on a {total - fit_count}-pair holdout, "
+        f"then refitted on all {total} pairs"
+    )
     artifact = _artifact(checkpoint, pair_set, winner.method, [vector], adapter, {"selection": sentence})
     ctx.check_cancelled()
     save_artifact(request.output, artifact)
@@ -156,8 +178,12 @@ def _rank_key(candidate: Candidate, index: int) -> tuple[float, float, float, in
     norm is scale-free too, but it favours layers whose norm is small for reasons unrelated to the trait (the
     toy's layer 0, where a push breaks the text)."""
     separation = candidate.holdout_separation
-    return (candidate.holdout_accuracy, -math.inf if separation is None else separation,
-            candidate.relative_margin, -index)
+    return (
+        candidate.holdout_accuracy,
+        -math.inf if separation is None else separation,
+        candidate.relative_margin,
+        -index,
+    )
 
 
 class LayerScore(BaseModel):
@@ -190,9 +216,18 @@ def evaluate_job(request: EvaluateRequest, ctx: JobContext) -> EvaluateResult:
     from ster.engine.steering import fitting  # torch, once every input has been checked
 
     positives, negatives = fitting.read_pairs(ctx, checkpoint, encoded, layers, request.batch_size, adapter)
-    scores = [LayerScore(layer=layer, accuracy=accuracy, margin=margin)
-              for layer, accuracy, margin in fitting.layer_scores(vectors, positives, negatives)]
-    return EvaluateResult(model=checkpoint.source.model, model_revision=checkpoint.source.revision,
-                          trait_name=artifact.trait_name, method=artifact.method, pair_count=len(pair_set.pairs),
-                          chat_template=checkpoint.codec.decision, precision=request.precision,
-                          adapter=str(request.adapter) if adapter else None, layers=scores)
+    scores = [
+        LayerScore(layer=layer, accuracy=accuracy, margin=margin)
+        for layer, accuracy, margin in fitting.layer_scores(vectors, positives, negatives)
+    ]
+    return EvaluateResult(
+        model=checkpoint.source.model,
+        model_revision=checkpoint.source.revision,
+        trait_name=artifact.trait_name,
+        method=artifact.method,
+        pair_count=len(pair_set.pairs),
+        chat_template=checkpoint.codec.decision,
+        precision=request.precision,
+        adapter=str(request.adapter) if adapter else None,
+        layers=scores,
+    )

@@ -70,18 +70,24 @@ def _check_signal(method: Method, diffs: Tensor, scale: float) -> None:
     floor = NO_SIGNAL * scale
     largest = float(diffs.norm(dim=1).max())
     if largest <= floor:
-        raise Refusal(f"{method} finds no direction: every pair's two sides read the same (the largest "
-                      f"difference is {largest:.3g}, against states of norm {scale:.3g})")
+        raise Refusal(
+            f"{method} finds no direction: every pair's two sides read the same (the largest "
+            f"difference is {largest:.3g}, against states of norm {scale:.3g})"
+        )
     mean = diffs.mean(0)
     if method == "pca" and diffs.shape[0] >= 2:
         spread = float((diffs - mean).norm(dim=1).max())
         if spread <= floor:
-            raise Refusal(f"pca finds no direction: the pairs' differences do not vary (each lies within "
-                          f"{spread:.3g} of their mean, against states of norm {scale:.3g}), so every direction "
-                          f"explains them equally; remove duplicate pairs (pairs inspect finds them) or use caa")
+            raise Refusal(
+                f"pca finds no direction: the pairs' differences do not vary (each lies within "
+                f"{spread:.3g} of their mean, against states of norm {scale:.3g}), so every direction "
+                f"explains them equally; remove duplicate pairs (pairs inspect finds them) or use caa"
+            )
     if method == "caa" and float(mean.norm()) <= floor:
-        raise Refusal(f"caa finds no direction: the pairs' differences cancel out (their mean has norm "
-                      f"{float(mean.norm()):.3g}, against states of norm {scale:.3g})")
+        raise Refusal(
+            f"caa finds no direction: the pairs' differences cancel out (their mean has norm "
+            f"{float(mean.norm()):.3g}, against states of norm {scale:.3g})"
+        )
 
 
 def _pca(diffs: Tensor) -> Tensor:
@@ -100,8 +106,15 @@ def _logistic(pos: Tensor, neg: Tensor) -> Tensor:
     scaled = centred / centred.norm(dim=1).mean().clamp_min(1e-12)
     weights = torch.zeros(states.shape[1], dtype=torch.float64, requires_grad=True)
     bias = torch.zeros((), dtype=torch.float64, requires_grad=True)
-    optimizer = torch.optim.LBFGS([weights, bias], lr=1, max_iter=500, tolerance_grad=1e-10,
-                                  tolerance_change=1e-14, history_size=20, line_search_fn="strong_wolfe")
+    optimizer = torch.optim.LBFGS(
+        [weights, bias],
+        lr=1,
+        max_iter=500,
+        tolerance_grad=1e-10,
+        tolerance_change=1e-14,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+    )
 
     def loss() -> Tensor:
         optimizer.zero_grad()

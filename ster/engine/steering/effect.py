@@ -27,9 +27,38 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-_T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-          2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-          2.045, 2.042)
+_T_975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 """Student's t at 0.975 for 1..30 degrees of freedom."""
 
 
@@ -53,12 +82,14 @@ class Effect:
     distinguishable: bool
 
 
-def paired(steered: Sequence[float | None], baseline: Sequence[float | None],
-           unchanged: Sequence[bool]) -> list[float | None]:
+def paired(
+    steered: Sequence[float | None], baseline: Sequence[float | None], unchanged: Sequence[bool]
+) -> list[float | None]:
     """Per prompt, steered reading minus baseline reading; exactly 0 where the text's tokens did not change
     (so read-out rounding cannot pass for an effect), null where either text is empty."""
-    return [0.0 if same else None if s is None or b is None else s - b
-            for s, b, same in zip(steered, baseline, unchanged)]
+    return [
+        0.0 if same else None if s is None or b is None else s - b for s, b, same in zip(steered, baseline, unchanged)
+    ]
 
 
 def judge(effects: Sequence[float | None]) -> Effect:
@@ -105,15 +136,21 @@ def stillness(rows: Sequence[Judged], prompts: int) -> str | None:
     if any(r.distinguishable for r in steered):
         return None
     if prompts < 2:
-        return ("no strength can be told apart from 0 on one prompt, which gives the effect no noise to be "
-                "judged against, so none is suggested; sweep two or more prompts (five or more for a useful test)")
+        return (
+            "no strength can be told apart from 0 on one prompt, which gives the effect no noise to be "
+            "judged against, so none is suggested; sweep two or more prompts (five or more for a useful test)"
+        )
     measured = [r for r in steered if r.effect is not None]
     if not measured:
         return "no strength moved the text: every steered text is empty"
     top = max(measured, key=lambda r: abs(r.effect or 0.0))
     if not top.effect:
-        return (f"no strength moved the text: at every strength all {prompts} texts are the same as unsteered; "
-                f"try larger strengths")
-    return (f"no strength moved the text distinguishably from its noise: the largest effect, {top.effect:+.3g} at "
-            f"{top.label}, is within {top.threshold or 0.0:.3g} of 0 over {prompts} prompts; try larger strengths, "
-            f"more prompts, or another layer")
+        return (
+            f"no strength moved the text: at every strength all {prompts} texts are the same as unsteered; "
+            f"try larger strengths"
+        )
+    return (
+        f"no strength moved the text distinguishably from its noise: the largest effect, {top.effect:+.3g} at "
+        f"{top.label}, is within {top.threshold or 0.0:.3g} of 0 over {prompts} prompts; try larger strengths, "
+        f"more prompts, or another layer"
+    )

@@ -83,8 +83,10 @@ class ActivationDocument(BaseModel):
         for record in self.records:
             for layer, values in record.layers.items():
                 if len(values) != self.hidden_size:
-                    raise ValueError(f"the state at layer {layer} for prompt {record.prompt!r} has {len(values)} "
-                                     f"values, but hidden_size is {self.hidden_size}")
+                    raise ValueError(
+                        f"the state at layer {layer} for prompt {record.prompt!r} has {len(values)} "
+                        f"values, but hidden_size is {self.hidden_size}"
+                    )
                 if not all(math.isfinite(v) for v in values):
                     raise ValueError(f"the state at layer {layer} for prompt {record.prompt!r} is not finite")
         return self
@@ -120,24 +122,44 @@ def extract_job(request: ExtractRequest, ctx: JobContext) -> ExtractResult:
         ctx.progress("read", f"reading prompt {done}/{total}", done, total)
 
     with adapted(ctx, decoder, adapter, checkpoint):
-        states = read_last_states(decoder, sequences, layers, batch_size=request.batch_size,
-                                  on_batch=on_batch, check_cancelled=ctx.check_cancelled).numpy()
+        states = read_last_states(
+            decoder,
+            sequences,
+            layers,
+            batch_size=request.batch_size,
+            on_batch=on_batch,
+            check_cancelled=ctx.check_cancelled,
+        ).numpy()
     records = [
-        ExtractRecord(prompt=prompt, tokens=len(ids),
-                      layers={str(layer): f32_values(states[i, j]) for j, layer in enumerate(layers)})
+        ExtractRecord(
+            prompt=prompt,
+            tokens=len(ids),
+            layers={str(layer): f32_values(states[i, j]) for j, layer in enumerate(layers)},
+        )
         for i, (prompt, ids) in enumerate(zip(prompts, sequences))
     ]
     ctx.check_cancelled()
     try:
-        document = ActivationDocument(model=checkpoint.source.model, model_revision=checkpoint.source.revision,
-                                      hidden_size=checkpoint.config.hidden_size, precision=request.precision,
-                                      chat_template=checkpoint.chat_template,
-                                      adapter=str(request.adapter) if adapter else None, records=records)
+        document = ActivationDocument(
+            model=checkpoint.source.model,
+            model_revision=checkpoint.source.revision,
+            hidden_size=checkpoint.config.hidden_size,
+            precision=request.precision,
+            chat_template=checkpoint.chat_template,
+            adapter=str(request.adapter) if adapter else None,
+            records=records,
+        )
     except ValidationError as exc:
         raise Refusal(f"nothing was written: {first_error(exc)}") from None
     write_json(request.output, document)
-    return ExtractResult(output=str(request.output), model=document.model, model_revision=document.model_revision,
-                         prompts=len(records), layers=layers, hidden_size=document.hidden_size,
-                         precision=request.precision, chat_template=document.chat_template,
-                         adapter=document.adapter)
-
+    return ExtractResult(
+        output=str(request.output),
+        model=document.model,
+        model_revision=document.model_revision,
+        prompts=len(records),
+        layers=layers,
+        hidden_size=document.hidden_size,
+        precision=request.precision,
+        chat_template=document.chat_template,
+        adapter=document.adapter,
+    )

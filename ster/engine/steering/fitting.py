@@ -24,9 +24,15 @@ from ster.engine.steering.directions import METHODS, Method, fit, mean_norm, sco
 from ster.engine.steering.floats import f32_values
 
 
-def read_pairs(ctx: JobContext, checkpoint: Checkpoint, encoded: list[tuple[list[int], list[int]]],
-               layers: list[int], batch_size: int, adapter: CheckedAdapter | None = None,
-               spread: Spread | None = None) -> tuple[Tensor, Tensor]:
+def read_pairs(
+    ctx: JobContext,
+    checkpoint: Checkpoint,
+    encoded: list[tuple[list[int], list[int]]],
+    layers: list[int],
+    batch_size: int,
+    adapter: CheckedAdapter | None = None,
+    spread: Spread | None = None,
+) -> tuple[Tensor, Tensor]:
     """Positive and negative states [N, len(layers), D] of every encoded pair, read through ``adapter`` if given;
     with ``spread``, every position's state goes into its sums too."""
     decoder = model_store(ctx).decoder(checkpoint, ctx)
@@ -35,19 +41,32 @@ def read_pairs(ctx: JobContext, checkpoint: Checkpoint, encoded: list[tuple[list
         ctx.progress("read", f"reading pair {done}/{total}", done, total)
 
     with adapted(ctx, decoder, adapter, checkpoint):
-        return read_pair_states(decoder, encoded, layers, batch_size=batch_size, on_batch=on_batch,
-                                check_cancelled=ctx.check_cancelled, spread=spread)
+        return read_pair_states(
+            decoder,
+            encoded,
+            layers,
+            batch_size=batch_size,
+            on_batch=on_batch,
+            check_cancelled=ctx.check_cancelled,
+            spread=spread,
+        )
 
 
-def layer_vector(layer: int, method: Method, positives: Tensor, negatives: Tensor,
-                 spread: float | None = None) -> LayerVector:
+def layer_vector(
+    layer: int, method: Method, positives: Tensor, negatives: Tensor, spread: float | None = None
+) -> LayerVector:
     """Fit one layer's direction on [N, D] states and score it on the same pairs; ``spread`` is the layer's
     RMS spread over every position of the fitting texts, when it was measured."""
     direction = fit(method, positives, negatives)
     scores = score(direction, positives, negatives)
-    return LayerVector(layer=layer, vector=f32_values(direction.numpy()), train_accuracy=scores.accuracy,
-                       train_margin=scores.margin, activation_norm=mean_norm(positives, negatives),
-                       activation_spread=spread)
+    return LayerVector(
+        layer=layer,
+        vector=f32_values(direction.numpy()),
+        train_accuracy=scores.accuracy,
+        train_margin=scores.margin,
+        activation_norm=mean_norm(positives, negatives),
+        activation_spread=spread,
+    )
 
 
 def separation(direction: Tensor, positives: Tensor, negatives: Tensor, margin: float) -> float | None:
@@ -85,15 +104,22 @@ def rank(ctx: JobContext, layers: list[int], positives: Tensor, negatives: Tenso
         for method in METHODS:
             direction = fit(method, fit_pos, fit_neg)
             scores = score(direction, held_pos, held_neg)
-            candidates.append({"layer": layer, "method": method, "holdout_accuracy": scores.accuracy,
-                               "holdout_margin": scores.margin,
-                               "holdout_separation": separation(direction, held_pos, held_neg, scores.margin),
-                               "relative_margin": scores.margin / norm})
+            candidates.append(
+                {
+                    "layer": layer,
+                    "method": method,
+                    "holdout_accuracy": scores.accuracy,
+                    "holdout_margin": scores.margin,
+                    "holdout_separation": separation(direction, held_pos, held_neg, scores.margin),
+                    "relative_margin": scores.margin / norm,
+                }
+            )
     return candidates
 
 
-
-def layer_scores(vectors: dict[int, list[float]], positives: Tensor, negatives: Tensor) -> list[tuple[int, float, float]]:
+def layer_scores(
+    vectors: dict[int, list[float]], positives: Tensor, negatives: Tensor
+) -> list[tuple[int, float, float]]:
     """(layer, accuracy, margin) of each layer's direction on the pairs' states, layers ascending."""
     scored = []
     for column, layer in enumerate(sorted(vectors)):

@@ -64,7 +64,9 @@ def scales_for(artifact: SteeringArtifact, strength: Strength, ctx: JobContext |
     units = artifact.unit_scales()
     norms = {v.layer: v.activation_norm for v in artifact.vectors}
     absolute = strength.per_layer(units, artifact.unit)
-    scales = Scales(absolute=absolute, relative={layer: absolute[layer] / norm for layer, norm in norms.items() if norm})
+    scales = Scales(
+        absolute=absolute, relative={layer: absolute[layer] / norm for layer, norm in norms.items() if norm}
+    )
     warning = excess_warning(strength, scales.relative, norms)
     if ctx is not None and warning:
         ctx.warn(warning)
@@ -83,9 +85,11 @@ def given_strength(request: GenerateRequest, ctx: JobContext, artifact: Steering
     if calibrated is not None and artifact is not None and artifact.calibration is not None:
         side = artifact.calibration.positive
         assert side is not None
-        ctx.log(f"steering at the artifact's calibrated strength {calibrated}: mean KL {side.kl:.3g} from the "
-                f"unsteered model on {artifact.calibration.neutral_prompts} neutral prompts, within its budget of "
-                f"{artifact.calibration.kl_budget:g}")
+        ctx.log(
+            f"steering at the artifact's calibrated strength {calibrated}: mean KL {side.kl:.3g} from the "
+            f"unsteered model on {artifact.calibration.neutral_prompts} neutral prompts, within its budget of "
+            f"{artifact.calibration.kl_budget:g}"
+        )
         return calibrated
     return Strength.model_validate(DEFAULT_STRENGTH)
 
@@ -106,8 +110,9 @@ def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
     adapter = check_adapter(ctx, request.adapter, checkpoint)
     codec = checkpoint.codec
     prompt_ids = encode_within(codec, request.prompt, checkpoint.context, "the prompt")
-    max_new_tokens = generation_budget(len(prompt_ids), request.max_new_tokens, request.default_max_new_tokens,
-                                       checkpoint.context, ctx.log)
+    max_new_tokens = generation_budget(
+        len(prompt_ids), request.max_new_tokens, request.default_max_new_tokens, checkpoint.context, ctx.log
+    )
     from ster.engine.steering.runs import steered_decode  # torch, once every input has been checked
 
     decoder = model_store(ctx).decoder(checkpoint, ctx)
@@ -120,23 +125,40 @@ def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
 
     what = f"steered at strength {strength}" if artifact else "unsteered"
     through = f" through adapter {request.adapter}" if adapter else ""
-    ctx.progress("generate", f"generating up to {max_new_tokens} tokens from a {len(prompt_ids)}-token "
-                             f"prompt, {what}{through}")
+    ctx.progress(
+        "generate", f"generating up to {max_new_tokens} tokens from a {len(prompt_ids)}-token prompt, {what}{through}"
+    )
     with adapted(ctx, decoder, adapter, checkpoint):
         started = time.perf_counter()
-        generation = steered_decode(decoder, prompt_ids, artifact.by_layer() if artifact else None,
-                                    scales.absolute if scales else None, max_new_tokens=max_new_tokens,
-                                    sampling=Sampling(request.temperature, request.top_p, request.seed),
-                                    eos_ids=codec.eos_ids, on_token=on_token, check_cancelled=ctx.check_cancelled)
+        generation = steered_decode(
+            decoder,
+            prompt_ids,
+            artifact.by_layer() if artifact else None,
+            scales.absolute if scales else None,
+            max_new_tokens=max_new_tokens,
+            sampling=Sampling(request.temperature, request.top_p, request.seed),
+            eos_ids=codec.eos_ids,
+            on_token=on_token,
+            check_cancelled=ctx.check_cancelled,
+        )
     elapsed = time.perf_counter() - started
     count = len(generation.ids)
     ctx.log(f"generated {count} tokens in {elapsed:.2f} s ({count / elapsed:.1f} tokens/s, prefill included)")
     return GenerateResult(
-        model=checkpoint.source.model, model_revision=checkpoint.source.revision, prompt=request.prompt,
-        text=codec.decode(generation.ids), tokens=count, prompt_tokens=len(prompt_ids),
-        stop_reason=generation.stop_reason, chat_template=codec.decision, precision=request.precision,
-        temperature=request.temperature, top_p=request.top_p, seed=request.seed,
-        max_new_tokens=max_new_tokens, vector=str(request.vector) if artifact else None,
+        model=checkpoint.source.model,
+        model_revision=checkpoint.source.revision,
+        prompt=request.prompt,
+        text=codec.decode(generation.ids),
+        tokens=count,
+        prompt_tokens=len(prompt_ids),
+        stop_reason=generation.stop_reason,
+        chat_template=codec.decision,
+        precision=request.precision,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        seed=request.seed,
+        max_new_tokens=max_new_tokens,
+        vector=str(request.vector) if artifact else None,
         adapter=str(request.adapter) if adapter else None,
         strength=strength.value if artifact else None,
         strength_unit=strength.unit if artifact else None,

@@ -28,10 +28,11 @@ def question_for(trait: str, template: str | None) -> str:
     """The question template, checked: it must say where the text goes, and name a trait when it has none."""
     chosen = template or QUESTION
     if "{text}" not in chosen:
-        raise Refusal('--judge-question must hold {text}, where the judged text goes')
+        raise Refusal("--judge-question must hold {text}, where the judged text goes")
     if "{trait}" in chosen and not trait.strip():
-        raise Refusal("the pair set names no trait for the judge's question; give --judge-question with the "
-                      "trait written out")
+        raise Refusal(
+            "the pair set names no trait for the judge's question; give --judge-question with the trait written out"
+        )
     return chosen
 
 

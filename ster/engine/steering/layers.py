@@ -40,8 +40,9 @@ class LayerSpec:
         for item in self.items:
             if item[-1] >= num_layers:
                 first = max(item.start, num_layers)
-                raise Refusal(f"layer {first} is out of range: this model has {num_layers} layers, "
-                              f"numbered 0..{num_layers - 1}")
+                raise Refusal(
+                    f"layer {first} is out of range: this model has {num_layers} layers, numbered 0..{num_layers - 1}"
+                )
         return sorted({index for item in self.items for index in item})
 
 

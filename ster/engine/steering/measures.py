@@ -76,15 +76,22 @@ class Tree:
         for seq in sequences[1:]:
             common = min(common, shared_prefix(sequences[0], seq))
         self.common = max(common, 0)
-        ids, positions, nodes, parents = list(sequences[0][:self.common]), list(range(self.common)), [0] * self.common, [-1]
-        self.starts: list[tuple[int, int, list[int]]] = []  # per item: (its shared length, row index of it, per sequence own row index)
+        ids, positions, nodes, parents = (
+            list(sequences[0][: self.common]),
+            list(range(self.common)),
+            [0] * self.common,
+            [-1],
+        )
+        self.starts: list[
+            tuple[int, int, list[int]]
+        ] = []  # per item: (its shared length, row index of it, per sequence own row index)
         for item in items:
             shared = len(item[0]) if len(item) == 1 else min(shared_prefix(item[0], seq) for seq in item[1:])
             shared = max(shared, self.common)
             node = len(parents)
             parents.append(0)
             at = len(ids)
-            ids += item[0][self.common:shared]
+            ids += item[0][self.common : shared]
             positions += list(range(self.common, shared))
             nodes += [node] * (shared - self.common)
             own = []
@@ -157,11 +164,18 @@ def _hidden(model: Decoder, tree: Tree, rows: Rows) -> Tensor:
 
 def _slices(model: Decoder, positions: list[int]) -> list[list[int]]:
     step = max(1, LOGIT_BYTES // (4 * model.config.vocab_size))
-    return [positions[i:i + step] for i in range(0, len(positions), step)]
+    return [positions[i : i + step] for i in range(0, len(positions), step)]
 
 
-def greedy_continuations(model: Decoder, prompts: list[list[int]], tokens: int, eos_ids: frozenset[int],
-                         *, batch_size: int = 16, check_cancelled: Callable[[], None] = lambda: None) -> list[list[int]]:
+def greedy_continuations(
+    model: Decoder,
+    prompts: list[list[int]],
+    tokens: int,
+    eos_ids: frozenset[int],
+    *,
+    batch_size: int = 16,
+    check_cancelled: Callable[[], None] = lambda: None,
+) -> list[list[int]]:
     """The unsteered model's greedy continuation of each prompt: ``tokens`` ids, or fewer when it chooses an
     end-of-text id (kept, as the last id). Prompts are decoded in left-padded batches over one KV cache."""
     device = model.lm_head.weight.device
@@ -170,13 +184,13 @@ def greedy_continuations(model: Decoder, prompts: list[list[int]], tokens: int, 
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             check_cancelled()
-            chosen = order[start:start + batch_size]
+            chosen = order[start : start + batch_size]
             width = max(len(prompts[i]) for i in chosen)
             ids = torch.zeros(len(chosen), width, dtype=torch.long)
             key_mask = torch.zeros(len(chosen), width + tokens, dtype=torch.bool)
             for row, i in enumerate(chosen):
-                ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
-                key_mask[row, width - len(prompts[i]):] = True
+                ids[row, width - len(prompts[i]) :] = torch.tensor(prompts[i])
+                key_mask[row, width - len(prompts[i]) :] = True
             key_mask = key_mask.to(device)
             cache = model.new_cache(len(chosen), width + tokens)
             logits = model(ids.to(device), cache=cache, key_mask=key_mask[:, :width]).require_logits()
@@ -189,8 +203,9 @@ def greedy_continuations(model: Decoder, prompts: list[list[int]], tokens: int, 
                         ended[row] = picks[row] in eos_ids
                 if all(ended) or step == tokens - 1:
                     break
-                logits = model(torch.tensor(picks, device=device)[:, None], cache=cache,
-                               key_mask=key_mask[:, :width + step + 1]).require_logits()
+                logits = model(
+                    torch.tensor(picks, device=device)[:, None], cache=cache, key_mask=key_mask[:, : width + step + 1]
+                ).require_logits()
     return out
 
 
@@ -202,8 +217,12 @@ class PromptCost:
     """Per row, the mean of that KL over the continuation's positions."""
 
 
-def kl_costs(model: Decoder, items: list[tuple[list[int], list[int]]], rows: Rows,
-             check_cancelled: Callable[[], None] = lambda: None) -> list[PromptCost]:
+def kl_costs(
+    model: Decoder,
+    items: list[tuple[list[int], list[int]]],
+    rows: Rows,
+    check_cancelled: Callable[[], None] = lambda: None,
+) -> list[PromptCost]:
     """Per (prompt, continuation), the KL of each row's next-token distributions from row 0's, teacher-forced
     on the prompt and the continuation, at every position that predicts a continuation token."""
     costs: list[PromptCost] = []
@@ -211,8 +230,10 @@ def kl_costs(model: Decoder, items: list[tuple[list[int], list[int]]], rows: Row
         check_cancelled()
         chosen = [items[i] for i in group]
         tree = Tree([[prompt + continuation[:-1]] for prompt, continuation in chosen])
-        spans = [[tree.index(k, 0, p) for p in range(len(prompt) - 1, len(prompt) + len(continuation) - 1)]
-                 for k, (prompt, continuation) in enumerate(chosen)]
+        spans = [
+            [tree.index(k, 0, p) for p in range(len(prompt) - 1, len(prompt) + len(continuation) - 1)]
+            for k, (prompt, continuation) in enumerate(chosen)
+        ]
         positions = [p for span in spans for p in span]
         with torch.inference_mode():
             hidden = _hidden(model, tree, rows)
@@ -222,17 +243,18 @@ def kl_costs(model: Decoder, items: list[tuple[list[int], list[int]]], rows: Row
                 index = torch.tensor(piece, device=hidden.device)
                 base = torch.log_softmax(model.project(hidden[0, index]), dim=-1)
                 p = base.exp()
-                kl[0, done:done + len(piece)] = 0.0
+                kl[0, done : done + len(piece)] = 0.0
                 for r in range(1, rows.count):
                     lp = torch.log_softmax(model.project(hidden[r, index]), dim=-1)
                     # Σ p (log p − log q) as p·log p − p·log q, two f32 dot products a position summed in f64
                     # (f32 over a 262,144-token vocabulary is within 1e-6 of f64 here, at a quarter of the traffic)
-                    kl[r, done:done + len(piece)] = ((p * base).sum(-1).double()
-                                                     - (p * lp).sum(-1).double()).clamp(min=0.0)
+                    kl[r, done : done + len(piece)] = ((p * base).sum(-1).double() - (p * lp).sum(-1).double()).clamp(
+                        min=0.0
+                    )
                 done += len(piece)
         at = 0
         for span in spans:
-            part = kl[:, at:at + len(span)]
+            part = kl[:, at : at + len(span)]
             costs.append(PromptCost(part[:, 0].tolist(), part.mean(-1).tolist()))
             at += len(span)
     return costs
@@ -249,17 +271,21 @@ def _scored(model: Decoder, hidden: Tensor, positions: list[int], targets: list[
     done = 0
     for piece in _slices(model, positions):
         index = torch.tensor(piece, device=hidden.device)
-        wanted = torch.tensor(targets[done:done + len(piece)], device=hidden.device)
+        wanted = torch.tensor(targets[done : done + len(piece)], device=hidden.device)
         for r in range(hidden.shape[0]):
             logits = model.project(hidden[r, index])
             picked = logits.gather(-1, wanted[:, None])[:, 0]
-            out[r, done:done + len(piece)] = (picked - torch.logsumexp(logits, dim=-1)).double()
+            out[r, done : done + len(piece)] = (picked - torch.logsumexp(logits, dim=-1)).double()
         done += len(piece)
     return out
 
 
-def behaviours(model: Decoder, pairs: list[tuple[list[int], list[int]]], rows: Rows,
-               check_cancelled: Callable[[], None] = lambda: None) -> list[list[float]]:
+def behaviours(
+    model: Decoder,
+    pairs: list[tuple[list[int], list[int]]],
+    rows: Rows,
+    check_cancelled: Callable[[], None] = lambda: None,
+) -> list[list[float]]:
     """Per pair, per row, log p(positive side) − log p(negative side) after the pair's shared prompt."""
     gaps: list[list[float]] = []
     for group in packed([[pos, neg] for pos, neg in pairs]):
@@ -278,9 +304,9 @@ def behaviours(model: Decoder, pairs: list[tuple[list[int], list[int]]], rows: R
             scored = _scored(model, _hidden(model, tree, rows), positions, targets)
         at = 0
         for k in range(len(chosen)):
-            pos_part = scored[:, at:at + sides[2 * k]].sum(-1)
+            pos_part = scored[:, at : at + sides[2 * k]].sum(-1)
             at += sides[2 * k]
-            neg_part = scored[:, at:at + sides[2 * k + 1]].sum(-1)
+            neg_part = scored[:, at : at + sides[2 * k + 1]].sum(-1)
             at += sides[2 * k + 1]
             gaps.append((pos_part - neg_part).tolist())
     return gaps

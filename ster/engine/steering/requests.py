@@ -57,8 +57,10 @@ class AdaptedRequest(ModelRequest):
         for name in self.outputs:
             value = getattr(self, name, None)
             if isinstance(value, Path) and same_file(value, side):
-                raise ValueError(f"{flag(name)} {value} is the sidecar of --adapter {self.adapter}, so writing it "
-                                 f"would destroy the adapter's description; give {flag(name)} another path")
+                raise ValueError(
+                    f"{flag(name)} {value} is the sidecar of --adapter {self.adapter}, so writing it "
+                    f"would destroy the adapter's description; give {flag(name)} another path"
+                )
         return self
 
 
@@ -162,8 +164,10 @@ def sweep_strengths(values: list[Strength]) -> list[Strength]:
         raise ValueError("--strengths needs at least one strength")
     units = {value.unit for value in values if value.value != 0}
     if len(units) > 1:
-        raise ValueError("--strengths mixes absolute and relative strengths; give all of them as numbers "
-                         "(3) or all as multiples of the activation spread (0.4x)")
+        raise ValueError(
+            "--strengths mixes absolute and relative strengths; give all of them as numbers "
+            "(3) or all as multiples of the activation spread (0.4x)"
+        )
     unit = units.pop() if units else "absolute"
     return [Strength(value=v, unit=unit) for v in sorted({value.value for value in values} | {0.0})]
 

@@ -21,10 +21,18 @@ from ster.engine.steering.apply import RowSteering, plan, steer
 from ster.engine.steering.measures import row_additions
 
 
-def steered_decode(model: Decoder, prompt_ids: list[int], vectors: dict[int, list[float]] | None,
-                   scales: dict[int, float] | None, *, max_new_tokens: int, sampling: Sampling,
-                   eos_ids: frozenset[int], on_token: Callable[[int, int], None],
-                   check_cancelled: Callable[[], None]) -> Generation:
+def steered_decode(
+    model: Decoder,
+    prompt_ids: list[int],
+    vectors: dict[int, list[float]] | None,
+    scales: dict[int, float] | None,
+    *,
+    max_new_tokens: int,
+    sampling: Sampling,
+    eos_ids: frozenset[int],
+    on_token: Callable[[int, int], None],
+    check_cancelled: Callable[[], None],
+) -> Generation:
     """Decode after ``prompt_ids`` with ``scales[layer] × vectors[layer]`` added after each listed block;
     unsteered when either is None or every scale is 0 (so strength 0 is the baseline exactly)."""
     steered = vectors is not None and scales is not None and any(scales.values())
@@ -32,25 +40,55 @@ def steered_decode(model: Decoder, prompt_ids: list[int], vectors: dict[int, lis
     if vectors is not None and scales is not None and steered:
         steering = steer(model, plan(model, vectors, scales))
     with steering:
-        return decode(model, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, eos_ids=eos_ids,
-                      on_token=on_token, check_cancelled=check_cancelled)
+        return decode(
+            model,
+            prompt_ids,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            eos_ids=eos_ids,
+            on_token=on_token,
+            check_cancelled=check_cancelled,
+        )
 
 
-def steered_rows_decode(model: Decoder, prompt_ids: list[int], vectors: dict[int, list[float]],
-                        scales: list[dict[int, float]], *, max_new_tokens: int, sampling: Sampling,
-                        eos_ids: frozenset[int], on_token: Callable[[int, int, int], None],
-                        check_cancelled: Callable[[], None]) -> list[Generation]:
+def steered_rows_decode(
+    model: Decoder,
+    prompt_ids: list[int],
+    vectors: dict[int, list[float]],
+    scales: list[dict[int, float]],
+    *,
+    max_new_tokens: int,
+    sampling: Sampling,
+    eos_ids: frozenset[int],
+    on_token: Callable[[int, int, int], None],
+    check_cancelled: Callable[[], None],
+) -> list[Generation]:
     """One generation per entry of ``scales`` (row ``i`` steered at ``scales[i][layer] × vectors[layer]``),
     decoded as one batch; a row whose scales are all 0 is the unsteered baseline."""
     samplings = [sampling] * len(scales)
     if not any(any(row.values()) for row in scales):
-        return decode_group(model, prompt_ids, samplings, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
-                            check_cancelled=check_cancelled, on_token=on_token)
+        return decode_group(
+            model,
+            prompt_ids,
+            samplings,
+            max_new_tokens=max_new_tokens,
+            eos_ids=eos_ids,
+            check_cancelled=check_cancelled,
+            on_token=on_token,
+        )
     steering = RowSteering(row_additions(model, vectors, scales))  # each [B, D], scaled as plan() scales
     with steering.applied(model):
-        return decode_group(model, prompt_ids, samplings, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
-                            check_cancelled=check_cancelled, on_token=on_token, shared_prefill=False,
-                            select_rows=steering.select)
+        return decode_group(
+            model,
+            prompt_ids,
+            samplings,
+            max_new_tokens=max_new_tokens,
+            eos_ids=eos_ids,
+            check_cancelled=check_cancelled,
+            on_token=on_token,
+            shared_prefill=False,
+            select_rows=steering.select,
+        )
 
 
 def text_projections(model: Decoder, texts: list[list[int]], directions: dict[int, list[float]]) -> list[float]:

@@ -96,8 +96,10 @@ class Strength(BaseModel):
             return {layer: self.value for layer in units}
         missing = sorted(layer for layer, scale in units.items() if not scale)
         if missing and self.value != 0:
-            raise Refusal(f"strength {self} is relative to the layer's {unit.replace('_', ' ')}, but the artifact "
-                          f"records no {unit} for layer {missing[0]}; give an absolute strength instead")
+            raise Refusal(
+                f"strength {self} is relative to the layer's {unit.replace('_', ' ')}, but the artifact "
+                f"records no {unit} for layer {missing[0]}; give an absolute strength instead"
+            )
         return {layer: self.value * (scale or 0.0) for layer, scale in units.items()}
 
     def relative_per_layer(self, norms: dict[int, float | None]) -> dict[int, float]:
@@ -114,9 +116,11 @@ def excess_warning(strength: Strength, relative: dict[int, float], norms: dict[i
     if not over:
         return None
     layer = max(over, key=lambda k: abs(over[k]))
-    return (f"strength {strength} is {abs(over[layer]):.3g} times layer {layer}'s activation norm "
-            f"({norms[layer]:.4g}); past {EXCESSIVE:g} times the norm the direction drowns out the residual "
-            f"stream and the text is noise rather than steered")
+    return (
+        f"strength {strength} is {abs(over[layer]):.3g} times layer {layer}'s activation norm "
+        f"({norms[layer]:.4g}); past {EXCESSIVE:g} times the norm the direction drowns out the residual "
+        f"stream and the text is noise rather than steered"
+    )
 
 
 def _from_text(text: str) -> dict[str, Any]:

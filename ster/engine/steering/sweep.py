@@ -214,10 +214,13 @@ def _default_strengths(request: SweepRequest, artifact: SteeringArtifact, ctx: J
     if not calibrated:
         return sweep_strengths(parse_strengths(DEFAULT_SWEEP))
     budget = artifact.calibration.kl_budget if artifact.calibration else request.kl_budget
-    ctx.log(f"sweeping half, once and twice the artifact's calibrated strengths "
-            f"({' and '.join(s.signed() for s in calibrated)}, calibrated to a KL budget of {budget:g})")
-    return sweep_strengths([Strength(value=round(step * s.value, 4), unit="relative")
-                            for s in calibrated for step in CALIBRATED_STEPS])
+    ctx.log(
+        f"sweeping half, once and twice the artifact's calibrated strengths "
+        f"({' and '.join(s.signed() for s in calibrated)}, calibrated to a KL budget of {budget:g})"
+    )
+    return sweep_strengths(
+        [Strength(value=round(step * s.value, 4), unit="relative") for s in calibrated for step in CALIBRATED_STEPS]
+    )
 
 
 def _neutral_prompts(request: SweepRequest) -> list[str]:
@@ -240,40 +243,83 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
     encoded = encode_each(codec, prompts, checkpoint.context, "sweep prompt")
     neutral_ids = encode_each(codec, neutral, checkpoint.context, "neutral prompt")
     held_ids = answered_pairs(codec, held, checkpoint.context)[0] if held is not None else []
-    request = request.model_copy(update={"max_new_tokens": generation_budget(
-        max(map(len, encoded)), request.max_new_tokens, request.default_max_new_tokens, checkpoint.context, ctx.log)})
+    request = request.model_copy(
+        update={
+            "max_new_tokens": generation_budget(
+                max(map(len, encoded)),
+                request.max_new_tokens,
+                request.default_max_new_tokens,
+                checkpoint.context,
+                ctx.log,
+            )
+        }
+    )
     model = model_store(ctx).decoder(checkpoint, ctx)
     directions = artifact.by_layer()
     with adapted(ctx, model, adapter, checkpoint):
         generated = _generate(ctx, model, codec, artifact, request, encoded, directions)
-        rows = [_measure(model, codec, artifact, request, prompts, [by_strength[step] for by_strength in generated],
-                         directions, step) for step in range(len(_swept(request)))]
-        rows = _costs(ctx, model, codec, artifact, request, rows, generated, encoded, neutral_ids,
-                      held_ids if held else None)
+        rows = [
+            _measure(
+                model,
+                codec,
+                artifact,
+                request,
+                prompts,
+                [by_strength[step] for by_strength in generated],
+                directions,
+                step,
+            )
+            for step in range(len(_swept(request)))
+        ]
+        rows = _costs(
+            ctx, model, codec, artifact, request, rows, generated, encoded, neutral_ids, held_ids if held else None
+        )
     rows = _judge(rows, _mean_norm(artifact))
-    verdicts = [Judged(strength=r.strength, label=_swept(request)[i].signed(), effect=r.effect,
-                       threshold=r.threshold, distinguishable=r.distinguishable, fluent=r.fluent)
-                for i, r in enumerate(rows)]
+    verdicts = [
+        Judged(
+            strength=r.strength,
+            label=_swept(request)[i].signed(),
+            effect=r.effect,
+            threshold=r.threshold,
+            distinguishable=r.distinguishable,
+            fluent=r.fluent,
+        )
+        for i, r in enumerate(rows)
+    ]
     _summarise(ctx, rows, verdicts, artifact.trait_name, len(prompts))
-    budget = Suggested(positive=within_budget(rows, 1, request.kl_budget),
-                       negative=within_budget(rows, -1, request.kl_budget))
-    ctx.log(f"within the KL budget of {request.kl_budget:g} (mean over {len(neutral)} neutral prompts): "
-            f"{_reach(budget.positive, request)} toward the trait, {_reach(budget.negative, request)} away from it")
+    budget = Suggested(
+        positive=within_budget(rows, 1, request.kl_budget), negative=within_budget(rows, -1, request.kl_budget)
+    )
+    ctx.log(
+        f"within the KL budget of {request.kl_budget:g} (mean over {len(neutral)} neutral prompts): "
+        f"{_reach(budget.positive, request)} toward the trait, {_reach(budget.negative, request)} away from it"
+    )
     sentence = stillness(verdicts, len(prompts))
     if sentence:
         ctx.warn(sentence)
-    return SweepResult(model=checkpoint.source.model, model_revision=checkpoint.source.revision,
-                       vector=str(request.vector), adapter=str(request.adapter) if adapter else None,
-                       trait_name=artifact.trait_name, layers=sorted(directions),
-                       strength_unit=_swept(request)[0].unit,
-                       chat_template=codec.decision, precision=request.precision,
-                       max_new_tokens=_budget(request), temperature=request.temperature, seed=request.seed,
-                       bound=DegeneracyBound(), neutral=bundled_name(request.neutral or example_path(NEUTRAL)),
-                       neutral_prompts=len(neutral), holdout_pairs=len(held) if held is not None else None,
-                       kl_budget=request.kl_budget, rows=rows,
-                       suggested=Suggested(positive=suggest(verdicts, 1), negative=suggest(verdicts, -1)),
-                       within_budget=budget,
-                       moved=sentence is None)
+    return SweepResult(
+        model=checkpoint.source.model,
+        model_revision=checkpoint.source.revision,
+        vector=str(request.vector),
+        adapter=str(request.adapter) if adapter else None,
+        trait_name=artifact.trait_name,
+        layers=sorted(directions),
+        strength_unit=_swept(request)[0].unit,
+        chat_template=codec.decision,
+        precision=request.precision,
+        max_new_tokens=_budget(request),
+        temperature=request.temperature,
+        seed=request.seed,
+        bound=DegeneracyBound(),
+        neutral=bundled_name(request.neutral or example_path(NEUTRAL)),
+        neutral_prompts=len(neutral),
+        holdout_pairs=len(held) if held is not None else None,
+        kl_budget=request.kl_budget,
+        rows=rows,
+        suggested=Suggested(positive=suggest(verdicts, 1), negative=suggest(verdicts, -1)),
+        within_budget=budget,
+        moved=sentence is None,
+    )
 
 
 def _budget(request: SweepRequest) -> int:
@@ -282,8 +328,15 @@ def _budget(request: SweepRequest) -> int:
     return request.max_new_tokens
 
 
-def _generate(ctx: JobContext, model: Decoder, codec: TextCodec, artifact: SteeringArtifact, request: SweepRequest,
-              encoded: list[list[int]], directions: dict[int, list[float]]) -> list[list[Generation]]:
+def _generate(
+    ctx: JobContext,
+    model: Decoder,
+    codec: TextCodec,
+    artifact: SteeringArtifact,
+    request: SweepRequest,
+    encoded: list[list[int]],
+    directions: dict[int, list[float]],
+) -> list[list[Generation]]:
     """Per prompt, the text at every strength, decoded as one batch (each row steered at its own strength)."""
     from ster.engine.steering.runs import (
         steered_rows_decode,  # torch, once every input has been checked
@@ -293,8 +346,12 @@ def _generate(ctx: JobContext, model: Decoder, codec: TextCodec, artifact: Steer
     scales = [scales_for(artifact, strength).absolute for strength in strengths]
     generated = []
     for index, ids in enumerate(encoded):
-        ctx.progress("sweep", f"prompt {index + 1}/{len(encoded)}: {len(strengths)} strengths in one batch",
-                     index + 1, len(encoded))
+        ctx.progress(
+            "sweep",
+            f"prompt {index + 1}/{len(encoded)}: {len(strengths)} strengths in one batch",
+            index + 1,
+            len(encoded),
+        )
         streams = [codec.stream() for _ in strengths]
 
         def on_token(row: int, i: int, token: int, index: int = index, streams: list[DecodeStream] = streams) -> None:
@@ -302,38 +359,75 @@ def _generate(ctx: JobContext, model: Decoder, codec: TextCodec, artifact: Steer
             if delta:
                 ctx.token(delta, i, stream=f"{strengths[row].signed()}/{index}")
 
-        generated.append(steered_rows_decode(
-            model, ids, directions, scales, max_new_tokens=_budget(request),
-            sampling=Sampling(request.temperature, request.top_p, request.seed), eos_ids=codec.eos_ids,
-            on_token=on_token, check_cancelled=ctx.check_cancelled))
+        generated.append(
+            steered_rows_decode(
+                model,
+                ids,
+                directions,
+                scales,
+                max_new_tokens=_budget(request),
+                sampling=Sampling(request.temperature, request.top_p, request.seed),
+                eos_ids=codec.eos_ids,
+                on_token=on_token,
+                check_cancelled=ctx.check_cancelled,
+            )
+        )
     return generated
 
 
-def _measure(model: Decoder, codec: TextCodec, artifact: SteeringArtifact, request: SweepRequest,
-             prompts: list[str], generations: list[Generation], directions: dict[int, list[float]],
-             step: int) -> SweepRow:
+def _measure(
+    model: Decoder,
+    codec: TextCodec,
+    artifact: SteeringArtifact,
+    request: SweepRequest,
+    prompts: list[str],
+    generations: list[Generation],
+    directions: dict[int, list[float]],
+    step: int,
+) -> SweepRow:
     """One strength's row: the texts re-read unsteered, their projections and degeneracy."""
     strength = _swept(request)[step]
     scales = scales_for(artifact, strength)
     generated = [generation.ids for generation in generations]
     texts = [codec.decode(ids) for ids in generated]
     readings = _readings(model, codec, texts, directions)
-    outputs = [SweepOutput(prompt=prompt, text=text, tokens=len(g.ids), stop_reason=g.stop_reason, projection=reading)
-               for prompt, text, g, reading in zip(prompts, texts, generations, readings)]
+    outputs = [
+        SweepOutput(prompt=prompt, text=text, tokens=len(g.ids), stop_reason=g.stop_reason, projection=reading)
+        for prompt, text, g, reading in zip(prompts, texts, generations, readings)
+    ]
     projections = [r for r in readings if r is not None]
     distincts = [d for d in map(distinct_2, generated) if d is not None]
-    return SweepRow(strength=strength.value, absolute_strength=scales.labelled(scales.absolute),
-                    relative_strength=scales.labelled(scales.relative),
-                    projection=sum(projections) / len(projections) if projections else None, effect=None,
-                    relative_effect=None, noise=None, threshold=None, distinguishable=False, changed=0,
-                    distinct_2=sum(distincts) / len(distincts) if distincts else None,
-                    longest_run=max(map(longest_run, generated)),
-                    mean_tokens=sum(map(len, generated)) / len(generated), fluent=True, outputs=outputs)
+    return SweepRow(
+        strength=strength.value,
+        absolute_strength=scales.labelled(scales.absolute),
+        relative_strength=scales.labelled(scales.relative),
+        projection=sum(projections) / len(projections) if projections else None,
+        effect=None,
+        relative_effect=None,
+        noise=None,
+        threshold=None,
+        distinguishable=False,
+        changed=0,
+        distinct_2=sum(distincts) / len(distincts) if distincts else None,
+        longest_run=max(map(longest_run, generated)),
+        mean_tokens=sum(map(len, generated)) / len(generated),
+        fluent=True,
+        outputs=outputs,
+    )
 
 
-def _costs(ctx: JobContext, model: Decoder, codec: TextCodec, artifact: SteeringArtifact, request: SweepRequest,
-           rows: list[SweepRow], generated: list[list[Generation]], prompts: list[list[int]], neutral: list[list[int]],
-           held: list[tuple[list[int], list[int]]] | None) -> list[SweepRow]:
+def _costs(
+    ctx: JobContext,
+    model: Decoder,
+    codec: TextCodec,
+    artifact: SteeringArtifact,
+    request: SweepRequest,
+    rows: list[SweepRow],
+    generated: list[list[Generation]],
+    prompts: list[list[int]],
+    neutral: list[list[int]],
+    held: list[tuple[list[int], list[int]]] | None,
+) -> list[SweepRow]:
     """Every row's KL on the neutral prompts, behaviour on the held-out pairs (with ``--holdout``) and fluency,
     all strengths as the rows of one forward per packed group of texts."""
     from ster.engine.steering.calibration import Probes, fluency, measure_scales
@@ -341,21 +435,43 @@ def _costs(ctx: JobContext, model: Decoder, codec: TextCodec, artifact: Steering
 
     what = f" and {len(held)} held-out pairs" if held else ""
     ctx.progress("measure", f"measuring every strength's KL on {len(neutral)} neutral prompts{what}")
-    continuations = greedy_continuations(model, neutral, CONTINUATION_TOKENS, codec.eos_ids,
-                                         check_cancelled=ctx.check_cancelled)
+    continuations = greedy_continuations(
+        model, neutral, CONTINUATION_TOKENS, codec.eos_ids, check_cancelled=ctx.check_cancelled
+    )
     values = [strength.value for strength in _swept(request)]
     order = sorted(range(len(values)), key=lambda i: values[i] != 0)  # the unsteered row first: KL is from it
     scales = [scales_for(artifact, _swept(request)[i]).absolute for i in order]
-    measured = measure_scales(model, artifact.by_layer(), scales, [values[i] for i in order],
-                              Probes(list(zip(neutral, continuations)), held or []), ctx.check_cancelled)
+    measured = measure_scales(
+        model,
+        artifact.by_layer(),
+        scales,
+        [values[i] for i in order],
+        Probes(list(zip(neutral, continuations)), held or []),
+        ctx.check_cancelled,
+    )
     points = [measured[order.index(i)] for i in range(len(values))]
     texts = {row.strength: [by_strength[step].ids for by_strength in generated] for step, row in enumerate(rows)}
     ratios = fluency(model, prompts, texts)
     base = next(point for point in points if point.strength == 0)
-    return [row.model_copy(update={
-        "kl": point.kl, "kl_first": point.kl_first, "fluency": ratios[row.strength],
-        **({"behaviour": point.behaviour, "behaviour_shift": point.behaviour - base.behaviour,
-            "preferred": point.preferred} if held else {})}) for row, point in zip(rows, points)]
+    return [
+        row.model_copy(
+            update={
+                "kl": point.kl,
+                "kl_first": point.kl_first,
+                "fluency": ratios[row.strength],
+                **(
+                    {
+                        "behaviour": point.behaviour,
+                        "behaviour_shift": point.behaviour - base.behaviour,
+                        "preferred": point.preferred,
+                    }
+                    if held
+                    else {}
+                ),
+            }
+        )
+        for row, point in zip(rows, points)
+    ]
 
 
 def within_budget(rows: list[SweepRow], sign: int, budget: float) -> float | None:
@@ -378,9 +494,11 @@ def _reach(strength: float | None, request: SweepRequest) -> str:
 def _summarise(ctx: JobContext, rows: list[SweepRow], verdicts: list[Judged], trait: str, prompts: int) -> None:
     """One log line saying what the effect is, then one line per strength, for a reader of the progress."""
     toward = f"toward {trait}" if trait else "toward the pairs' positive side"
-    ctx.log(f"effect: each steered text's reading along the direction (re-read unsteered) minus its unsteered "
-            f"text's, mean over {prompts} prompts, in the residual stream's units (positive: {toward}); "
-            f"distinguishable when beyond Student's t (95%) times its standard error")
+    ctx.log(
+        f"effect: each steered text's reading along the direction (re-read unsteered) minus its unsteered "
+        f"text's, mean over {prompts} prompts, in the residual stream's units (positive: {toward}); "
+        f"distinguishable when beyond Student's t (95%) times its standard error"
+    )
     for row, verdict in zip(rows, verdicts):
         if row.strength == 0:
             continue
@@ -393,12 +511,15 @@ def _summarise(ctx: JobContext, rows: list[SweepRow], verdicts: list[Judged], tr
             judged = "distinguishable, against the push" if against else "distinguishable"
         cost = "" if row.kl is None else f"; KL {row.kl:.3g}"
         moved = "" if row.behaviour_shift is None else f", behaviour {row.behaviour_shift:+.3g}"
-        ctx.log(f"{verdict.label}: {effect}{relative}{noise}, {judged}; {row.changed}/{prompts} texts changed; "
-                f"{'fluent' if row.fluent else 'not fluent'}{cost}{moved}")
+        ctx.log(
+            f"{verdict.label}: {effect}{relative}{noise}, {judged}; {row.changed}/{prompts} texts changed; "
+            f"{'fluent' if row.fluent else 'not fluent'}{cost}{moved}"
+        )
 
 
-def _readings(model: Decoder, codec: TextCodec, texts: list[str],
-              directions: dict[int, list[float]]) -> list[float | None]:
+def _readings(
+    model: Decoder, codec: TextCodec, texts: list[str], directions: dict[int, list[float]]
+) -> list[float | None]:
     """Each text's unsteered re-read projection, None for an empty text."""
     from ster.engine.steering.runs import text_projections
 
@@ -425,13 +546,25 @@ def _judge(rows: list[SweepRow], norm: float | None) -> list[SweepRow]:
         unchanged = [o.text == b.text for o, b in zip(row.outputs, base.outputs)]
         effects = paired([o.projection for o in row.outputs], [b.projection for b in base.outputs], unchanged)
         verdict = judge(effects)
-        fluent = (row.longest_run <= base.longest_run + RUN_SLACK
-                  and row.mean_tokens >= LENGTH_RATIO * base.mean_tokens
-                  and (base.distinct_2 is None or (row.distinct_2 or 0.0) >= DISTINCT_RATIO * base.distinct_2))
+        fluent = (
+            row.longest_run <= base.longest_run + RUN_SLACK
+            and row.mean_tokens >= LENGTH_RATIO * base.mean_tokens
+            and (base.distinct_2 is None or (row.distinct_2 or 0.0) >= DISTINCT_RATIO * base.distinct_2)
+        )
         outputs = [o.model_copy(update={"effect": e}) for o, e in zip(row.outputs, effects)]
         relative = verdict.mean / norm if verdict.mean is not None and norm else None
-        judged.append(row.model_copy(update={
-            "effect": verdict.mean, "relative_effect": relative, "noise": verdict.noise,
-            "threshold": verdict.threshold, "distinguishable": verdict.distinguishable,
-            "changed": unchanged.count(False), "fluent": fluent, "outputs": outputs}))
+        judged.append(
+            row.model_copy(
+                update={
+                    "effect": verdict.mean,
+                    "relative_effect": relative,
+                    "noise": verdict.noise,
+                    "threshold": verdict.threshold,
+                    "distinguishable": verdict.distinguishable,
+                    "changed": unchanged.count(False),
+                    "fluent": fluent,
+                    "outputs": outputs,
+                }
+            )
+        )
     return judged

@@ -69,8 +69,10 @@ def check_slot(path: Path) -> None:
         return
     if not found.file or not is_checkpoint(target):
         held = "a file that is not a checkpoint of Ster's" if found.file else found.phrase
-        raise Refusal(f"{path} is where this run keeps its checkpoint, and it holds {held}, which the run would "
-                      "destroy; move it or give another --output")
+        raise Refusal(
+            f"{path} is where this run keeps its checkpoint, and it holds {held}, which the run would "
+            "destroy; move it or give another --output"
+        )
 
 
 def is_checkpoint(path: Path) -> bool:
@@ -105,14 +107,22 @@ def check_checkpoint(path: Path, identity: dict[str, Any]) -> Saved:
     flags = sorted((set(identity) | set(theirs)) - set(named))
     for key in [named[0], *flags, *named[1:]]:
         if identity.get(key) != theirs.get(key):
-            raise Refusal(f"the checkpoint at {path} belongs to another run: {_difference(key, theirs, identity)}; "
-                          "run without --resume to start over")
+            raise Refusal(
+                f"the checkpoint at {path} belongs to another run: {_difference(key, theirs, identity)}; "
+                "run without --resume to start over"
+            )
     check_contents(saved, float(identity["alpha"]) / int(identity["rank"]), path)
     return saved
 
 
-def save_checkpoint(path: Path, identity: dict[str, Any], tensors: dict[str, Any], optimizer: dict[str, Any],
-                    loop: dict[str, Any], reference: dict[int, tuple[float, float]]) -> None:
+def save_checkpoint(
+    path: Path,
+    identity: dict[str, Any],
+    tensors: dict[str, Any],
+    optimizer: dict[str, Any],
+    loop: dict[str, Any],
+    reference: dict[int, tuple[float, float]],
+) -> None:
     """Write the checkpoint atomically; ``optimizer`` is AdamW's ``state_dict()``."""
     from safetensors.torch import save
 
@@ -124,8 +134,9 @@ def save_checkpoint(path: Path, identity: dict[str, Any], tensors: dict[str, Any
     write_atomic(path, save(state, metadata={key: json.dumps(value) for key, value in metadata.items()}), keep=True)
 
 
-def load_checkpoint(path: Path, identity: dict[str, Any], expected: Expected,
-                    optimizer: dict[str, Any]) -> dict[str, Any]:
+def load_checkpoint(
+    path: Path, identity: dict[str, Any], expected: Expected, optimizer: dict[str, Any]
+) -> dict[str, Any]:
     """The checkpoint's ``tensors``, ``optimizer`` (``optimizer``, a fresh AdamW's ``state_dict()``, with the
     saved state put in), ``loop`` and ``reference``, read once and checked wholly (again: the file is read
     now, and these bytes are the ones used) against ``identity`` and what the run ``expected``."""
@@ -140,8 +151,12 @@ def load_checkpoint(path: Path, identity: dict[str, Any], expected: Expected,
 
     moments = saved.moments()
     state = {index: {name: tensor(moments[index][name]) for name in MOMENTS} for index in sorted(moments)}
-    return {"tensors": {name: tensor(name) for name in expected.tensors}, "optimizer": {**optimizer, "state": state},
-            "loop": saved.loop, "reference": {int(k): tuple(v) for k, v in saved.reference.items()}}
+    return {
+        "tensors": {name: tensor(name) for name in expected.tensors},
+        "optimizer": {**optimizer, "state": state},
+        "loop": saved.loop,
+        "reference": {int(k): tuple(v) for k, v in saved.reference.items()},
+    }
 
 
 def _difference(key: str, theirs: dict[str, Any], ours: dict[str, Any]) -> str:

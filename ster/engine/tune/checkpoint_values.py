@@ -36,8 +36,15 @@ from ster.engine.protocol.inputs import read_input
 from ster.engine.protocol.tensorfile import Damaged, TensorFile, parse
 
 METADATA = ("identity", "loop", "reference")
-LOOP = {"step": int, "first_loss": float, "final_loss": float, "epoch_stats": list, "epoch_history": list,
-        "tokens": int, "seconds": float}
+LOOP = {
+    "step": int,
+    "first_loss": float,
+    "final_loss": float,
+    "epoch_stats": list,
+    "epoch_history": list,
+    "tokens": int,
+    "seconds": float,
+}
 """The loop's fields (:class:`~ster.engine.tune.loop.LoopState`) and the type of each."""
 MOMENTS = ("exp_avg", "exp_avg_sq", "step")
 _FACTOR = re.compile(rf"layers\.(\d+)\.({'|'.join(TARGETS)})\.(a|b)")
@@ -140,14 +147,17 @@ def _check_loop(loop: dict[str, Any], path: Path) -> None:
         if loop[key] < 0:
             raise defect(path, f"gives the loop's {key} as {loop[key]}, below zero")
     if (loop["step"] == 0) != (loop["first_loss"] is None) or (loop["first_loss"] is None) != (
-            loop["final_loss"] is None):
-        raise defect(path, f"records losses that do not go with step {loop['step']} (a run has a first and a "
-                           "final loss once it has taken a step, and none before)")
+        loop["final_loss"] is None
+    ):
+        raise defect(
+            path,
+            f"records losses that do not go with step {loop['step']} (a run has a first and a "
+            "final loss once it has taken a step, and none before)",
+        )
     for key in ("epoch_stats", "epoch_history"):
         for number, entry in enumerate(loop[key]):
             if not isinstance(entry, dict) or not _all_finite(entry):
-                raise defect(path, f"holds entry {number} of the loop's {key} that is not an object of finite "
-                                   "numbers")
+                raise defect(path, f"holds entry {number} of the loop's {key} that is not an object of finite numbers")
 
 
 _NOUN = {int: "a whole number", float: "a finite number", list: "a list"}
@@ -162,8 +172,10 @@ def _of_type(value: Any, kind: type) -> bool:
 
 
 def _all_finite(entry: dict[str, Any]) -> bool:
-    return all(isinstance(key, str) and not isinstance(value, bool) and isinstance(value, int | float)
-               and math.isfinite(value) for key, value in entry.items())
+    return all(
+        isinstance(key, str) and not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+        for key, value in entry.items()
+    )
 
 
 def _shown(value: Any) -> str:
@@ -193,17 +205,24 @@ def _check_moments(saved: Saved, path: Path) -> None:
     for index, names in sorted(saved.moments().items()):
         if set(names) != set(MOMENTS):
             lacking = next(moment for moment in MOMENTS if moment not in names)
-            raise defect(path, f"lacks the tensor optimizer.{index}.{lacking}, which goes with the other moments "
-                               f"of optimizer tensor {index}")
+            raise defect(
+                path,
+                f"lacks the tensor optimizer.{index}.{lacking}, which goes with the other moments "
+                f"of optimizer tensor {index}",
+            )
         first, second, count = (saved.file.floats(names[moment]) for moment in MOMENTS)
         if first.shape != second.shape:
-            raise defect(path, f"shapes optimizer.{index}.exp_avg {list(first.shape)} and optimizer.{index}."
-                               f"exp_avg_sq {list(second.shape)}, where one tensor's moments have its one shape")
+            raise defect(
+                path,
+                f"shapes optimizer.{index}.exp_avg {list(first.shape)} and optimizer.{index}."
+                f"exp_avg_sq {list(second.shape)}, where one tensor's moments have its one shape",
+            )
         if (second < 0).any():
             raise defect(path, f"holds a negative value in optimizer.{index}.exp_avg_sq, a running mean of squares")
         if count.shape != () or float(count) != step:
-            raise defect(path, f"gives optimizer.{index}.step as {count.tolist()}, where the loop has taken {step} "
-                               "steps")
+            raise defect(
+                path, f"gives optimizer.{index}.step as {count.tolist()}, where the loop has taken {step} steps"
+            )
 
 
 def _check_factor_values(saved: Saved, scale: float, path: Path) -> None:
@@ -238,8 +257,10 @@ def _check_shapes(saved: Saved, expected: Expected, path: Path) -> None:
         if name not in held:
             raise defect(path, f"lacks the tensor {name}, which this run's adapter has")
         if saved.file.shape(name) != shape:
-            raise defect(path, f"shapes the tensor {name} {list(saved.file.shape(name))}, where this run's adapter "
-                               f"has {list(shape)}")
+            raise defect(
+                path,
+                f"shapes the tensor {name} {list(saved.file.shape(name))}, where this run's adapter has {list(shape)}",
+            )
     extra = [name for name in held if name not in expected.tensors]
     if extra:
         raise defect(path, f"holds the tensor {extra[0]}, which this run's adapter does not have")
@@ -250,17 +271,20 @@ def _check_state(saved: Saved, expected: Expected, path: Path) -> None:
     moments, shapes = saved.moments(), list(expected.tensors.values())
     beyond = [index for index in moments if index >= len(shapes)]
     if beyond:
-        raise defect(path, f"holds optimizer state for tensor {beyond[0]}, and this run trains {len(shapes)} "
-                           "tensors")
+        raise defect(path, f"holds optimizer state for tensor {beyond[0]}, and this run trains {len(shapes)} tensors")
     for index, shape in enumerate(shapes):
         if saved.loop["step"] > 0 and index not in moments:
-            raise defect(path, f"lacks the tensor optimizer.{index}.exp_avg, which every trained tensor has once "
-                               "a step is taken")
+            raise defect(
+                path, f"lacks the tensor optimizer.{index}.exp_avg, which every trained tensor has once a step is taken"
+            )
         if saved.loop["step"] == 0 and index in moments:
             raise defect(path, f"holds optimizer state for tensor {index} at step 0, before any step")
         if index in moments and saved.file.shape(moments[index]["exp_avg"]) != shape:
-            raise defect(path, f"shapes optimizer.{index}.exp_avg {list(saved.file.shape(moments[index]['exp_avg']))}"
-                               f", where the tensor it goes with has {list(shape)}")
+            raise defect(
+                path,
+                f"shapes optimizer.{index}.exp_avg {list(saved.file.shape(moments[index]['exp_avg']))}"
+                f", where the tensor it goes with has {list(shape)}",
+            )
 
 
 def _check_progress(loop: dict[str, Any], expected: Expected, path: Path) -> None:
@@ -271,11 +295,17 @@ def _check_progress(loop: dict[str, Any], expected: Expected, path: Path) -> Non
     in_epoch = step - (step - 1) // per_epoch * per_epoch if step else 0  # steps of the epoch the stats are of
     units = min(in_epoch * expected.per_step, expected.units)
     if len(loop["epoch_stats"]) != units:
-        raise defect(path, f"holds {len(loop['epoch_stats'])} per-unit numbers for the epoch in progress, where "
-                           f"step {step} implies {units}")
+        raise defect(
+            path,
+            f"holds {len(loop['epoch_stats'])} per-unit numbers for the epoch in progress, where "
+            f"step {step} implies {units}",
+        )
     if len(loop["epoch_history"]) != epochs_done:
-        raise defect(path, f"holds {len(loop['epoch_history'])} finished epochs in its history, where step {step} "
-                           f"implies {epochs_done}")
+        raise defect(
+            path,
+            f"holds {len(loop['epoch_history'])} finished epochs in its history, where step {step} "
+            f"implies {epochs_done}",
+        )
 
 
 def _check_stats(loop: dict[str, Any], expected: Expected, path: Path) -> None:
@@ -286,12 +316,15 @@ def _check_stats(loop: dict[str, Any], expected: Expected, path: Path) -> None:
     try:
         entry = expected.read_stats(stats)
     except KeyError as exc:
-        raise defect(path, f"lacks the number {exc.args[0]!r} in its per-unit numbers, which this objective "
-                           "reads") from None
+        raise defect(
+            path, f"lacks the number {exc.args[0]!r} in its per-unit numbers, which this objective reads"
+        ) from None
     for number, old in enumerate(loop["epoch_history"]):
         if set(old) != set(entry):
-            raise defect(path, f"holds history entry {number} with fields {sorted(old)}, where this objective "
-                               f"writes {sorted(entry)}")
+            raise defect(
+                path,
+                f"holds history entry {number} with fields {sorted(old)}, where this objective writes {sorted(entry)}",
+            )
 
 
 def _check_scored(reference: dict[str, Any], expected: Expected, path: Path) -> None:

@@ -107,10 +107,14 @@ def _example_document(path: Path, raw: Any) -> ExampleSet:
         raise Refusal(f'invalid example set JSON in {path}: expected {{"examples": [{{"prompt", "completion"}}]}}')
     examples = []
     for index, item in enumerate(raw["examples"]):
-        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) \
-                or not isinstance(item.get("completion"), str):
-            raise Refusal(f"invalid example set JSON in {path}: example {index} needs a prompt and a completion, "
-                          "both text")
+        if (
+            not isinstance(item, dict)
+            or not isinstance(item.get("prompt"), str)
+            or not isinstance(item.get("completion"), str)
+        ):
+            raise Refusal(
+                f"invalid example set JSON in {path}: example {index} needs a prompt and a completion, both text"
+            )
         examples.append(Example(item["prompt"], item["completion"]))
     if not examples:
         raise Refusal(f"example set {path} contains no examples")
@@ -165,8 +169,10 @@ def _preference_lines(path: Path, lines: list[_Line]) -> PreferenceSet:
         if not pair.chosen.strip() or not pair.rejected.strip():
             raise Refusal(f"pair set {path} contains an empty positive or negative prompt at line {line.number}")
         if pair.prompt is not None and not _filled(pair.prompt):
-            raise Refusal(f'pair set {path} has an empty "prompt" at line {line.number}; leave the field out '
-                          "for a pair without one")
+            raise Refusal(
+                f'pair set {path} has an empty "prompt" at line {line.number}; leave the field out '
+                "for a pair without one"
+            )
     return PreferenceSet(str(path), None, pairs)
 
 
@@ -188,8 +194,9 @@ def _preference(line: _Line, path: Path) -> Preference:
     if isinstance(chosen, str) or isinstance(rejected, str):
         raise Refusal(f'{where}: "chosen" and "rejected" must both be text or both lists of messages')
     head = prompt if isinstance(prompt, list) else []
-    pair = _shared_prompt([*head, *_messages(chosen, "chosen", where)],
-                          [*head, *_messages(rejected, "rejected", where)], where)
+    pair = _shared_prompt(
+        [*head, *_messages(chosen, "chosen", where)], [*head, *_messages(rejected, "rejected", where)], where
+    )
     if pair.prompt is None and isinstance(prompt, str):
         return Preference(pair.chosen, pair.rejected, prompt)
     return pair
@@ -268,8 +275,11 @@ def _messages(value: Any, field: str, where: str) -> list[Message]:
         kind = "a list of messages" if field == "messages" else "text or a list of messages"
         raise Refusal(f'{where}: "{field}" must be {kind}')
     for number, turn in enumerate(value, start=1):
-        if not isinstance(turn, dict) or not isinstance(turn.get("role"), str) \
-                or not isinstance(turn.get("content"), str):
+        if (
+            not isinstance(turn, dict)
+            or not isinstance(turn.get("role"), str)
+            or not isinstance(turn.get("content"), str)
+        ):
             raise Refusal(f'{where}: message {number} of "{field}" needs a text "role" and a text "content"')
     return [{"role": turn["role"], "content": turn["content"]} for turn in value]
 
@@ -328,8 +338,9 @@ def _lines(text: str, path: Path) -> list[_Line]:
         except json.JSONDecodeError as exc:
             raise Refusal(f"{path} line {number} is not valid JSON: {exc.msg} at column {exc.colno}") from None
         except DuplicateKey as exc:
-            raise Refusal(f'{path} line {number} gives the key "{exc.key}" twice, so which value is meant is '
-                          "ambiguous") from None
+            raise Refusal(
+                f'{path} line {number} gives the key "{exc.key}" twice, so which value is meant is ambiguous'
+            ) from None
         except RecursionError:
             raise Refusal(f"{path} line {number} nests its arrays or objects too deeply to be read") from None
         if not isinstance(record, dict):
@@ -344,8 +355,10 @@ def _check_text(line: _Line, path: Path) -> None:
     """Refuse a record holding a lone surrogate: no tokenizer encodes it."""
     found = lone_surrogate(line.record)
     if found is not None:
-        raise Refusal(f'{path} line {line.number} holds {surrogate_phrase(found[1])} at "{found[0]}", which is not '
-                      "a character; write the character itself or a valid surrogate pair")
+        raise Refusal(
+            f'{path} line {line.number} holds {surrogate_phrase(found[1])} at "{found[0]}", which is not '
+            "a character; write the character itself or a valid surrogate pair"
+        )
 
 
 def _parses(line: str) -> bool:

@@ -113,8 +113,9 @@ def evaluate_job(request: TuneEvaluateRequest, ctx: JobContext) -> EvaluateRepor
     assert request.examples is not None
     examples = load_examples(request.examples)
     sequences = [encode_example(checkpoint.codec, example) for example in examples.examples]
-    usable = within_limit([len(seq.ids) for seq in sequences], _limit(request, checkpoint), request.unit,
-                          "evaluate", ctx)
+    usable = within_limit(
+        [len(seq.ids) for seq in sequences], _limit(request, checkpoint), request.unit, "evaluate", ctx
+    )
     adapter = check_adapter(ctx, request.adapter, checkpoint)
     # torch, once every input has been checked
     from ster.engine.tune.scoring import completion_nlls
@@ -125,27 +126,52 @@ def evaluate_job(request: TuneEvaluateRequest, ctx: JobContext) -> EvaluateRepor
     def on_example(position: int, nll: float, tokens: int) -> None:
         index = usable[position]
         loss = nll / tokens
-        ctx.progress("evaluate", f"example {index + 1}/{total} loss {loss:.4f} perplexity {_exp(loss):.4f}",
-                     index + 1, total, data={"loss": loss, "perplexity": _exp(loss), "tokens": tokens})
+        ctx.progress(
+            "evaluate",
+            f"example {index + 1}/{total} loss {loss:.4f} perplexity {_exp(loss):.4f}",
+            index + 1,
+            total,
+            data={"loss": loss, "perplexity": _exp(loss), "tokens": tokens},
+        )
 
     with adapted(ctx, decoder, adapter, checkpoint):
-        scored = completion_nlls(decoder, [sequences[i] for i in usable], request.batch_size, ctx.check_cancelled,
-                                 on_example)
-    entries = [ExampleEntry(index=i, prompt=examples.examples[i].prompt, completion=examples.examples[i].completion,
-                            completion_tokens=tokens, loss=nll / tokens, perplexity=_exp(nll / tokens))
-               for i, (nll, tokens) in zip(usable, scored)]
+        scored = completion_nlls(
+            decoder, [sequences[i] for i in usable], request.batch_size, ctx.check_cancelled, on_example
+        )
+    entries = [
+        ExampleEntry(
+            index=i,
+            prompt=examples.examples[i].prompt,
+            completion=examples.examples[i].completion,
+            completion_tokens=tokens,
+            loss=nll / tokens,
+            perplexity=_exp(nll / tokens),
+        )
+        for i, (nll, tokens) in zip(usable, scored)
+    ]
     tokens = sum(entry.completion_tokens for entry in entries)
     loss = sum(nll for nll, _ in scored) / tokens
     mean_example_loss = sum(entry.loss for entry in entries) / len(entries)
-    ctx.progress("evaluate", f"{len(entries)} examples, {tokens} completion tokens, loss {loss:.4f}, "
-                             f"perplexity {_exp(loss):.4f}")
+    ctx.progress(
+        "evaluate", f"{len(entries)} examples, {tokens} completion tokens, loss {loss:.4f}, perplexity {_exp(loss):.4f}"
+    )
     return EvaluateReport(
-        model=checkpoint.source.model, model_revision=checkpoint.source.revision,
-        adapter=str(request.adapter) if adapter else None, name=examples.name, examples=total,
-        evaluated=len(entries), skipped_long=total - len(entries), completion_tokens=tokens, loss=loss,
-        perplexity=_exp(loss), mean_example_loss=mean_example_loss,
-        mean_example_perplexity=_exp(mean_example_loss), chat_template=checkpoint.codec.decision,
-        precision=request.precision, entries=entries)
+        model=checkpoint.source.model,
+        model_revision=checkpoint.source.revision,
+        adapter=str(request.adapter) if adapter else None,
+        name=examples.name,
+        examples=total,
+        evaluated=len(entries),
+        skipped_long=total - len(entries),
+        completion_tokens=tokens,
+        loss=loss,
+        perplexity=_exp(loss),
+        mean_example_loss=mean_example_loss,
+        mean_example_perplexity=_exp(mean_example_loss),
+        chat_template=checkpoint.codec.decision,
+        precision=request.precision,
+        entries=entries,
+    )
 
 
 def _exp(loss: float) -> float:
@@ -170,10 +196,13 @@ def _pair_rows(checkpoint: Checkpoint, chosen: str, rejected: str, prompt: Any, 
 
 def _evaluate_pairs(request: TuneEvaluateRequest, ctx: JobContext, checkpoint: Checkpoint) -> PairEvaluateReport:
     preferences = load_preferences(request.pairs)
-    rows = [_pair_rows(checkpoint, p.chosen, p.rejected, p.prompt, number)
-            for number, p in enumerate(preferences.pairs, start=1)]
-    usable = within_limit([max(map(len, sides)) for sides in rows], _limit(request, checkpoint), request.unit,
-                          "evaluate", ctx)
+    rows = [
+        _pair_rows(checkpoint, p.chosen, p.rejected, p.prompt, number)
+        for number, p in enumerate(preferences.pairs, start=1)
+    ]
+    usable = within_limit(
+        [max(map(len, sides)) for sides in rows], _limit(request, checkpoint), request.unit, "evaluate", ctx
+    )
     checked = check_adapter(ctx, request.adapter, checkpoint, want=None)
     assert checked is not None
     # torch, once every input has been checked
@@ -192,28 +221,54 @@ def _evaluate_pairs(request: TuneEvaluateRequest, ctx: JobContext, checkpoint: C
 
     def on_pair(position: int, numbers: dict[str, float]) -> None:
         index = units[position].index
-        ctx.progress("evaluate", f"pair {index + 1}/{len(rows)} chosen {word} {numbers[chosen_key]:.4f} rejected "
-                                 f"{word} {numbers[rejected_key]:.4f}", index + 1, len(rows),
-                     data={"chosen": numbers[chosen_key], "rejected": numbers[rejected_key]})
+        ctx.progress(
+            "evaluate",
+            f"pair {index + 1}/{len(rows)} chosen {word} {numbers[chosen_key]:.4f} rejected "
+            f"{word} {numbers[rejected_key]:.4f}",
+            index + 1,
+            len(rows),
+            data={"chosen": numbers[chosen_key], "rejected": numbers[rejected_key]},
+        )
 
     with attached(decoder, adapter):
         stats = scoring.pair_stats(objective, decoder, units, request.batch_size, ctx, on_pair)
-    entries = [PairEntry(index=unit.index, chosen=s[chosen_key], rejected=s[rejected_key],
-                         margin=s[chosen_key] - s[rejected_key], correct=bool(s["correct"]))
-               for unit, s in zip(units, stats)]
+    entries = [
+        PairEntry(
+            index=unit.index,
+            chosen=s[chosen_key],
+            rejected=s[rejected_key],
+            margin=s[chosen_key] - s[rejected_key],
+            correct=bool(s["correct"]),
+        )
+        for unit, s in zip(units, stats)
+    ]
     count = len(entries)
     accuracy = sum(entry.correct for entry in entries) / count
     mean_chosen, mean_rejected = sum(e.chosen for e in entries) / count, sum(e.rejected for e in entries) / count
-    ctx.progress("evaluate", f"{count} pairs, accuracy {accuracy:.3f}, mean {word} margin "
-                             f"{mean_chosen - mean_rejected:.4f}")
+    ctx.progress(
+        "evaluate", f"{count} pairs, accuracy {accuracy:.3f}, mean {word} margin {mean_chosen - mean_rejected:.4f}"
+    )
     return PairEvaluateReport(
-        model=checkpoint.source.model, model_revision=checkpoint.source.revision, adapter=str(request.adapter),
-        measure="reward_model" if reward else "implicit_reward", loss=loss, beta=None if reward else request.beta,
-        name=preferences.name, pairs=len(rows), evaluated=count, skipped_long=len(rows) - count, accuracy=accuracy,
-        tied_pairs=sum(e.chosen == e.rejected for e in entries), mean_chosen=mean_chosen,
-        mean_rejected=mean_rejected, mean_margin=mean_chosen - mean_rejected,
-        mean_loss=sum(s["loss"] for s in stats) / count, chat_template=checkpoint.codec.decision,
-        precision=request.precision, entries=entries)
+        model=checkpoint.source.model,
+        model_revision=checkpoint.source.revision,
+        adapter=str(request.adapter),
+        measure="reward_model" if reward else "implicit_reward",
+        loss=loss,
+        beta=None if reward else request.beta,
+        name=preferences.name,
+        pairs=len(rows),
+        evaluated=count,
+        skipped_long=len(rows) - count,
+        accuracy=accuracy,
+        tied_pairs=sum(e.chosen == e.rejected for e in entries),
+        mean_chosen=mean_chosen,
+        mean_rejected=mean_rejected,
+        mean_margin=mean_chosen - mean_rejected,
+        mean_loss=sum(s["loss"] for s in stats) / count,
+        chat_template=checkpoint.codec.decision,
+        precision=request.precision,
+        entries=entries,
+    )
 
 
 def _preference_loss(train: dict[str, Any] | None) -> str:

@@ -80,8 +80,9 @@ class Grpo(Objective):
     fusable: bool = False
     """Each prompt's group is its own forward: the prompts of a step spread over the ranks."""
 
-    def prepare(self, decoder: Decoder, shares: list[list[list[Unit]]], ctx: JobContext,
-                parallel: Parallel = ONE_PROCESS) -> None:
+    def prepare(
+        self, decoder: Decoder, shares: list[list[list[Unit]]], ctx: JobContext, parallel: Parallel = ONE_PROCESS
+    ) -> None:
         self.ctx = ctx
 
     def begin(self, epoch: int) -> None:
@@ -98,19 +99,29 @@ class Grpo(Objective):
     def _prompt(self, decoder: Decoder, unit: Unit) -> tuple[Tensor, Stats]:
         prompt = unit.rows[0]
         if self.ctx is not None:
-            self.ctx.progress("sample", f"iteration {self.epoch + 1}/{self.iterations} prompt {unit.index + 1} "
-                                        f"sampling {self.group} completions")
+            self.ctx.progress(
+                "sample",
+                f"iteration {self.epoch + 1}/{self.iterations} prompt {unit.index + 1} "
+                f"sampling {self.group} completions",
+            )
         first = self.seed + (self.epoch * self.prompts + unit.index) * self.group
         samplings = [Sampling(self.temperature, self.top_p, first + i) for i in range(self.group)]
         with folded(decoder):  # the policy's updates folded into its weights: a step costs what the base's does
-            drawn = decode_group(decoder, prompt, samplings, max_new_tokens=self.max_new_tokens,
-                                 eos_ids=self.eos_ids, check_cancelled=lambda: None)  # cancel: between steps
+            drawn = decode_group(
+                decoder,
+                prompt,
+                samplings,
+                max_new_tokens=self.max_new_tokens,
+                eos_ids=self.eos_ids,
+                check_cancelled=lambda: None,
+            )  # cancel: between steps
         if any(not generation.ids for generation in drawn):
             raise Refusal("a sampled completion was empty, so this group has nothing to score")
         completions = [g.ids + ([g.end] if g.end is not None else []) for g in drawn]
         rows = [prompt + completion for completion in completions]
-        rewards = ([float(len(g.ids)) for g in drawn] if self.reward_model is None
-                   else self.reward_model.scores(decoder, rows))
+        rewards = (
+            [float(len(g.ids)) for g in drawn] if self.reward_model is None else self.reward_model.scores(decoder, rows)
+        )
         advantage = torch.tensor(advantages(rewards), dtype=torch.float32, device=decoder.lm_head.weight.device)
         starts = [len(prompt)] * len(rows)
         hidden, tree = forward_tree(decoder, rows)
@@ -129,17 +140,23 @@ class Grpo(Objective):
         mean_reward = mean(rewards)
         spread = math.sqrt(math.fsum((r - mean_reward) ** 2 for r in rewards) / len(rewards))
         generated = sum(len(g.ids) for g in drawn)
-        return loss, {"loss": float(loss.detach()), "reward": mean_reward, "reward_spread": spread,
-                      "kl": mean(kls), "completion_tokens": generated / len(drawn),
-                      "tokens": float(generated + sum(len(row) for row in rows))}
+        return loss, {
+            "loss": float(loss.detach()),
+            "reward": mean_reward,
+            "reward_spread": spread,
+            "kl": mean(kls),
+            "completion_tokens": generated / len(drawn),
+            "tokens": float(generated + sum(len(row) for row in rows)),
+        }
 
     def step_tokens(self, units: list[Unit], stats: list[Stats]) -> int:
         return int(sum(s["tokens"] for s in stats))
 
-    step_line = ("iteration {epoch}/{epochs} step {within}/{steps} loss {loss:.4f} reward {reward:.4f} "
-                 "kl {kl:.4f}")
-    epoch_line = ("iteration {epoch}/{epochs} mean reward {mean_reward:.4f} spread {reward_spread:.4f} "
-                  "mean kl {mean_kl:.4f} policy loss {policy_loss:.4f}")
+    step_line = "iteration {epoch}/{epochs} step {within}/{steps} loss {loss:.4f} reward {reward:.4f} kl {kl:.4f}"
+    epoch_line = (
+        "iteration {epoch}/{epochs} mean reward {mean_reward:.4f} spread {reward_spread:.4f} "
+        "mean kl {mean_kl:.4f} policy loss {policy_loss:.4f}"
+    )
     period = "iteration"
 
     def report(self, stats: list[Stats]) -> Report:
@@ -147,9 +164,21 @@ class Grpo(Objective):
         reward, kl = mean(s["reward"] for s in stats), mean(s["kl"] for s in stats)
         spread, policy = mean(s["reward_spread"] for s in stats), mean(s["loss"] for s in stats)
         length = mean(s["completion_tokens"] for s in stats)
-        summary = {"mean_reward": reward, "reward_spread": spread, "mean_kl": kl, "policy_loss": policy,
-                   "mean_completion_tokens": length}
-        return Report(shown={"reward": reward, "kl": kl, "reward_spread": spread, "policy_loss": policy,
-                             "completion_tokens": length}, summary=summary,
-                      epoch={"groups": len(stats), "completions": len(stats) * self.group, **summary})
-
+        summary = {
+            "mean_reward": reward,
+            "reward_spread": spread,
+            "mean_kl": kl,
+            "policy_loss": policy,
+            "mean_completion_tokens": length,
+        }
+        return Report(
+            shown={
+                "reward": reward,
+                "kl": kl,
+                "reward_spread": spread,
+                "policy_loss": policy,
+                "completion_tokens": length,
+            },
+            summary=summary,
+            epoch={"groups": len(stats), "completions": len(stats) * self.group, **summary},
+        )

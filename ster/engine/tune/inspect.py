@@ -72,10 +72,15 @@ def inspect_job(request: TuneInspectRequest, ctx: JobContext) -> InspectResult:
     sidecar, header = read_document(path)
     expected = _expected(sidecar)
     check_tensors(sidecar, header, _filled(expected, header), path)
-    tensors = [TensorEntry(name=name, shape=list(header[name]["shape"]), dtype=str(header[name].get("dtype", "")))
-               for name in expected]
-    return InspectResult(adapter=AdapterDocument(**sidecar.model_dump(exclude={"train"}), scale=sidecar.scale,
-                                                 tensors=tensors, train=sidecar.train))
+    tensors = [
+        TensorEntry(name=name, shape=list(header[name]["shape"]), dtype=str(header[name].get("dtype", "")))
+        for name in expected
+    ]
+    return InspectResult(
+        adapter=AdapterDocument(
+            **sidecar.model_dump(exclude={"train"}), scale=sidecar.scale, tensors=tensors, train=sidecar.train
+        )
+    )
 
 
 def _peft(path: Path) -> InspectResult:
@@ -85,9 +90,14 @@ def _peft(path: Path) -> InspectResult:
     sidecar, tensors = peft_document(path)
     fields = sidecar.model_dump(exclude={"train"})
     fields["product"] = "peft"
-    return InspectResult(adapter=AdapterDocument(
-        **fields, scale=sidecar.scale, train=None,
-        tensors=[TensorEntry(name=name, shape=shape, dtype=dtype) for name, shape, dtype in tensors]))
+    return InspectResult(
+        adapter=AdapterDocument(
+            **fields,
+            scale=sidecar.scale,
+            train=None,
+            tensors=[TensorEntry(name=name, shape=shape, dtype=dtype) for name, shape, dtype in tensors],
+        )
+    )
 
 
 def _expected(sidecar: AdapterSidecar) -> dict[str, tuple[int | None, int | None]]:
@@ -104,12 +114,14 @@ def _expected(sidecar: AdapterSidecar) -> dict[str, tuple[int | None, int | None
     return shapes
 
 
-def _filled(expected: dict[str, tuple[int | None, int | None]],
-            header: dict[str, dict[str, Any]]) -> dict[str, tuple[int, ...]]:
+def _filled(
+    expected: dict[str, tuple[int | None, int | None]], header: dict[str, dict[str, Any]]
+) -> dict[str, tuple[int, ...]]:
     """The expected shapes with each axis only the model would know taken from the file, for ``check_tensors``."""
     filled: dict[str, tuple[int, ...]] = {}
     for name, shape in expected.items():
         got = list(header.get(name, {}).get("shape", ()))
-        filled[name] = tuple(got[axis] if want is None and len(got) == 2 else (want or 0)
-                             for axis, want in enumerate(shape))
+        filled[name] = tuple(
+            got[axis] if want is None and len(got) == 2 else (want or 0) for axis, want in enumerate(shape)
+        )
     return filled

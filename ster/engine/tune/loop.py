@@ -78,8 +78,16 @@ class LoopState:
 class Loop:
     """Runs an objective over its units with an adapter's tensors as the only trainable parameters."""
 
-    def __init__(self, decoder: Decoder, params: list[Tensor], objective: Objective, units: list[Unit],
-                 settings: Settings, ctx: JobContext, parallel: Parallel) -> None:
+    def __init__(
+        self,
+        decoder: Decoder,
+        params: list[Tensor],
+        objective: Objective,
+        units: list[Unit],
+        settings: Settings,
+        ctx: JobContext,
+        parallel: Parallel,
+    ) -> None:
         self.decoder, self.params, self.objective, self.units = decoder, params, objective, units
         self.settings, self.ctx, self.parallel = settings, ctx, parallel
         self.per_step = settings.batch * settings.accumulation
@@ -102,8 +110,10 @@ class Loop:
         while self.state.step < self.total:
             if self.parallel.any(self.ctx.cancel.is_set()):  # every rank stops before the same step
                 where = save_checkpoint(self)
-                raise Cancelled(f"cancelled after step {self.state.step} of {self.total}; the checkpoint at {where} "
-                                "continues it when the same command is given with --resume")
+                raise Cancelled(
+                    f"cancelled after step {self.state.step} of {self.total}; the checkpoint at {where} "
+                    "continues it when the same command is given with --resume"
+                )
             self._step()
             every = self.settings.checkpoint_every
             if every and self.state.step % every == 0 and self.state.step < self.total:
@@ -118,10 +128,10 @@ class Loop:
 
     def _forwards(self, step: int) -> list[list[Unit]]:
         epoch, within = divmod(step, self.steps_per_epoch)
-        picked = [self.units[i] for i in self._order(epoch)[within * self.per_step:(within + 1) * self.per_step]]
+        picked = [self.units[i] for i in self._order(epoch)[within * self.per_step : (within + 1) * self.per_step]]
         if self.settings.batch > 1:
             picked = sorted(picked, key=lambda unit: -unit.length)  # stable: equal lengths keep their order
-        return [picked[i:i + self.settings.batch] for i in range(0, len(picked), self.settings.batch)]
+        return [picked[i : i + self.settings.batch] for i in range(0, len(picked), self.settings.batch)]
 
     def _groups(self, step: int) -> list[list[tuple[int, list[Unit]]]]:
         """The step's forwards, numbered, consecutive ones joined while they pack within
@@ -135,8 +145,11 @@ class Loop:
     def first_epoch(self) -> list[list[list[Unit]]]:
         """Per rank, the units of each forward it runs in the first epoch (what the reference pass scores)."""
         world, steps = self.parallel.world, range(min(self.steps_per_epoch, self.total))
-        groups = [(g, [unit for _, units in group for unit in units])
-                  for step in steps for g, group in enumerate(self._groups(step))]
+        groups = [
+            (g, [unit for _, units in group for unit in units])
+            for step in steps
+            for g, group in enumerate(self._groups(step))
+        ]
         return [[units for g, units in groups if g % world == rank] for rank in range(world)]
 
     def _step(self) -> None:
@@ -150,8 +163,8 @@ class Loop:
             losses, unit_stats = self.objective.losses(self.decoder, [unit for _, units in group for unit in units])
             (losses.sum() / self.per_step).backward()
             for number, units in group:  # each forward's numbers under its own number, as every rank orders them
-                stats.append((number, unit_stats[:len(units)]))
-                unit_stats = unit_stats[len(units):]
+                stats.append((number, unit_stats[: len(units)]))
+                unit_stats = unit_stats[len(units) :]
         step_stats = self.parallel.gather(stats)
         self.parallel.reduce_gradients(self.params)
         rate = learning_rate(self.settings.learning_rate, step, self.settings.warmup_steps, self.total)
@@ -173,16 +186,33 @@ class Loop:
         if within == self.steps_per_epoch - 1:
             self._report_epoch(epoch)
 
-    def _report_step(self, epoch: int, within: int, loss: float, rate: float, speed: float,
-                     stats: list[Stats]) -> None:
+    def _report_step(self, epoch: int, within: int, loss: float, rate: float, speed: float, stats: list[Stats]) -> None:
         done = min((within + 1) * self.per_step, len(self.units))
-        place = Place(epoch + 1, self.settings.epochs, within + 1, self.steps_per_epoch,
-                      epoch * self.steps_per_epoch + within + 1, self.settings.epochs * self.steps_per_epoch,
-                      done, len(self.units))
+        place = Place(
+            epoch + 1,
+            self.settings.epochs,
+            within + 1,
+            self.steps_per_epoch,
+            epoch * self.steps_per_epoch + within + 1,
+            self.settings.epochs * self.steps_per_epoch,
+            done,
+            len(self.units),
+        )
         report = self.objective.report(stats)
-        self.ctx.progress("train", self.objective.step_message(place, loss, report), self.state.step, self.total,
-                          {"epoch": epoch + 1, "loss": loss, "learning_rate": rate, "tokens_per_second": speed,
-                           **report.shown, **report.data})
+        self.ctx.progress(
+            "train",
+            self.objective.step_message(place, loss, report),
+            self.state.step,
+            self.total,
+            {
+                "epoch": epoch + 1,
+                "loss": loss,
+                "learning_rate": rate,
+                "tokens_per_second": speed,
+                **report.shown,
+                **report.data,
+            },
+        )
 
     def _report_epoch(self, epoch: int) -> None:
         entry, line = self.objective.epoch_report(epoch, self.settings.epochs, self.state.epoch_stats)

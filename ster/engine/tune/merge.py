@@ -91,9 +91,13 @@ def weight_rows(config: DecoderConfig, layer: int, target: str) -> tuple[str, in
     for fused, parts in config.family.fused.items():
         if projection in parts:
             rows = [fused_rows(config, part) for part in parts]
-            start = sum(rows[:parts.index(projection)])
-            return (f"model.layers.{layer}.{module}.{fused}.weight", start, start + rows[parts.index(projection)],
-                    sum(rows))
+            start = sum(rows[: parts.index(projection)])
+            return (
+                f"model.layers.{layer}.{module}.{fused}.weight",
+                start,
+                start + rows[parts.index(projection)],
+                sum(rows),
+            )
     out = projection_shape(config, target)[0]
     return weight_name(layer, target), 0, out, out
 
@@ -122,16 +126,31 @@ def merge_job(request: MergeRequest, ctx: JobContext) -> MergeResult:
         merged, dtypes, parameters = _write_weights(ctx, source, shards, adapter, staging / WEIGHTS, device, config)
         files = [WEIGHTS, *_copy_files(source, staging)]
     ctx.log(f"merged {len(merged)} projections into {request.output}")
-    return MergeResult(report=MergeReport(
-        model=source.model, model_revision=source.revision, adapter=str(request.adapter),
-        output=str(request.output), rank=sidecar.rank, alpha=sidecar.alpha, scale=sidecar.scale,
-        targets=sidecar.targets, layers=sidecar.layers, hidden_size=sidecar.hidden_size,
-        merged_tensors=len(merged), copied_tensors=len(shards) - len(merged), total_tensors=len(shards),
-        parameters=parameters, dtype=",".join(sorted(dtypes)), files=sorted(files)))
+    return MergeResult(
+        report=MergeReport(
+            model=source.model,
+            model_revision=source.revision,
+            adapter=str(request.adapter),
+            output=str(request.output),
+            rank=sidecar.rank,
+            alpha=sidecar.alpha,
+            scale=sidecar.scale,
+            targets=sidecar.targets,
+            layers=sidecar.layers,
+            hidden_size=sidecar.hidden_size,
+            merged_tensors=len(merged),
+            copied_tensors=len(shards) - len(merged),
+            total_tensors=len(shards),
+            parameters=parameters,
+            dtype=",".join(sorted(dtypes)),
+            files=sorted(files),
+        )
+    )
 
 
-def _check_adapter(ctx: JobContext, sidecar: AdapterSidecar, source: ModelSource, fingerprint: str,
-                   config: DecoderConfig) -> None:
+def _check_adapter(
+    ctx: JobContext, sidecar: AdapterSidecar, source: ModelSource, fingerprint: str, config: DecoderConfig
+) -> None:
     note = check_for_model(sidecar, source.model, fingerprint, config.hidden_size, config.num_hidden_layers)
     if note is not None:
         ctx.log(note)
@@ -143,8 +162,10 @@ def _shard_headers(weights: tuple[Path, ...]) -> dict[str, tuple[Path, dict[str,
     for path in weights:
         for name, entry in _header(path).items():
             if name in found:
-                raise Refusal(f"tensor {name} is in both {found[name][0].name} and {path.name}; a checkpoint names "
-                              "each tensor once, so this one is refused rather than half-merged")
+                raise Refusal(
+                    f"tensor {name} is in both {found[name][0].name} and {path.name}; a checkpoint names "
+                    "each tensor once, so this one is refused rather than half-merged"
+                )
             found[name] = (path, entry)
     return found
 
@@ -162,8 +183,9 @@ def _header(path: Path) -> dict[str, Any]:
     return header
 
 
-def _check_weights(sidecar: AdapterSidecar, shards: dict[str, tuple[Path, dict[str, Any]]],
-                   config: DecoderConfig) -> None:
+def _check_weights(
+    sidecar: AdapterSidecar, shards: dict[str, tuple[Path, dict[str, Any]]], config: DecoderConfig
+) -> None:
     """Every weight the adapter updates is in the checkpoint, shaped as the adapter's factors multiply to."""
     in_checkpoint = {decoder_name(config, name): name for name in shards}
     for layer in sidecar.layers:
@@ -174,13 +196,21 @@ def _check_weights(sidecar: AdapterSidecar, shards: dict[str, tuple[Path, dict[s
             if name not in shards:
                 raise Refusal(f"the weights of {sidecar.model} have no tensor {name}, which the adapter updates")
             if list(shards[name][1].get("shape", [])) != shape:
-                raise Refusal(f"tensor {name} has shape {shards[name][1].get('shape')}, but the adapter's update is "
-                              f"shaped {shape}")
+                raise Refusal(
+                    f"tensor {name} has shape {shards[name][1].get('shape')}, but the adapter's update is "
+                    f"shaped {shape}"
+                )
 
 
-def _read_adapter(ctx: JobContext, path: Path, sidecar: AdapterSidecar | None, source: ModelSource,
-                  config: DecoderConfig, device: Any,
-                  shards: dict[str, tuple[Path, dict[str, Any]]]) -> tuple[AdapterSidecar, Adapter]:
+def _read_adapter(
+    ctx: JobContext,
+    path: Path,
+    sidecar: AdapterSidecar | None,
+    source: ModelSource,
+    config: DecoderConfig,
+    device: Any,
+    shards: dict[str, tuple[Path, dict[str, Any]]],
+) -> tuple[AdapterSidecar, Adapter]:
     """The factors of a checked Ster adapter, or of a PEFT directory (read, then checked)."""
     if sidecar is None:
         sidecar, adapter = read_peft(ctx, path, source.model, config, device)
@@ -191,8 +221,15 @@ def _read_adapter(ctx: JobContext, path: Path, sidecar: AdapterSidecar | None, s
     return load_adapter(path, config, device)
 
 
-def _write_weights(ctx: JobContext, source: ModelSource, shards: dict[str, tuple[Path, dict[str, Any]]],
-                   adapter: Adapter, target: Path, device: Any, config: DecoderConfig) -> tuple[list[str], set[str], int]:
+def _write_weights(
+    ctx: JobContext,
+    source: ModelSource,
+    shards: dict[str, tuple[Path, dict[str, Any]]],
+    adapter: Adapter,
+    target: Path,
+    device: Any,
+    config: DecoderConfig,
+) -> tuple[list[str], set[str], int]:
     """Write every tensor of the source into one file, the adapted projections with their update folded in;
     return the merged names, the merged weights' dtypes and the parameter count."""
     import torch
@@ -228,10 +265,14 @@ def _write_weights(ctx: JobContext, source: ModelSource, shards: dict[str, tuple
 
 def _copy_files(source: ModelSource, staging: Path) -> list[str]:
     """The source's config, tokenizer, chat template and generation config, under their usual names."""
-    files = {"config.json": source.config, "tokenizer.json": source.tokenizer,
-             "tokenizer_config.json": source.tokenizer_config, "chat_template.jinja": source.chat_template_file,
-             "generation_config.json": source.generation_config,
-             "special_tokens_map.json": _optional(source.root / "special_tokens_map.json")}
+    files = {
+        "config.json": source.config,
+        "tokenizer.json": source.tokenizer,
+        "tokenizer_config.json": source.tokenizer_config,
+        "chat_template.jinja": source.chat_template_file,
+        "generation_config.json": source.generation_config,
+        "special_tokens_map.json": _optional(source.root / "special_tokens_map.json"),
+    }
     copied = []
     for name, path in files.items():
         if path is not None:

@@ -144,8 +144,9 @@ class Objective:
         entry = {self.period: epoch + 1, **report.epoch}
         return entry, self.epoch_line.format(epoch=epoch + 1, epochs=epochs, tail=report.tail, **report.epoch)
 
-    def prepare(self, decoder: Decoder, shares: list[list[list[Unit]]], ctx: JobContext,
-                parallel: Parallel = ONE_PROCESS) -> None:
+    def prepare(
+        self, decoder: Decoder, shares: list[list[list[Unit]]], ctx: JobContext, parallel: Parallel = ONE_PROCESS
+    ) -> None:
         """Work done once before the first step (the reference pass of dpo), shared among the ranks:
         ``shares[rank]`` is that rank's forwards, each a list of units, as it first runs them."""
 
@@ -177,8 +178,9 @@ class Preference(Objective):
     def name(self) -> str:  # type: ignore[override]  # (a class attribute elsewhere; the loss chosen here)
         return self.loss
 
-    def prepare(self, decoder: Decoder, shares: list[list[list[Unit]]], ctx: JobContext,
-                parallel: Parallel = ONE_PROCESS) -> None:
+    def prepare(
+        self, decoder: Decoder, shares: list[list[list[Unit]]], ctx: JobContext, parallel: Parallel = ONE_PROCESS
+    ) -> None:
         """Score every pair under the frozen reference, each in the forward it is first trained in, so that
         with a fresh adapter (the identity) the first step's log-ratios are exactly zero."""
         if self.reference:
@@ -216,8 +218,14 @@ class Preference(Objective):
                 loss = F.softplus(-self.beta * (ratio_c - ratio_r))
             reward_c, reward_r = self.beta * float(ratio_c.detach()), self.beta * float(ratio_r.detach())
             losses.append(loss)
-            stats.append({"loss": float(loss.detach()), "chosen_reward": reward_c, "rejected_reward": reward_r,
-                          "correct": float(reward_c > reward_r)})
+            stats.append(
+                {
+                    "loss": float(loss.detach()),
+                    "chosen_reward": reward_c,
+                    "rejected_reward": reward_r,
+                    "correct": float(reward_c > reward_r),
+                }
+            )
         return torch.stack(losses), stats
 
     def report(self, stats: list[Stats]) -> Report:
@@ -226,11 +234,19 @@ class Preference(Objective):
         chosen = mean(s["chosen_reward"] for s in stats)
         rejected = mean(s["rejected_reward"] for s in stats)
         accuracy, margin = mean(s["correct"] for s in stats), chosen - rejected
-        summary = {"accuracy": accuracy, "mean_reward_margin": margin, "mean_chosen_reward": chosen,
-                   "mean_rejected_reward": rejected}
-        return Report(shown={"accuracy": accuracy}, data={"reward_margin": margin}, summary=summary,
-                      epoch={"mean_loss": mean(s["loss"] for s in stats), **summary},
-                      tail=f" accuracy {accuracy:.3f} reward margin {margin:.4f}")
+        summary = {
+            "accuracy": accuracy,
+            "mean_reward_margin": margin,
+            "mean_chosen_reward": chosen,
+            "mean_rejected_reward": rejected,
+        }
+        return Report(
+            shown={"accuracy": accuracy},
+            data={"reward_margin": margin},
+            summary=summary,
+            epoch={"mean_loss": mean(s["loss"] for s in stats), **summary},
+            tail=f" accuracy {accuracy:.3f} reward margin {margin:.4f}",
+        )
 
 
 class Reward(Objective):
@@ -246,9 +262,16 @@ class Reward(Objective):
         scores = self.score(tree_last_states(decoder, hidden, tree))  # chosen, rejected, chosen, ...
         chosen, rejected = scores[0::2], scores[1::2]
         losses = F.softplus(-(chosen - rejected))
-        stats = [{"loss": float(loss.detach()), "chosen_score": float(c.detach()), "rejected_score": float(r.detach()),
-                  "correct": float(c > r), "tied": float(c == r)}
-                 for loss, c, r in zip(losses, chosen, rejected)]
+        stats = [
+            {
+                "loss": float(loss.detach()),
+                "chosen_score": float(c.detach()),
+                "rejected_score": float(r.detach()),
+                "correct": float(c > r),
+                "tied": float(c == r),
+            }
+            for loss, c, r in zip(losses, chosen, rejected)
+        ]
         return losses, stats
 
     def score(self, states: Tensor) -> Tensor:
@@ -261,11 +284,20 @@ class Reward(Objective):
         chosen = mean(s["chosen_score"] for s in stats)
         rejected = mean(s["rejected_score"] for s in stats)
         accuracy, margin = mean(s["correct"] for s in stats), chosen - rejected
-        summary = {"accuracy": accuracy, "tied_pairs": int(sum(s["tied"] for s in stats)),
-                   "mean_chosen_score": chosen, "mean_rejected_score": rejected, "mean_score_margin": margin}
-        return Report(shown={"accuracy": accuracy}, data={"score_margin": margin}, summary=summary,
-                      epoch={"mean_loss": mean(s["loss"] for s in stats), **summary},
-                      tail=f" accuracy {accuracy:.3f} score margin {margin:.4f}")
+        summary = {
+            "accuracy": accuracy,
+            "tied_pairs": int(sum(s["tied"] for s in stats)),
+            "mean_chosen_score": chosen,
+            "mean_rejected_score": rejected,
+            "mean_score_margin": margin,
+        }
+        return Report(
+            shown={"accuracy": accuracy},
+            data={"score_margin": margin},
+            summary=summary,
+            epoch={"mean_loss": mean(s["loss"] for s in stats), **summary},
+            tail=f" accuracy {accuracy:.3f} score margin {margin:.4f}",
+        )
 
 
 def mean(values: Iterable[float]) -> float:

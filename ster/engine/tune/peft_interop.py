@@ -30,11 +30,13 @@ from ster.engine.tune.requests import ExportPeftRequest
 
 READS_HIDDEN = ("query", "key", "value", "gate", "up")
 """Targets whose input is the residual stream; ``output`` and ``down`` write to it."""
-SAME_WIDTH = ((("query", 0), ("output", 1), "the attention width"),
-              (("key", 0), ("value", 0), "the key-value width"),
-              (("gate", 0), ("up", 0), "the feed-forward width"),
-              (("gate", 0), ("down", 1), "the feed-forward width"),
-              (("up", 0), ("down", 1), "the feed-forward width"))
+SAME_WIDTH = (
+    (("query", 0), ("output", 1), "the attention width"),
+    (("key", 0), ("value", 0), "the key-value width"),
+    (("gate", 0), ("up", 0), "the feed-forward width"),
+    (("gate", 0), ("down", 1), "the feed-forward width"),
+    (("up", 0), ("down", 1), "the feed-forward width"),
+)
 """Pairs of (target, axis of its (out, in)) that one width of the model fixes, and what that width is."""
 
 
@@ -71,9 +73,16 @@ def export_job(request: ExportPeftRequest, ctx: JobContext) -> ExportPeftResult:
     ctx.progress("export", f"writing {request.adapter} as a PEFT adapter for {base_model}")
     tensors = _load(document)  # torch, once every input has been checked
     files = write_peft_dir(request.output, sidecar, tensors, base_model, layout)
-    return ExportPeftResult(output=str(request.output), base_model=base_model, rank=sidecar.rank,
-                            alpha=sidecar.alpha, target_modules=[m for m, _ in peft_modules(sidecar.targets, layout)],
-                            layers=sidecar.layers, tensors=len(tensors), files=files)
+    return ExportPeftResult(
+        output=str(request.output),
+        base_model=base_model,
+        rank=sidecar.rank,
+        alpha=sidecar.alpha,
+        target_modules=[m for m, _ in peft_modules(sidecar.targets, layout)],
+        layers=sidecar.layers,
+        tensors=len(tensors),
+        files=files,
+    )
 
 
 def check_factor_shapes(sidecar: AdapterSidecar, header: dict[str, dict[str, Any]], path: Path) -> None:
@@ -88,8 +97,10 @@ def check_factor_shapes(sidecar: AdapterSidecar, header: dict[str, dict[str, Any
     check_tensors(sidecar, header, expected, path)
     for (first, axis1), (second, axis2), what in SAME_WIDTH:
         if first in widths and second in widths and widths[first][axis1] != widths[second][axis2]:
-            raise Refusal(f"adapter factors disagree on {what}: {first} gives {widths[first][axis1]} and {second} "
-                          f"gives {widths[second][axis2]}")
+            raise Refusal(
+                f"adapter factors disagree on {what}: {first} gives {widths[first][axis1]} and {second} "
+                f"gives {widths[second][axis2]}"
+            )
 
 
 def _widths(sidecar: AdapterSidecar, header: dict[str, dict[str, Any]], target: str) -> tuple[int, int]:

@@ -96,12 +96,16 @@ def _check_sidecar_apart(request: TuneRequest) -> None:
     output = request.output
     side = sidecar_path(output)
     if side == output:
-        raise ValueError(f"--output {output} ends in .json, which is where its sidecar goes; give a name such as "
-                         f"{output.with_suffix('.safetensors')}")
+        raise ValueError(
+            f"--output {output} ends in .json, which is where its sidecar goes; give a name such as "
+            f"{output.with_suffix('.safetensors')}"
+        )
     for name, value in request:
         if isinstance(value, Path) and name != "output" and same_file(side, value):
-            raise ValueError(f"the sidecar of --output {output} would be {side}, the same file as {flag(name)} "
-                             f"{value}; give --output another name")
+            raise ValueError(
+                f"the sidecar of --output {output} would be {side}, the same file as {flag(name)} "
+                f"{value}; give --output another name"
+            )
 
 
 class SftRequest(TuneRequest):
@@ -176,11 +180,14 @@ class GrpoRequest(TuneRequest):
         if not self.reward.strip():
             raise ValueError(f"{self.subject} requires a reward source; pass length or a reward artifact")
         if self.group < 2:
-            raise ValueError(f"{self.subject} requires a group of at least two completions, because the group is "
-                             "the baseline")
+            raise ValueError(
+                f"{self.subject} requires a group of at least two completions, because the group is the baseline"
+            )
         if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise ValueError(f"{self.subject} requires a temperature above zero; argmax sampling would draw one "
-                             "identical completion per group")
+            raise ValueError(
+                f"{self.subject} requires a temperature above zero; argmax sampling would draw one "
+                "identical completion per group"
+            )
         if not (math.isfinite(self.beta) and self.beta >= 0):
             raise ValueError(f"{self.subject} requires a finite beta of zero or more")
         if self.max_new_tokens < 1:
@@ -191,8 +198,9 @@ class GrpoRequest(TuneRequest):
             raise ValueError(f"{self.subject} takes no batch size: each prompt's group is decoded as one batch")
         source = self.reward_path
         if source is not None and same_file(source, self.output):
-            raise ValueError(f"--output {self.output} is the reward model given as --reward; give --output "
-                             "another name")
+            raise ValueError(
+                f"--output {self.output} is the reward model given as --reward; give --output another name"
+            )
         return self
 
     @property
@@ -227,11 +235,14 @@ class TuneEvaluateRequest(ModelRequest):
     @model_validator(mode="after")
     def _numbers(self) -> TuneEvaluateRequest:
         if (self.examples is None) == (self.pairs is None):
-            raise ValueError("tune evaluate takes --examples (completion loss) or --pairs (preference accuracy), "
-                             "exactly one of them")
+            raise ValueError(
+                "tune evaluate takes --examples (completion loss) or --pairs (preference accuracy), exactly one of them"
+            )
         if self.pairs is not None and self.adapter is None:
-            raise ValueError("tune evaluate --pairs measures an adapter: give --adapter, a generation adapter "
-                             "(implicit-reward accuracy) or a reward model (ranking accuracy)")
+            raise ValueError(
+                "tune evaluate --pairs measures an adapter: give --adapter, a generation adapter "
+                "(implicit-reward accuracy) or a reward model (ranking accuracy)"
+            )
         if self.max_sequence < 2:
             raise ValueError(MIN_SEQUENCE_SENTENCE)
         if self.batch_size < 1:

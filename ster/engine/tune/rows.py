@@ -36,7 +36,7 @@ def forward_rows(decoder: Decoder, rows: list[list[int]], adapters: bool = True)
     longest = max(len(row) for row in rows)
     ids = torch.zeros(len(rows), longest, dtype=torch.long, device=device)
     for i, row in enumerate(rows):
-        ids[i, :len(row)] = torch.tensor(row, device=device)
+        ids[i, : len(row)] = torch.tensor(row, device=device)
     key_mask = None
     if any(len(row) != longest for row in rows):
         lengths = torch.tensor([len(row) for row in rows], device=device)
@@ -50,7 +50,9 @@ def token_logprobs(decoder: Decoder, hidden: Tensor, rows: list[list[int]], star
     Only the positions that predict those tokens go through the vocabulary projection.
     """
     device = hidden.device
-    picks = [(i, torch.arange(start - 1, len(row) - 1, device=device)) for i, (row, start) in enumerate(zip(rows, starts))]
+    picks = [
+        (i, torch.arange(start - 1, len(row) - 1, device=device)) for i, (row, start) in enumerate(zip(rows, starts))
+    ]
     states = torch.cat([hidden[i, positions] for i, positions in picks])  # [N, D]
     targets = torch.cat([torch.tensor(row[start:], device=device) for row, start in zip(rows, starts)])  # [N]
     logp = -F.cross_entropy(decoder.project(states), targets, reduction="none")  # [N] f32
@@ -115,13 +117,16 @@ def forward_tree(decoder: Decoder, rows: list[list[int]], adapters: bool = True)
     return decoder(tree.ids, vocab="none", layout=tree.layout, adapters=adapters).hidden, tree
 
 
-def tree_logprobs(decoder: Decoder, hidden: Tensor, tree: Tree, rows: list[list[int]],
-                  starts: list[int]) -> list[Tensor]:
+def tree_logprobs(
+    decoder: Decoder, hidden: Tensor, tree: Tree, rows: list[list[int]], starts: list[int]
+) -> list[Tensor]:
     """Per row, the f32 log-probability of each token ``row[start:]`` given what precedes it. A state
     and next token that several rows share (their common prefix) go through the vocabulary projection once."""
     unique: dict[tuple[int, int], int] = {}
-    picks = [[unique.setdefault((path[t - 1], row[t]), len(unique)) for t in range(start, len(row))]
-             for path, row, start in zip(tree.nodes, rows, starts)]
+    picks = [
+        [unique.setdefault((path[t - 1], row[t]), len(unique)) for t in range(start, len(row))]
+        for path, row, start in zip(tree.nodes, rows, starts)
+    ]
     device = hidden.device
     states = hidden[0, torch.tensor([node for node, _ in unique], device=device)]  # [U, D]
     targets = torch.tensor([token for _, token in unique], device=device)

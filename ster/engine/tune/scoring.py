@@ -26,11 +26,16 @@ T = TypeVar("T")
 
 def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
     for start in range(0, len(items), size):
-        yield items[start:start + size]
+        yield items[start : start + size]
 
 
-def completion_nlls(decoder: Decoder, sequences: list[Sequence], batch: int, check_cancelled: Callable[[], None],
-                    on_example: Callable[[int, float, int], None]) -> list[tuple[float, int]]:
+def completion_nlls(
+    decoder: Decoder,
+    sequences: list[Sequence],
+    batch: int,
+    check_cancelled: Callable[[], None],
+    on_example: Callable[[int, float, int], None],
+) -> list[tuple[float, int]]:
     """Per sequence, in order, the f64 negative log-likelihood of its completion tokens and their count.
 
     ``on_example(i, nll, tokens)`` is called as each one is scored (``i`` its position in ``sequences``).
@@ -48,8 +53,14 @@ def completion_nlls(decoder: Decoder, sequences: list[Sequence], batch: int, che
     return scored
 
 
-def pair_stats(objective: Objective, decoder: Decoder, units: list[Unit], batch: int, ctx: JobContext,
-               on_pair: Callable[[int, Stats], None]) -> list[Stats]:
+def pair_stats(
+    objective: Objective,
+    decoder: Decoder,
+    units: list[Unit],
+    batch: int,
+    ctx: JobContext,
+    on_pair: Callable[[int, Stats], None],
+) -> list[Stats]:
     """Each pair's numbers under a training objective's own scoring (its loss, rewards or scores, whether
     the chosen side won), without a gradient; the objective's reference pass first (dpo)."""
     stats: list[Stats] = []

@@ -63,15 +63,22 @@ def sft_job(request: SftRequest, ctx: JobContext) -> TrainResult:
 def dpo_job(request: DpoRequest, ctx: JobContext) -> TrainResult:
     preferences = load_preferences(request.pairs)
     checkpoint = model_store(ctx).open(request, ctx)
-    return _train(request, ctx, checkpoint, pair_units(preferences, checkpoint),
-                  lambda adapter: _objective(request, adapter))
+    return _train(
+        request, ctx, checkpoint, pair_units(preferences, checkpoint), lambda adapter: _objective(request, adapter)
+    )
 
 
 def reward_job(request: RewardRequest, ctx: JobContext) -> TrainResult:
     preferences = load_preferences(request.pairs)
     checkpoint = model_store(ctx).open(request, ctx)
-    return _train(request, ctx, checkpoint, pair_units(preferences, checkpoint),
-                  lambda adapter: _objective(request, adapter), reward=True)
+    return _train(
+        request,
+        ctx,
+        checkpoint,
+        pair_units(preferences, checkpoint),
+        lambda adapter: _objective(request, adapter),
+        reward=True,
+    )
 
 
 def grpo_job(request: GrpoRequest, ctx: JobContext) -> TrainResult:
@@ -89,10 +96,18 @@ def grpo_job(request: GrpoRequest, ctx: JobContext) -> TrainResult:
 
             _, frozen = load_checked(ctx, reward, checkpoint, adapter.tensors[next(iter(adapter.tensors))].device)
             reward_model = RewardModel(frozen)
-        return Grpo(group=request.group, beta=request.beta, max_new_tokens=request.max_new_tokens,
-                    temperature=request.temperature, top_p=request.top_p, seed=request.seed,
-                    eos_ids=checkpoint.codec.eos_ids, prompts=len(units), iterations=request.iterations,
-                    reward_model=reward_model)
+        return Grpo(
+            group=request.group,
+            beta=request.beta,
+            max_new_tokens=request.max_new_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=request.seed,
+            eos_ids=checkpoint.codec.eos_ids,
+            prompts=len(units),
+            iterations=request.iterations,
+            reward_model=reward_model,
+        )
 
     return _train(request, ctx, checkpoint, units, objective)
 
@@ -107,8 +122,9 @@ def _reward_source(request: GrpoRequest, ctx: JobContext, checkpoint: Checkpoint
     return check_adapter(ctx, path, checkpoint, want="reward")
 
 
-def pair_units(preferences: PreferenceSet, checkpoint: Checkpoint) -> list[tuple[tuple[list[int], ...],
-                                                                                  tuple[int, ...]]]:
+def pair_units(
+    preferences: PreferenceSet, checkpoint: Checkpoint
+) -> list[tuple[tuple[list[int], ...], tuple[int, ...]]]:
     """Each pair's chosen and rejected ids, and where each side's scored tokens start (after a prompt)."""
     units: list[tuple[tuple[list[int], ...], tuple[int, ...]]] = []
     for number, pair in enumerate(preferences.pairs, start=1):
@@ -135,8 +151,14 @@ def _objective(request: TuneRequest, adapter: Any) -> Any:
 def _usable(request: TuneRequest, checkpoint: Checkpoint, units: list[Any], ctx: JobContext) -> list[int]:
     """Indices of the units within the sequence limit, counting a GRPO prompt's new tokens too."""
     new = request.max_new_tokens if isinstance(request, GrpoRequest) else 0
-    return within_limit([max(len(row) for row in rows) for rows, _ in units], min(request.max_sequence,
-                        checkpoint.context), request.unit, "train on", ctx, new)
+    return within_limit(
+        [max(len(row) for row in rows) for rows, _ in units],
+        min(request.max_sequence, checkpoint.context),
+        request.unit,
+        "train on",
+        ctx,
+        new,
+    )
 
 
 def _check_outputs(request: TuneRequest, ctx: JobContext) -> None:
@@ -153,20 +175,29 @@ def check_rank(request: AdapterSpecRequest, config: DecoderConfig) -> None:
     for target in request.target_names:
         rows, columns = projection_shape(config, target)
         if request.rank > min(rows, columns):
-            raise Refusal(f"adapter rank {request.rank} is above {min(rows, columns)}, the smaller side of the "
-                          f"{target} projection ({rows}x{columns}) of this model; choose a rank of at most "
-                          f"{min(rows, columns)}")
+            raise Refusal(
+                f"adapter rank {request.rank} is above {min(rows, columns)}, the smaller side of the "
+                f"{target} projection ({rows}x{columns}) of this model; choose a rank of at most "
+                f"{min(rows, columns)}"
+            )
 
 
-def _train(request: TuneRequest, ctx: JobContext, checkpoint: Checkpoint, units: list[Any],
-           make_objective: Callable[[Any], Any], reward: bool = False) -> TrainResult:
+def _train(
+    request: TuneRequest,
+    ctx: JobContext,
+    checkpoint: Checkpoint,
+    units: list[Any],
+    make_objective: Callable[[Any], Any],
+    reward: bool = False,
+) -> TrainResult:
     layers = LayerSpec.parse(request.layers).resolve(checkpoint.config.num_hidden_layers)
     check_rank(request, checkpoint.config)
     usable = _usable(request, checkpoint, units, ctx)
     _check_outputs(request, ctx)
     if request.resume:
-        check_checkpoint(checkpoint_path(request.output),
-                         run_identity(request, checkpoint.fingerprint, [units[i] for i in usable]))
+        check_checkpoint(
+            checkpoint_path(request.output), run_identity(request, checkpoint.fingerprint, [units[i] for i in usable])
+        )
     else:
         check_slot(checkpoint_path(request.output))  # the run may write a checkpoint there, and removes it at the end
     from ster.engine.tune.session import (

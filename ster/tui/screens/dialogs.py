@@ -85,8 +85,9 @@ class AskText(ModalScreen[str | None]):
         self.dismiss(None)
 
 
-def replace_or_keep(app: App, path: Path, kind: str, what: str, go: Callable[[], None],
-                    say: Callable[[str, str], None]) -> None:
+def replace_or_keep(
+    app: App, path: Path, kind: str, what: str, go: Callable[[], None], say: Callable[[str, str], None]
+) -> None:
     """Run ``go`` when ``path`` is free; ask first when it holds an older ``kind``; refuse anything else.
 
     The engine refuses to replace a document of another kind anyway; saying so here spares a
@@ -98,8 +99,9 @@ def replace_or_keep(app: App, path: Path, kind: str, what: str, go: Callable[[],
     if found is None or found.empty:
         go()
     elif found.kind == kind:
-        app.push_screen(Confirm(f"{path} holds {found.phrase}. Replace it with {what}?", "Replace", "Keep it"),
-                        lambda yes: go() if yes else say(f"kept {path}; nothing ran. Name another file to keep "
-                                                         "both", "yellow"))
+        app.push_screen(
+            Confirm(f"{path} holds {found.phrase}. Replace it with {what}?", "Replace", "Keep it"),
+            lambda yes: go() if yes else say(f"kept {path}; nothing ran. Name another file to keep both", "yellow"),
+        )
     else:
         say(f"{path} holds {found.phrase}, which {what} never replaces: name another file", "red")

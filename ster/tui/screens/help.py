@@ -51,8 +51,11 @@ class HelpScreen(ModalScreen[None]):
                 table.add_column(style="bold", no_wrap=True)
                 table.add_column(style="dim")
                 for binding in bindings:
-                    table.add_row(binding.key.replace("question_mark", "?").replace(",", ", "), binding.description,
-                                  binding.tooltip if binding.tooltip != binding.description else "")
+                    table.add_row(
+                        binding.key.replace("question_mark", "?").replace(",", ", "),
+                        binding.description,
+                        binding.tooltip if binding.tooltip != binding.description else "",
+                    )
                 yield Static(table)
             yield Static(Text("escape closes this screen", style="dim"))
         yield KeyBar(app_keys=False)

@@ -30,12 +30,27 @@ class ModelDialog(ModalScreen[dict[str, str] | None]):
             yield Label("Model: a checkpoint directory, a Hugging Face Hub id, or ster:toy / ster:toy-chat")
             yield Field(s.model, id="model")
             with Horizontal():
-                yield Select([(p, p) for p in ("f32", "f16", "bf16", "int8")], value=s.precision, allow_blank=False,
-                             compact=True, id="precision")
-                yield Select([(d, d) for d in ("cpu", "cuda", "mps", "auto")], value=s.device, allow_blank=False,
-                             compact=True, id="device")
-                yield Select([("chat template auto", "auto"), ("chat template off", "off")], value=s.chat_template,
-                             allow_blank=False, compact=True, id="chat_template")
+                yield Select(
+                    [(p, p) for p in ("f32", "f16", "bf16", "int8")],
+                    value=s.precision,
+                    allow_blank=False,
+                    compact=True,
+                    id="precision",
+                )
+                yield Select(
+                    [(d, d) for d in ("cpu", "cuda", "mps", "auto")],
+                    value=s.device,
+                    allow_blank=False,
+                    compact=True,
+                    id="device",
+                )
+                yield Select(
+                    [("chat template auto", "auto"), ("chat template off", "off")],
+                    value=s.chat_template,
+                    allow_blank=False,
+                    compact=True,
+                    id="chat_template",
+                )
             with Horizontal():
                 yield Button("Use (enter)", variant="primary", id="ok", compact=True)
                 yield Button("Cancel (esc)", id="cancel", compact=True)
@@ -55,8 +70,9 @@ class ModelDialog(ModalScreen[dict[str, str] | None]):
         if not model:
             self.notify("give a model", severity="error")
             return
-        values = {name: str(self.query_one(f"#{name}", Select).value) for name in ("precision", "device",
-                                                                                    "chat_template")}
+        values = {
+            name: str(self.query_one(f"#{name}", Select).value) for name in ("precision", "device", "chat_template")
+        }
         self.dismiss({"model": model, **values})
 
     def action_cancel(self) -> None:

@@ -23,12 +23,15 @@ PairTexts = tuple[str, str]
 class PairEditor(ModalScreen[PairTexts | None]):
     """Two multi-line boxes; dismisses with (positive, negative), or None when cancelled."""
 
-    DEFAULT_CSS = """
+    DEFAULT_CSS = (
+        """
     PairEditor { align: center middle; }
     PairEditor .dialog { width: 100; max-width: 95%; }
     PairEditor TextArea { height: 6; background: $boost; }
     PairEditor .side { margin-top: 1; }
-    """ + DIALOG_CSS
+    """
+        + DIALOG_CSS
+    )
     BINDINGS = [
         Binding("ctrl+s", "save", "Save", tooltip="Keep this pair"),
         Binding("escape", "cancel", "Cancel", tooltip="Close without changing the set"),

@@ -31,8 +31,10 @@ def save_text(app: App, text: str, suggested: Path, say: Said) -> None:
         elif path.exists():
             from ster.tui.screens.dialogs import Confirm
 
-            app.push_screen(Confirm(f"{shown(path)} exists. Replace it with this text?", "Replace", "Keep it"),
-                            lambda yes: write(path) if yes else say(f"kept {shown(path)}; nothing saved", "yellow"))
+            app.push_screen(
+                Confirm(f"{shown(path)} exists. Replace it with this text?", "Replace", "Keep it"),
+                lambda yes: write(path) if yes else say(f"kept {shown(path)}; nothing saved", "yellow"),
+            )
         else:
             write(path)
 

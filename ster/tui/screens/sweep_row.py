@@ -55,9 +55,14 @@ class SweepRowDialog(ModalScreen[Answer]):
                 for index, output in enumerate(self.row["outputs"]):
                     yield Static(Text.assemble((f"\nprompt {index + 1}: ", "bold"), output["prompt"]))
                     yield Static(Text(output["text"] or "(empty: the model ended the text at once)"))
-                    yield Static(Text(f"{output['tokens']} tokens, stopped at "
-                                      f"{output['stop_reason'].replace('_', ' ')}"
-                                      f"{output_effect(output) if self.row['strength'] else ''}", style="dim"))
+                    yield Static(
+                        Text(
+                            f"{output['tokens']} tokens, stopped at "
+                            f"{output['stop_reason'].replace('_', ' ')}"
+                            f"{output_effect(output) if self.row['strength'] else ''}",
+                            style="dim",
+                        )
+                    )
         yield KeyBar(app_keys=False)
 
     def text(self) -> str:
@@ -87,21 +92,35 @@ def measures(row: dict[str, Any], trait: str) -> Table:
     table.add_row("effect", effect_words(row, trait))
     if row["strength"] != 0:
         table.add_row("noise", noise_words(row))
-        table.add_row("changed", f"{row.get('changed', 0)} of {len(row['outputs'])} texts differ from their "
-                                 "unsteered text (an unchanged text's effect is exactly 0)")
+        table.add_row(
+            "changed",
+            f"{row.get('changed', 0)} of {len(row['outputs'])} texts differ from their "
+            "unsteered text (an unchanged text's effect is exactly 0)",
+        )
     distinct = "—" if row["distinct_2"] is None else f"{row['distinct_2']:.2f}"
-    table.add_row("degeneracy", f"distinct-2 {distinct}, longest run {row['longest_run']}, mean tokens "
-                                f"{row['mean_tokens']:.1f}: {'fluent' if row['fluent'] else 'not fluent'}")
+    table.add_row(
+        "degeneracy",
+        f"distinct-2 {distinct}, longest run {row['longest_run']}, mean tokens "
+        f"{row['mean_tokens']:.1f}: {'fluent' if row['fluent'] else 'not fluent'}",
+    )
     if row.get("kl") is not None:
-        table.add_row("KL", f"{row['kl']:.3g} nats a token over each neutral prompt's unsteered continuation, "
-                            f"{row['kl_first']:.3g} at its first token (what steering costs the model)")
+        table.add_row(
+            "KL",
+            f"{row['kl']:.3g} nats a token over each neutral prompt's unsteered continuation, "
+            f"{row['kl_first']:.3g} at its first token (what steering costs the model)",
+        )
     if row.get("fluency") is not None:
-        table.add_row("perplexity", f"{row['fluency']:.3g}× the baseline texts' (the unsteered model reading "
-                                    "these texts against its own)")
+        table.add_row(
+            "perplexity",
+            f"{row['fluency']:.3g}× the baseline texts' (the unsteered model reading these texts against its own)",
+        )
     if row.get("behaviour_shift") is not None:
-        table.add_row("behaviour", f"{row['behaviour_shift']:+.3g} nats toward {trait} on the held-out pairs "
-                                   f"(log p(positive) − log p(negative)); positive side likelier on "
-                                   f"{row['preferred']:.0%} of them")
+        table.add_row(
+            "behaviour",
+            f"{row['behaviour_shift']:+.3g} nats toward {trait} on the held-out pairs "
+            f"(log p(positive) − log p(negative)); positive side likelier on "
+            f"{row['preferred']:.0%} of them",
+        )
     return table
 
 
@@ -111,22 +130,30 @@ def effect_words(row: dict[str, Any], trait: str) -> str:
         return "— (every text is empty, so there is nothing to read back)"
     relative = row.get("relative_effect")
     over_norm = "" if relative is None else f" ({relative:+.3g} of the layers' activation norm)"
-    return (f"{row['effect']:+.4g}{over_norm}: how far the text moved along the direction, read back by the "
-            f"unsteered model, minus the baseline's, mean over the prompts, in residual-stream units; "
-            f"+ toward {trait}, − away")
+    return (
+        f"{row['effect']:+.4g}{over_norm}: how far the text moved along the direction, read back by the "
+        f"unsteered model, minus the baseline's, mean over the prompts, in residual-stream units; "
+        f"+ toward {trait}, − away"
+    )
 
 
 def noise_words(row: dict[str, Any]) -> str:
     """The effect's noise, the band it must leave, and the verdict, in words."""
     if row.get("noise") is None:
-        return ("none to judge by: one prompt leaves no spread of effects, so the effect cannot be told apart "
-                "from chance and this strength is not suggested")
+        return (
+            "none to judge by: one prompt leaves no spread of effects, so the effect cannot be told apart "
+            "from chance and this strength is not suggested"
+        )
     judged = verdict(row)
-    said = {"toward": "beyond it: distinguishable from 0, on the side pushed",
-            "against": "beyond it, but against the push: the text moved the other way, so it is not suggested",
-            "": "within it: not distinguishable from 0, so this strength is not suggested"}[judged]
-    return (f"{number(row['noise'], 3)} (the standard error of the effect over the prompts); the 95% band is "
-            f"±{number(row['threshold'], 3)}, and the effect lies {said}")
+    said = {
+        "toward": "beyond it: distinguishable from 0, on the side pushed",
+        "against": "beyond it, but against the push: the text moved the other way, so it is not suggested",
+        "": "within it: not distinguishable from 0, so this strength is not suggested",
+    }[judged]
+    return (
+        f"{number(row['noise'], 3)} (the standard error of the effect over the prompts); the 95% band is "
+        f"±{number(row['threshold'], 3)}, and the effect lies {said}"
+    )
 
 
 def output_effect(output: dict[str, Any]) -> str:

@@ -24,14 +24,17 @@ REQUIRED = ("trait", "count", "output")
 class SynthesizeDialog(ModalScreen[dict[str, str] | None]):
     """Dismisses with {trait, count, generator, generator_model, output} as strings, or None."""
 
-    DEFAULT_CSS = """
+    DEFAULT_CSS = (
+        """
     SynthesizeDialog { align: center middle; }
     SynthesizeDialog .dialog { width: 90; max-width: 95%; }
     SynthesizeDialog .row Label { width: 18; padding: 0 1 0 0; }
     SynthesizeDialog .row Field { width: 1fr; }
     SynthesizeDialog .row Select { width: 1fr; }
     SynthesizeDialog .dialog .row { margin-top: 0; }
-    """ + DIALOG_CSS
+    """
+        + DIALOG_CSS
+    )
     BINDINGS = [
         Binding("ctrl+s", "start", "Start", tooltip="Start synthesizing"),
         Binding("escape", "cancel", "Cancel", tooltip="Close without starting"),
@@ -46,10 +49,20 @@ class SynthesizeDialog(ModalScreen[dict[str, str] | None]):
             yield Label("Synthesize a pair set from a one-sentence trait description")
             yield from _row("trait", Field(placeholder="e.g. calm and reassuring", id="trait"))
             yield from _row("pairs to keep", Field("8", type="integer", id="count"))
-            yield from _row("generator", Select([(f"local ({self.local_model})", "local"), ("brama", "brama")],
-                                                value="local", allow_blank=False, compact=True, id="generator"))
-            yield from _row("brama route", Field(placeholder="provider/model, e.g. openai/gpt-5-mini",
-                                                 id="generator_model", disabled=True))
+            yield from _row(
+                "generator",
+                Select(
+                    [(f"local ({self.local_model})", "local"), ("brama", "brama")],
+                    value="local",
+                    allow_blank=False,
+                    compact=True,
+                    id="generator",
+                ),
+            )
+            yield from _row(
+                "brama route",
+                Field(placeholder="provider/model, e.g. openai/gpt-5-mini", id="generator_model", disabled=True),
+            )
             yield from _row("write to", Field(self.output, id="output"))
             yield Label("", classes="error", id="error")
             with Horizontal():

@@ -42,12 +42,33 @@ COLUMNS = (("", 1), ("objective", 9), ("model", 10), ("result", 21))
 """The short columns and their widths; the path takes the rest."""
 IDLE = "o loads an adapter or PEFT directory; tune runs add theirs here"
 DEFAULT_EXAMPLES = "ster:examples"
-HINT = ("enter or i shows the highlighted adapter's sidecar and tensors; e its loss against the base model's; "
-        "g merges it into a model, p exports it for PEFT, u makes it the app's adapter")
-WHAT = {"load": "tune inspect", "inspect": "tune inspect", "evaluate": "tune evaluate", "merge": "tune merge",
-        "export": "tune export-peft"}
-REPORTED = ("examples", "pairs", "prompts", "epochs", "iterations", "steps", "first_loss", "final_loss", "accuracy",
-            "mean_reward", "learning_rate", "accumulation", "chat_template", "precision")
+HINT = (
+    "enter or i shows the highlighted adapter's sidecar and tensors; e its loss against the base model's; "
+    "g merges it into a model, p exports it for PEFT, u makes it the app's adapter"
+)
+WHAT = {
+    "load": "tune inspect",
+    "inspect": "tune inspect",
+    "evaluate": "tune evaluate",
+    "merge": "tune merge",
+    "export": "tune export-peft",
+}
+REPORTED = (
+    "examples",
+    "pairs",
+    "prompts",
+    "epochs",
+    "iterations",
+    "steps",
+    "first_loss",
+    "final_loss",
+    "accuracy",
+    "mean_reward",
+    "learning_rate",
+    "accumulation",
+    "chat_template",
+    "precision",
+)
 """The report's numbers the inspection repeats (the rest are in the Jobs tab's result document)."""
 PEFT_PREFIX = "base_model.model."
 HOLDS = {"merge": ("config.json", "a model directory"), "export": ("adapter_config.json", "a PEFT directory")}
@@ -100,8 +121,11 @@ class AdaptersPane(MessageLine, Vertical):
         yield AdapterTable(cursor_type="row", zebra_stripes=True, id="adapter-table")
         with FormRow():
             yield Label("evaluate on", classes="field-label")
-            yield Field(id="examples", placeholder=f"{DEFAULT_EXAMPLES} (or an example file)",
-                        tooltip="the example set e scores the base model and the adapter on")
+            yield Field(
+                id="examples",
+                placeholder=f"{DEFAULT_EXAMPLES} (or an example file)",
+                tooltip="the example set e scores the base model and the adapter on",
+            )
         yield JobProgress(IDLE, id="progress")
         yield Wrapped("", id="message")
         with VerticalScroll(id="detail"):
@@ -137,14 +161,23 @@ class AdaptersPane(MessageLine, Vertical):
             mark = Text("●", style="bold green") if item.path == adapter else Text("")
             kind = f"{item.objective} ckpt" if item.kind == "checkpoint" else item.objective
             style = "magenta" if item.kind == "checkpoint" else ""
-            table.add_row(mark, Text(kind, style=style), fit_tail(item.model, 10),
-                          Text(item.summary, style=style), shown(item.path) if whole else name_of(item.path, rest),
-                          key=str(item.path))
+            table.add_row(
+                mark,
+                Text(kind, style=style),
+                fit_tail(item.model, 10),
+                Text(item.summary, style=style),
+                shown(item.path) if whole else name_of(item.path, rest),
+                key=str(item.path),
+            )
         if at is not None and str(at) in table.rows:
             table.move_cursor(row=table.get_row_index(str(at)), animate=False)
         if not self.book.entries:
-            self._detail(Text("No adapter yet in this session: train one in the Tune tab (4, then t), or load one "
-                              "with o.", style="dim"))
+            self._detail(
+                Text(
+                    "No adapter yet in this session: train one in the Tune tab (4, then t), or load one with o.",
+                    style="dim",
+                )
+            )
         elif self.detail is not None and self.book.get(self.detail[1]) is not None:
             self._show_detail()
         else:
@@ -184,11 +217,17 @@ class AdaptersPane(MessageLine, Vertical):
         if entry is None:
             self.say("no adapter yet: train one in the Tune tab (4, then t), or load one with o", "red")
         elif entry.kind == "checkpoint":
-            self.say(f"{entry.path.name} is a cancelled run's checkpoint, not an adapter: resume it in the Tune tab "
-                     "(4, then r) to finish the adapter", "yellow")
+            self.say(
+                f"{entry.path.name} is a cancelled run's checkpoint, not an adapter: resume it in the Tune tab "
+                "(4, then r) to finish the adapter",
+                "yellow",
+            )
         elif entry.kind == "reward" and action not in ("inspect",):
-            self.say(f"{entry.path.name} is a reward model: it scores text rather than generating it, so it is not "
-                     f"something to {action}", "yellow")
+            self.say(
+                f"{entry.path.name} is a reward model: it scores text rather than generating it, so it is not "
+                f"something to {action}",
+                "yellow",
+            )
         elif entry.kind == "peft" and action == "export":
             self.say(f"{entry.path.name} is a PEFT directory already", "yellow")
         else:
@@ -200,8 +239,14 @@ class AdaptersPane(MessageLine, Vertical):
         from ster.tui.screens.dialogs import AskText
 
         start = "" if self.app.remote is not None else f"{artifact_dir()}/"  # type: ignore[attr-defined]
-        self.app.push_screen(AskText("Load an adapter: its .safetensors file (the .json sidecar beside it), or a "
-                                     "PEFT directory", start, "path"), self._load)
+        self.app.push_screen(
+            AskText(
+                "Load an adapter: its .safetensors file (the .json sidecar beside it), or a PEFT directory",
+                start,
+                "path",
+            ),
+            self._load,
+        )
 
     def _load(self, typed: str | None) -> None:
         if typed:
@@ -238,14 +283,19 @@ class AdaptersPane(MessageLine, Vertical):
     def action_merge(self) -> None:
         entry = self._chosen("merge")
         if entry is not None:
-            self._ask_directory("merge", entry, "Merge the adapter into a copy of the model, a model directory at",
-                                stem(entry.path) + ".merged")
+            self._ask_directory(
+                "merge",
+                entry,
+                "Merge the adapter into a copy of the model, a model directory at",
+                stem(entry.path) + ".merged",
+            )
 
     def action_export(self) -> None:
         entry = self._chosen("export")
         if entry is not None:
-            self._ask_directory("export", entry, "Export the adapter as a PEFT directory at",
-                                stem(entry.path) + ".peft")
+            self._ask_directory(
+                "export", entry, "Export the adapter as a PEFT directory at", stem(entry.path) + ".peft"
+            )
 
     def action_use(self) -> None:
         entry = self._chosen("use")
@@ -254,8 +304,9 @@ class AdaptersPane(MessageLine, Vertical):
         settings = self.app.settings  # type: ignore[attr-defined]
         settings.use_adapter(entry.path, entry.info())
         self.app.settings_changed("adapter")  # type: ignore[attr-defined]
-        self.say(f"the app's adapter is now {settings.adapter_label()} (Generate compares it with the base model)",
-                 "green")
+        self.say(
+            f"the app's adapter is now {settings.adapter_label()} (Generate compares it with the base model)", "green"
+        )
 
     def _model_fields(self, entry: AdapterEntry) -> dict[str, Any]:
         """The app's model settings, on the model the adapter was trained for when its sidecar names one (a
@@ -280,8 +331,12 @@ class AdaptersPane(MessageLine, Vertical):
 
         if action == "merge":
             model = self._model_fields(entry)
-            fields: dict[str, Any] = {"model": model["model"], "device": model["device"], "adapter": entry.path,
-                                      "output": target}
+            fields: dict[str, Any] = {
+                "model": model["model"],
+                "device": model["device"],
+                "adapter": entry.path,
+                "output": target,
+            }
         else:
             fields = {"adapter": entry.path, "output": target}
         marker, phrase = HOLDS[action]
@@ -289,13 +344,20 @@ class AdaptersPane(MessageLine, Vertical):
         if remote or not target.exists() or (target.is_dir() and not any(target.iterdir())):
             self._start(action, entry.path, WHAT[action], fields)
         elif target.is_dir() and (target / marker).is_file():
-            self.app.push_screen(Confirm(f"{shown(target)} already holds {phrase}. Replace it?", "Replace", "Keep it"),
-                                 lambda yes: self._replace(action, entry, target, fields) if yes else self.say(
-                                     f"kept {shown(target)}; nothing ran. Name another directory to keep both",
-                                     "yellow"))
+            self.app.push_screen(
+                Confirm(f"{shown(target)} already holds {phrase}. Replace it?", "Replace", "Keep it"),
+                lambda yes: (
+                    self._replace(action, entry, target, fields)
+                    if yes
+                    else self.say(f"kept {shown(target)}; nothing ran. Name another directory to keep both", "yellow")
+                ),
+            )
         else:
-            self.say(f"{shown(target)} is already there and is not {phrase}, so {action} never replaces it: name "
-                     "another directory", "red")
+            self.say(
+                f"{shown(target)} is already there and is not {phrase}, so {action} never replaces it: name "
+                "another directory",
+                "red",
+            )
 
     def _replace(self, action: str, entry: AdapterEntry, target: Path, fields: dict[str, Any]) -> None:
         aside = _free_aside(target)
@@ -396,10 +458,15 @@ class AdaptersPane(MessageLine, Vertical):
 
         report = data["report"]
         output = Path(report["output"])
-        self.say(f"merged {report['merged_tensors']} projections of {path.name} into {shown(output)} "
-                 f"({report['dtype']}, {len(report['files'])} files)", "green")
-        self.app.push_screen(Confirm(f"Use the merged model {shown(output)} as the app's model?", "Use it",
-                                     "Not now"), lambda yes: self._use_model(output) if yes else None)
+        self.say(
+            f"merged {report['merged_tensors']} projections of {path.name} into {shown(output)} "
+            f"({report['dtype']}, {len(report['files'])} files)",
+            "green",
+        )
+        self.app.push_screen(
+            Confirm(f"Use the merged model {shown(output)} as the app's model?", "Use it", "Not now"),
+            lambda yes: self._use_model(output) if yes else None,
+        )
 
     def _use_model(self, output: Path) -> None:
         settings = self.app.settings  # type: ignore[attr-defined]
@@ -408,8 +475,10 @@ class AdaptersPane(MessageLine, Vertical):
         self.add(f"the app's model is now {shown(output)}", "green")
 
     def _export_done(self, path: Path, data: dict[str, Any], role: str | None) -> None:
-        self.say(f"exported {path.name} as a PEFT directory: {shown(Path(data['output']))} "
-                 f"({', '.join(data['files'])})", "green")
+        self.say(
+            f"exported {path.name} as a PEFT directory: {shown(Path(data['output']))} ({', '.join(data['files'])})",
+            "green",
+        )
 
     # --- the detail area --------------------------------------------------------------------------------
 
@@ -444,23 +513,31 @@ def name_of(path: Path, width: int) -> str:
 
 def fit_tail(text: str, width: int) -> str:
     """``text``, its end kept when it is wider than ``width`` (the file name is the end of a path)."""
-    return text if len(text) <= width else "…" + text[len(text) - width + 1:]
+    return text if len(text) <= width else "…" + text[len(text) - width + 1 :]
 
 
 def inspection(entry: AdapterEntry) -> Group:
     """The ``tune inspect`` document: the sidecar in a few lines, the report's numbers, every tensor."""
     adapter = (entry.document or {})["adapter"]
     kind = {"peft": "PEFT directory", "reward": "reward model"}.get(entry.kind, "adapter")
-    head = Text.assemble((shown(entry.path), "bold"), f" · {kind} for ",
-                         (adapter.get("model") or "a model it does not name", "cyan"),
-                         f" · rank {adapter['rank']}, alpha {adapter['alpha']:g} (scale {adapter['scale']:g}) · "
-                         f"{', '.join(adapter['targets'])} on {layer_words(adapter['layers'])} · "
-                         f"hidden {adapter['hidden_size']}")
+    head = Text.assemble(
+        (shown(entry.path), "bold"),
+        f" · {kind} for ",
+        (adapter.get("model") or "a model it does not name", "cyan"),
+        f" · rank {adapter['rank']}, alpha {adapter['alpha']:g} (scale {adapter['scale']:g}) · "
+        f"{', '.join(adapter['targets'])} on {layer_words(adapter['layers'])} · "
+        f"hidden {adapter['hidden_size']}",
+    )
     lines: list[Any] = [head]
     train = adapter.get("train")
     if train:
-        numbers = [f"{key.replace('_', ' ')} {train[key]:.4g}" if isinstance(train[key], float) else
-                   f"{key.replace('_', ' ')} {train[key]}" for key in REPORTED if key in train]
+        numbers = [
+            f"{key.replace('_', ' ')} {train[key]:.4g}"
+            if isinstance(train[key], float)
+            else f"{key.replace('_', ' ')} {train[key]}"
+            for key in REPORTED
+            if key in train
+        ]
         lines.append(Text("trained: " + ", ".join(numbers), style="dim"))
     elif entry.kind == "peft":
         lines.append(Text("a PEFT directory carries no training report and no model fingerprint", style="dim"))
@@ -471,10 +548,12 @@ def inspection(entry: AdapterEntry) -> Group:
     names = [tensor["name"] for tensor in adapter["tensors"]]
     prefix = PEFT_PREFIX if names and all(name.startswith(PEFT_PREFIX) for name in names) else ""
     for tensor in adapter["tensors"]:
-        table.add_row(tensor["name"].removeprefix(prefix), " × ".join(map(str, tensor["shape"])),
-                      tensor.get("dtype", ""))
-    lines.append(Text(f"{len(adapter['tensors'])} tensors" + (f", named under {prefix}" if prefix else ""),
-                      style="bold"))
+        table.add_row(
+            tensor["name"].removeprefix(prefix), " × ".join(map(str, tensor["shape"])), tensor.get("dtype", "")
+        )
+    lines.append(
+        Text(f"{len(adapter['tensors'])} tensors" + (f", named under {prefix}" if prefix else ""), style="bold")
+    )
     lines.append(table)
     return Group(*lines)
 
@@ -486,8 +565,10 @@ def evaluation(entry: AdapterEntry) -> Group:
     first = runs.get("adapter") or runs.get("base")
     title = Text.assemble(("evaluated on ", "bold"), (examples, "bold cyan"))
     if first:
-        title.append(f" ({first['name'] or 'unnamed'}): {first['evaluated']} of {first['examples']} examples, "
-                     f"{first['completion_tokens']} completion tokens, model {first['model']}")
+        title.append(
+            f" ({first['name'] or 'unnamed'}): {first['evaluated']} of {first['examples']} examples, "
+            f"{first['completion_tokens']} completion tokens, model {first['model']}"
+        )
     table = Table(box=None, padding=(0, 2, 0, 0), header_style="bold")
     for label in ("", "loss", "perplexity", "mean ex. loss", "mean ex. ppl"):
         table.add_column(label, justify="right" if label else "left", no_wrap=True)
@@ -496,9 +577,14 @@ def evaluation(entry: AdapterEntry) -> Group:
         if data is None:
             table.add_row(label, Text("…", style="dim"), "", "", "")
         else:
-            table.add_row(label, f"{data['loss']:.4f}", f"{data['perplexity']:.4f}",
-                          f"{data['mean_example_loss']:.4f}", f"{data['mean_example_perplexity']:.4f}",
-                          style="green" if role == "adapter" else "")
+            table.add_row(
+                label,
+                f"{data['loss']:.4f}",
+                f"{data['perplexity']:.4f}",
+                f"{data['mean_example_loss']:.4f}",
+                f"{data['mean_example_perplexity']:.4f}",
+                style="green" if role == "adapter" else "",
+            )
     return Group(title, table)
 
 

@@ -54,18 +54,31 @@ class FrontRow:
         return f"{self.method} at {layer_words(list(self.layers))}"
 
 
-def front_rows(calibration: dict[str, Any], front: list[dict[str, Any]], method: str,
-               layers: list[int]) -> list[FrontRow]:
+def front_rows(
+    calibration: dict[str, Any], front: list[dict[str, Any]], method: str, layers: list[int]
+) -> list[FrontRow]:
     """Per sign (+ first), the front points by KL with the chosen one among them; ``method`` and ``layers`` are
     the calibrated artifact's own (the chosen candidate)."""
     rows: list[FrontRow] = []
     for sign, _, _ in SIGNS:
-        these = [FrontRow(sign, tuple(p["layers"]), p["method"], p["strength"], p["kl"], p["behaviour_shift"])
-                 for p in front if p["strength"] * sign > 0]
+        these = [
+            FrontRow(sign, tuple(p["layers"]), p["method"], p["strength"], p["kl"], p["behaviour_shift"])
+            for p in front
+            if p["strength"] * sign > 0
+        ]
         side = calibration.get("positive" if sign > 0 else "negative")
         if side:
-            these.append(FrontRow(sign, tuple(layers), method, side["strength"], side["kl"],
-                                  side["behaviour_shift"] * sign, chosen=True))
+            these.append(
+                FrontRow(
+                    sign,
+                    tuple(layers),
+                    method,
+                    side["strength"],
+                    side["kl"],
+                    side["behaviour_shift"] * sign,
+                    chosen=True,
+                )
+            )
         rows += sorted(these, key=lambda row: (row.kl, not row.chosen))
     return rows
 
@@ -110,16 +123,29 @@ class CalibrationView(Vertical):
         self.rows, self.budget = front_rows(calibration, front, method, layers), calibration["kl_budget"]
         self.query_one("#calibration-note", Static).update(
             f"front on screening sets; ✓ chosen on all {calibration['neutral_prompts']} prompts, "
-            f"{calibration['holdout_pairs']} pairs; enter adopts")
+            f"{calibration['holdout_pairs']} pairs; enter adopts"
+        )
         table = self.query_one(DataTable)
         table.clear(columns=True)
         table.add_columns("sign", "layers", "method", "strength", "KL", "moved", "")
         for at, row in enumerate(self.rows):
             style = "bold green" if row.chosen else ""
             sign = next(word for s, word, _ in SIGNS if s == row.sign)
-            table.add_row(*(Text(cell, style=style) for cell in (
-                sign, _layers(row.layers), row.method, row.shown_strength(), f"{row.kl:.3f}", f"{row.moved:+.3f}",
-                "✓ chosen" if row.chosen else "")), key=str(at))
+            table.add_row(
+                *(
+                    Text(cell, style=style)
+                    for cell in (
+                        sign,
+                        _layers(row.layers),
+                        row.method,
+                        row.shown_strength(),
+                        f"{row.kl:.3f}",
+                        f"{row.moved:+.3f}",
+                        "✓ chosen" if row.chosen else "",
+                    )
+                ),
+                key=str(at),
+            )
         chosen = next((at for at, row in enumerate(self.rows) if row.chosen), None)
         if chosen is not None:
             table.move_cursor(row=chosen)
@@ -145,8 +171,16 @@ class CalibrationView(Vertical):
         event.stop()  # the front has one order (by KL within each sign); the candidate table's sort is not for it
 
     def _plot_title(self) -> Text:
-        return Text.assemble("moved against KL: ", ("+", "cyan"), " and ", ("−", "magenta"), ", ",
-                             (f"budget {self.budget:g}", "yellow"), ", ", ("● chosen", "bold green"))
+        return Text.assemble(
+            "moved against KL: ",
+            ("+", "cyan"),
+            " and ",
+            ("−", "magenta"),
+            ", ",
+            (f"budget {self.budget:g}", "yellow"),
+            ", ",
+            ("● chosen", "bold green"),
+        )
 
     def _draw(self) -> None:
         plt = self.plot_widget.plt
@@ -159,15 +193,20 @@ class CalibrationView(Vertical):
         for sign, _, colour in SIGNS:
             points = [row for row in self.rows if row.sign == sign and not row.chosen and row.kl > 0]
             if points:
-                plt.plot([math.log10(row.kl) for row in points], [row.moved for row in points],
-                         marker="braille" if len(points) > 1 else "●", color=colour)
+                plt.plot(
+                    [math.log10(row.kl) for row in points],
+                    [row.moved for row in points],
+                    marker="braille" if len(points) > 1 else "●",
+                    color=colour,
+                )
         chosen = [row for row in self.rows if row.chosen and row.kl > 0]
         if chosen:
-            plt.scatter([math.log10(row.kl) for row in chosen], [row.moved for row in chosen], marker="●",
-                        color="green")
+            plt.scatter(
+                [math.log10(row.kl) for row in chosen], [row.moved for row in chosen], marker="●", color="green"
+            )
         plt.xlim(low, high)
         places = list(range(low, high + 1))
-        plt.xticks(places, [f"{10.0 ** p:g}" for p in places])
+        plt.xticks(places, [f"{10.0**p:g}" for p in places])
         plt.xlabel("mean KL (nats, log)")
         plt.ylabel("moved")
         self.plot_widget.refresh()

@@ -21,9 +21,18 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
-NAMES = {"loss": "loss", "accuracy": "accuracy", "reward_margin": "reward margin", "score_margin": "score margin",
-         "reward": "mean reward", "kl": "KL", "learning_rate": "learn rate",
-         "reward_spread": "reward spread", "policy_loss": "policy loss", "completion_tokens": "completion tok"}
+NAMES = {
+    "loss": "loss",
+    "accuracy": "accuracy",
+    "reward_margin": "reward margin",
+    "score_margin": "score margin",
+    "reward": "mean reward",
+    "kl": "KL",
+    "learning_rate": "learn rate",
+    "reward_spread": "reward spread",
+    "policy_loss": "policy loss",
+    "completion_tokens": "completion tok",
+}
 """The per-step values the curves keep, as the list beside the plot names them, in the order it lists them."""
 SECOND = {"sft": "learning_rate", "dpo": "accuracy", "ipo": "accuracy", "reward": "accuracy", "grpo": "reward"}
 """The value drawn beside the loss when a run of each objective starts."""

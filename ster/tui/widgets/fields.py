@@ -45,8 +45,16 @@ class Field(Input):
     Field.-textual-compact.-invalid { background: $error 30%; }
     """
 
-    def __init__(self, value: str = "", *, check: Callable[[str], Any] | None = None, width: int | None = None,
-                 grow: int | None = None, passthrough: frozenset[str] = frozenset(), **kwargs: Any) -> None:
+    def __init__(
+        self,
+        value: str = "",
+        *,
+        check: Callable[[str], Any] | None = None,
+        width: int | None = None,
+        grow: int | None = None,
+        passthrough: frozenset[str] = frozenset(),
+        **kwargs: Any,
+    ) -> None:
         self.min_width, self.max_width, self.passthrough = width, grow, passthrough  # read while Input sets value
         super().__init__(value, compact=True, validators=[Check(check)] if check else None, **kwargs)
         self._fit(value)

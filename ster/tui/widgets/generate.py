@@ -61,12 +61,18 @@ STEP_KEYS = frozenset("[]{}")
 STEPS = {"relative": (0.1, 0.01), "absolute": (1.0, 0.1)}
 """Per unit, the coarse (] and [) and fine (} and {) step of the strength keys."""
 FIELDS = ("prompt", "strength", "max-new-tokens", "temperature", "seed", "adapter")
-PROMPTS_TIP = ("a prompt-set file, or ster:prompts; empty: the prompt above alone. Several prompts give the "
-               "effect a noise to be judged against, so only they can suggest a strength")
-STRENGTH_TIP = ("0.4x: 0.4 × each layer's activation spread (its norm, for an artifact older than the spread); 3: absolute; "
-                "empty: the artifact's calibrated strength, else 0.4x")
-ADAPTER_TIP = ("a: a LoRA adapter (.safetensors, its .json sidecar beside it) or a PEFT adapter directory, shown "
-               "beside the base model; empty: none. Starts at the app's current adapter")
+PROMPTS_TIP = (
+    "a prompt-set file, or ster:prompts; empty: the prompt above alone. Several prompts give the "
+    "effect a noise to be judged against, so only they can suggest a strength"
+)
+STRENGTH_TIP = (
+    "0.4x: 0.4 × each layer's activation spread (its norm, for an artifact older than the spread); 3: absolute; "
+    "empty: the artifact's calibrated strength, else 0.4x"
+)
+ADAPTER_TIP = (
+    "a: a LoRA adapter (.safetensors, its .json sidecar beside it) or a PEFT adapter directory, shown "
+    "beside the base model; empty: none. Starts at the app's current adapter"
+)
 
 
 class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
@@ -86,15 +92,25 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         Binding("[", "step(-1, False)", "Weaker", tooltip="Lower the strength a step (negative steers the other way)"),
         Binding("}", "step(1, True)", "Stronger, fine", show=False, tooltip="Raise it a small step (0.01x; 0.1)"),
         Binding("{", "step(-1, True)", "Weaker, fine", show=False, tooltip="Lower it a small step (0.01x; 0.1)"),
-        Binding("o", "steer_on", "Base/adapter", show=False,
-                tooltip="Steer on the adapter or on the base model (with an adapter named above; the steered title "
-                        "says which)"),
+        Binding(
+            "o",
+            "steer_on",
+            "Base/adapter",
+            show=False,
+            tooltip="Steer on the adapter or on the base model (with an adapter named above; the steered title "
+            "says which)",
+        ),
         Binding("w", "sweep", "Sweep", tooltip="Generate at every sweep strength; effect and degeneracy of each"),
         Binding("c", "copy", "Copy", tooltip="Copy the texts (or the focused panel's, or the sweep row's)"),
         Binding("s", "save", "Save", tooltip="Save the texts (or the focused panel's, or the sweep row's) to a file"),
         Binding("p", "edit_prompt", "Edit prompt", show=False, tooltip="Type in the prompt (escape leaves it)"),
-        Binding("a", "edit_adapter", "Edit adapter", show=False,
-                tooltip="Type the adapter's path (empty: none; escape leaves it)"),
+        Binding(
+            "a",
+            "edit_adapter",
+            "Edit adapter",
+            show=False,
+            tooltip="Type the adapter's path (empty: none; escape leaves it)",
+        ),
     ]
 
     def __init__(self, **kwargs: Any) -> None:
@@ -126,33 +142,90 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         with FormRow():
             yield from labelled("prompt", Field(PROMPT, id="prompt", tooltip="p types here; enter generates"))
         with FormRow():
-            yield from labelled("strength", Field(DEFAULT_STRENGTH, check=parse_typed_strength, width=8, grow=20,
-                                                  passthrough=STEP_KEYS, id="strength", tooltip=STRENGTH_TIP))
-            yield from labelled(" max tokens", Field("48", check=lambda t: parse_whole(t, "max tokens", 1), width=6,
-                                                     grow=10, id="max-new-tokens"))
-            yield from labelled(" temp", Field("0", check=parse_temperature, width=5, grow=10, id="temperature",
-                                               tooltip="temperature: 0 decodes greedily; above 0 samples by the seed"))
-            yield from labelled(" seed", Field("42", check=lambda t: parse_whole(t, "seed", 0, 2**64 - 1), width=6,
-                                               grow=24, id="seed"))
+            yield from labelled(
+                "strength",
+                Field(
+                    DEFAULT_STRENGTH,
+                    check=parse_typed_strength,
+                    width=8,
+                    grow=20,
+                    passthrough=STEP_KEYS,
+                    id="strength",
+                    tooltip=STRENGTH_TIP,
+                ),
+            )
+            yield from labelled(
+                " max tokens",
+                Field("48", check=lambda t: parse_whole(t, "max tokens", 1), width=6, grow=10, id="max-new-tokens"),
+            )
+            yield from labelled(
+                " temp",
+                Field(
+                    "0",
+                    check=parse_temperature,
+                    width=5,
+                    grow=10,
+                    id="temperature",
+                    tooltip="temperature: 0 decodes greedily; above 0 samples by the seed",
+                ),
+            )
+            yield from labelled(
+                " seed", Field("42", check=lambda t: parse_whole(t, "seed", 0, 2**64 - 1), width=6, grow=24, id="seed")
+            )
         with FormRow():
-            yield from labelled("adapter", Field(self._current_adapter(), check=self._check_adapter, id="adapter",
-                                                 placeholder="none", tooltip=ADAPTER_TIP))
+            yield from labelled(
+                "adapter",
+                Field(
+                    self._current_adapter(),
+                    check=self._check_adapter,
+                    id="adapter",
+                    placeholder="none",
+                    tooltip=ADAPTER_TIP,
+                ),
+            )
             yield Label("", id="steer-hint")
         with FormRow():
-            yield from labelled("sweep", Field(DEFAULT_SWEEP, check=parse_strengths, width=24, grow=44,
-                                               id="strengths", tooltip="strengths to sweep; 0 is always added"))
-            yield from labelled(" prompts", Field(check=parse_prompt_set, width=19, grow=40, id="prompts",
-                                                  placeholder="this prompt only", tooltip=PROMPTS_TIP),
-                                "x: × activation spread; 0 is always added")
+            yield from labelled(
+                "sweep",
+                Field(
+                    DEFAULT_SWEEP,
+                    check=parse_strengths,
+                    width=24,
+                    grow=44,
+                    id="strengths",
+                    tooltip="strengths to sweep; 0 is always added",
+                ),
+            )
+            yield from labelled(
+                " prompts",
+                Field(
+                    check=parse_prompt_set,
+                    width=19,
+                    grow=40,
+                    id="prompts",
+                    placeholder="this prompt only",
+                    tooltip=PROMPTS_TIP,
+                ),
+                "x: × activation spread; 0 is always added",
+            )
         yield JobProgress("g generates, w sweeps", id="progress")
         yield Wrapped("", id="message")
         with Horizontal(id="panels"):
             yield TextPanel("unsteered", "g generates the prompt without steering here…", id="baseline")
             yield TextPanel("adapter", "…here through the adapter named above…", id="adapted")
-            yield TextPanel("steered", "…and here with the Train tab's artifact, at the strength above "
-                                       "(] and [ change it)", id="steered")
-        yield Wrapped(Text("w sweeps the strengths above on the prompt, or on the prompt set named under prompts "
-                           "(several prompts can tell an effect from noise)", style="dim"), id="caption")
+            yield TextPanel(
+                "steered",
+                "…and here with the Train tab's artifact, at the strength above (] and [ change it)",
+                id="steered",
+            )
+        yield Wrapped(
+            Text(
+                "w sweeps the strengths above on the prompt, or on the prompt set named under prompts "
+                "(several prompts can tell an effect from noise)",
+                style="dim",
+            ),
+            id="caption",
+        )
         yield Wrapped("", id="fluent-rule")
         yield SweepTable(id="sweep")
 
@@ -223,8 +296,12 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
             self.say(NO_ARTIFACT, "yellow")
             return
         adapter = self._adapter() if self.steer_on_adapter else None
-        fields = {**self._generate_fields(), "vector": settings.vector, "strengths": self._value("strengths"),
-                  **({"adapter": adapter} if adapter is not None else {})}
+        fields = {
+            **self._generate_fields(),
+            "vector": settings.vector,
+            "strengths": self._value("strengths"),
+            **({"adapter": adapter} if adapter is not None else {}),
+        }
         prompt, prompt_set = fields.pop("prompt"), parse_prompt_set(self._value("prompts"))
         fields.update({"prompts": prompt_set} if prompt_set else {"prompt_texts": [prompt]})
         handle = self._start("sweep", "sweep", fields)
@@ -236,8 +313,9 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
             self.remove_class("-unswept")
             where = f"the prompts of {self.sweep_source}" if self.sweep_source else "the prompt above"
             through = f" through the adapter {self.sweep_adapter}" if adapter is not None else ""
-            self.query_one("#caption", Static).update(f"sweeping {settings.artifact_label()}{through} at "
-                                                      f"{len(strengths)} strengths (0 included) on {where}…")
+            self.query_one("#caption", Static).update(
+                f"sweeping {settings.artifact_label()}{through} at {len(strengths)} strengths (0 included) on {where}…"
+            )
             self.query_one("#fluent-rule", Static).update("")
 
     def action_steer_on(self) -> None:
@@ -246,8 +324,11 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
             return
         adapter = self._adapter()
         if adapter is None:
-            self.say("no adapter named above, so the steered text runs on the base model; name one under adapter "
-                     "(a types there) to steer on it", "yellow")
+            self.say(
+                "no adapter named above, so the steered text runs on the base model; name one under adapter "
+                "(a types there) to steer on it",
+                "yellow",
+            )
             return
         self.steer_on_adapter = not self.steer_on_adapter
         other = "the base model" if self.steer_on_adapter else adapter_name(adapter)
@@ -286,8 +367,10 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
             return
         trait = (self.app.settings.artifact or {}).get("trait_name", "the trait")  # type: ignore[attr-defined]
         strength = table.strengths[key]
-        self.app.push_screen(SweepRowDialog(strength, table.rows_data.get(key), table.streamed(key), trait),
-                             lambda answer: self._use_strength(strength) if answer == "use" else None)
+        self.app.push_screen(
+            SweepRowDialog(strength, table.rows_data.get(key), table.streamed(key), trait),
+            lambda answer: self._use_strength(strength) if answer == "use" else None,
+        )
 
     def _use_strength(self, strength: str) -> None:
         self.query_one("#strength", Field).value = strength
@@ -296,9 +379,13 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
     def _generate_fields(self) -> dict[str, Any]:
         """The form as typed (checked already), less the strength, which only a steered request carries (the
         engine warns that a strength without an artifact has no effect); the request model parses the numbers."""
-        return {"prompt": self._value("prompt"),
-                "max_new_tokens": self._value("max-new-tokens"), "temperature": self._value("temperature"),
-                "seed": self._value("seed"), **self.app.settings.model_fields()}  # type: ignore[attr-defined]
+        return {
+            "prompt": self._value("prompt"),
+            "max_new_tokens": self._value("max-new-tokens"),
+            "temperature": self._value("temperature"),
+            "seed": self._value("seed"),
+            **self.app.settings.model_fields(),
+        }  # type: ignore[attr-defined]
 
     def _value(self, field: str) -> str:
         return self.query_one(f"#{field}", Field).value.strip()
@@ -340,11 +427,16 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
                 for role, title in (("baseline", "unsteered"), ("steered", "steered")):
                     self.panel(role).reset(title, self.panel(role).hint)
                 return
-            self.panel("baseline").reset(f"base · {model_name(self.app.settings.model)}",  # type: ignore
-                                         "g generates the prompt on the base model here…")
+            self.panel("baseline").reset(
+                f"base · {model_name(self.app.settings.model)}",  # type: ignore
+                "g generates the prompt on the base model here…",
+            )
             self.panel("adapted").reset(f"adapter · {adapter_name(adapter)}", "…here through the adapter…")
-            self.panel("steered").reset("steered", f"…and here with the Train tab's artifact on "
-                                        f"{self._steered_on(adapter)} (o switches), at the strength above")
+            self.panel("steered").reset(
+                "steered",
+                f"…and here with the Train tab's artifact on "
+                f"{self._steered_on(adapter)} (o switches), at the strength above",
+            )
 
     def role_name(self, role: str) -> str:
         """How the progress line and the panels' notes name a run: with an adapter, the unsteered run is the base."""
@@ -360,8 +452,10 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         if role == "adapted":
             return f"adapter · {adapter_name(self.ran['adapter'])}"
         typed = self._value("strength")
-        title = (f"steered {strength or (shown_strength(typed) if typed else self._untyped_strength(True))} · "
-                 f"{settings.artifact_label()}")
+        title = (
+            f"steered {strength or (shown_strength(typed) if typed else self._untyped_strength(True))} · "
+            f"{settings.artifact_label()}"
+        )
         return title if self.ran["on"] is None else f"{title} on {self.ran['on']}"
 
     def _untyped_strength(self, named: bool = False) -> str:
@@ -435,4 +529,3 @@ def shown_strength(typed: str) -> str:
         return str(parse_strength(typed))
     except ValueError:
         return typed
-

@@ -96,8 +96,9 @@ class GenerateJobs:
         if kind != "cancelled":
             self.add(sentence, "red")
         if role == "sweep":
-            self.query_one("#caption", Static).update(Text(f"sweep {ENDED[kind]}", "magenta" if kind == "cancelled"
-                                                           else "red"))
+            self.query_one("#caption", Static).update(
+                Text(f"sweep {ENDED[kind]}", "magenta" if kind == "cancelled" else "red")
+            )
             return
         panel = self.panel(role)
         panel.mark(ENDED[kind])
@@ -147,17 +148,20 @@ class GenerateJobs:
                 self._hint_steered()
             if not same_adapter(self.app.settings.adapter, self.ran["adapter"]):  # type: ignore[attr-defined]
                 on_adapter = self.ran["on"] not in (None, "the base")
-                self._mark_old("the adapter has changed since", ("adapted", "steered") if on_adapter else
-                               ("adapted",), sweep=self.sweep_adapter is not None)
+                self._mark_old(
+                    "the adapter has changed since",
+                    ("adapted", "steered") if on_adapter else ("adapted",),
+                    sweep=self.sweep_adapter is not None,
+                )
 
-    def _mark_old(self, why: str, roles: tuple[str, ...] = ("baseline", "adapted", "steered"),
-                  sweep: bool = True) -> None:
+    def _mark_old(
+        self, why: str, roles: tuple[str, ...] = ("baseline", "adapted", "steered"), sweep: bool = True
+    ) -> None:
         for role in roles:
             if self.panel(role).text and role not in self.jobs:
                 self.panel(role).mark("older")
         if sweep and self.query_one(SweepTable).rows_data and "sweep" not in self.jobs:
-            self.query_one("#caption", Static).update(Text.assemble((f"older sweep ({why}): ", "yellow"),
-                                                                    self.caption))
+            self.query_one("#caption", Static).update(Text.assemble((f"older sweep ({why}): ", "yellow"), self.caption))
 
 
 def same_adapter(one: Path | None, other: Path | None) -> bool:

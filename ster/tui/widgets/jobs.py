@@ -30,8 +30,14 @@ from ster.tui.words import in_our_words
 if TYPE_CHECKING:
     from ster.engine.protocol.events import Event
 
-STATE_STYLE = {"queued": "dim", "running": "bold yellow", "done": "green", "refused": "red", "cancelled": "magenta",
-               "failed": "bold red"}
+STATE_STYLE = {
+    "queued": "dim",
+    "running": "bold yellow",
+    "done": "green",
+    "refused": "red",
+    "cancelled": "magenta",
+    "failed": "bold red",
+}
 COLUMNS = (("#", 4), ("job", 16), ("state", 9), ("took", 7))
 """The short columns and their widths; the last message takes the rest."""
 TUNE_RUNS = ("tune sft", "tune dpo", "tune reward", "tune grpo")
@@ -127,8 +133,13 @@ class JobsPane(Vertical):
 
 def _cells(handle: JobHandle, width: int) -> tuple[str | Text, ...]:
     took = handle.took
-    return (str(handle.id), handle.name, Text(handle.state, style=STATE_STYLE[handle.state]),
-            "" if took is None else f"{took:.1f} s", _message(handle, width))
+    return (
+        str(handle.id),
+        handle.name,
+        Text(handle.state, style=STATE_STYLE[handle.state]),
+        "" if took is None else f"{took:.1f} s",
+        _message(handle, width),
+    )
 
 
 def _message(handle: JobHandle, width: int) -> str:
@@ -144,11 +155,15 @@ def _message(handle: JobHandle, width: int) -> str:
     if checkpoint is None:
         return _fit(message, width)
     stopped = re.search(r"cancelled after step (\d+) of (\d+)", message)  # the state column says cancelled
-    first = " · ".join([*([f"loss {handle.loss:.4f}"] if handle.loss is not None else []),
-                        f"step {stopped[1]}/{stopped[2]}" if stopped else "cancelled"])
+    first = " · ".join(
+        [
+            *([f"loss {handle.loss:.4f}"] if handle.loss is not None else []),
+            f"step {stopped[1]}/{stopped[2]}" if stopped else "cancelled",
+        ]
+    )
     where = shown(checkpoint)
     room = width - len("kept ")
-    return _fit(first, width) + "\nkept " + (where if len(where) <= room else "…" + where[len(where) - room + 1:])
+    return _fit(first, width) + "\nkept " + (where if len(where) <= room else "…" + where[len(where) - room + 1 :])
 
 
 def _checkpoint(handle: JobHandle) -> Path | None:

@@ -54,8 +54,10 @@ class PairFiles:
         if path == self.path or not path.is_file():
             self._save_to(path)
             return
-        self.app.push_screen(Confirm(f"{path} exists. Replace it with this set?", "Replace", "Keep it"),
-                             lambda yes: yes and self._save_to(path))
+        self.app.push_screen(
+            Confirm(f"{path} exists. Replace it with this set?", "Replace", "Keep it"),
+            lambda yes: yes and self._save_to(path),
+        )
 
     def _save_to(self, path: Path) -> None:
         self._start("pairs save", pairs=path, pair_set=self.pair_set)
@@ -67,8 +69,12 @@ class PairFiles:
             why = "has no file yet" if self.path is None else "has unsaved changes"
             self._say(f"import copies the saved file, and this set {why}: save it first (s)", "red")
             return
-        self.app.push_screen(AskText("Keep it in the workspace under the id", self.path.stem,
-                                     "lowercase letters, digits, '.', '_' and '-'"), self._import_answer)
+        self.app.push_screen(
+            AskText(
+                "Keep it in the workspace under the id", self.path.stem, "lowercase letters, digits, '.', '_' and '-'"
+            ),
+            self._import_answer,
+        )
 
     def _import_answer(self, name: str | None) -> None:
         if name and self.path is not None:
@@ -88,8 +94,10 @@ class PairFiles:
         if not self.dirty:
             proceed()
             return
-        self.app.push_screen(Confirm(f"This set has unsaved changes. Drop them and {doing}?", "Drop them",
-                                     "Keep editing"), lambda yes: yes and proceed())
+        self.app.push_screen(
+            Confirm(f"This set has unsaved changes. Drop them and {doing}?", "Drop them", "Keep editing"),
+            lambda yes: yes and proceed(),
+        )
 
     # --- synthesis: kept pairs appear as they arrive; the written file is opened at the end ----------
 
@@ -98,21 +106,33 @@ class PairFiles:
 
         settings = self.app.settings  # type: ignore[attr-defined]
         output = str((self.path.parent if self.path else Path()) / "synthesized.json")
-        self._unless_unsaved("synthesize a new set", lambda: self.app.push_screen(
-            SynthesizeDialog(settings.model, output), self._synthesize_answer))
+        self._unless_unsaved(
+            "synthesize a new set",
+            lambda: self.app.push_screen(SynthesizeDialog(settings.model, output), self._synthesize_answer),
+        )
 
     def _synthesize_answer(self, form: dict[str, str] | None) -> None:
         from ster.tui.screens.dialogs import replace_or_keep
 
         if not form:
             return
-        replace_or_keep(self.app, Path(form["output"]).expanduser(), "pair set", "the synthesized set",
-                        lambda: self._synthesize(form), self._say)
+        replace_or_keep(
+            self.app,
+            Path(form["output"]).expanduser(),
+            "pair set",
+            "the synthesized set",
+            lambda: self._synthesize(form),
+            self._say,
+        )
 
     def _synthesize(self, form: dict[str, str]) -> None:
-        fields: dict[str, Any] = {"trait": form["trait"], "count": form["count"], "generator": form["generator"],
-                                  "output": Path(form["output"]).expanduser(),
-                                  "generator_model": form["generator_model"] or None}
+        fields: dict[str, Any] = {
+            "trait": form["trait"],
+            "count": form["count"],
+            "generator": form["generator"],
+            "output": Path(form["output"]).expanduser(),
+            "generator_model": form["generator_model"] or None,
+        }
         if form["generator"] == "local":
             fields.update(self.app.settings.model_fields())  # type: ignore[attr-defined]
         if self._start("pairs synthesize", **fields) is not None:

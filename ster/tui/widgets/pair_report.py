@@ -19,15 +19,21 @@ def summary_text(pair_set: PairSet, report: dict[str, Any] | None, inspecting: b
         return Text(f"{len(pair_set.pairs)} pairs · {why}", style="dim")
     d = report["diversity"]
     text = Text(f"{report['pair_count']} pair{'s' if report['pair_count'] != 1 else ''} · ")
-    for count, label in ((report["duplicate_count"], "duplicate"), (report["refusal_count"], "refusal"),
-                         (report["unbalanced_count"], "unbalanced")):
+    for count, label in (
+        (report["duplicate_count"], "duplicate"),
+        (report["refusal_count"], "refusal"),
+        (report["unbalanced_count"], "unbalanced"),
+    ):
         plural = "s" if count != 1 and label != "unbalanced" else ""
         text.append(f"{count} {label}{plural}", style="bold yellow" if count else "")
         text.append(" · ")
     text.append(f"diversity: {d['unique_unigrams']} words, {d['unique_bigrams']} bigrams", style="dim")
     if d["avg_jaccard"] is not None:
-        text.append(f", mean jaccard {d['avg_jaccard']:.3f}, simhash mean {d['mean_simhash_hamming']:.1f} "
-                    f"min {d['min_simhash_hamming']}", style="dim")
+        text.append(
+            f", mean jaccard {d['avg_jaccard']:.3f}, simhash mean {d['mean_simhash_hamming']:.1f} "
+            f"min {d['min_simhash_hamming']}",
+            style="dim",
+        )
     return text
 
 
@@ -37,8 +43,10 @@ def detail_text(pair: Pair, row: dict[str, Any] | None) -> Text:
     for side in ("positive", "negative"):
         flag = (row or {}).get(f"{side}_refusal")
         if flag:
-            text.append(f"\n{side} side reads as a refusal: {flag['family']} {flag['score']:.2f}, "
-                        f"\"{flag['snippet']}\"", style="red")
+            text.append(
+                f'\n{side} side reads as a refusal: {flag["family"]} {flag["score"]:.2f}, "{flag["snippet"]}"',
+                style="red",
+            )
     return text
 
 
@@ -50,11 +58,17 @@ def flag_cells(row: dict[str, Any]) -> tuple[Text, Text, Text]:
     dup = "" if duplicate is None else f"{duplicate['kind']} of {duplicate['of']}"
     if duplicate and duplicate["kind"] == "near":
         dup += f" ({duplicate['distance']} bits)"
-    refusals = [f"{sign} {flag['family']} {flag['score']:.2f}" for sign, flag in
-                (("+", row["positive_refusal"]), ("-", row["negative_refusal"])) if flag]
+    refusals = [
+        f"{sign} {flag['family']} {flag['score']:.2f}"
+        for sign, flag in (("+", row["positive_refusal"]), ("-", row["negative_refusal"]))
+        if flag
+    ]
     ratio = row["length_ratio"]
-    return (Text(dup, style="yellow"), Text("  ".join(refusals), style="red"),
-            Text(f"{ratio:.2f}", style="bold red" if ratio > UNBALANCED_RATIO else ""))
+    return (
+        Text(dup, style="yellow"),
+        Text("  ".join(refusals), style="red"),
+        Text(f"{ratio:.2f}", style="bold red" if ratio > UNBALANCED_RATIO else ""),
+    )
 
 
 def clip(text: str, width: int) -> str:

@@ -111,11 +111,17 @@ class PairsPane(PairFiles, Vertical):
         self._redraw()
         if path is None:
             server = "; until one is saved, Train uses the server's active set" if remote else ""
-            self._say(f'a new, empty set named "{NEW_SET}": a adds a pair, n renames it, o opens a file, '
-                      f"y synthesizes one{server}", "")
+            self._say(
+                f'a new, empty set named "{NEW_SET}": a adds a pair, n renames it, o opens a file, '
+                f"y synthesizes one{server}",
+                "",
+            )
         else:
-            self._say(f'{path} does not exist yet: add pairs (a), name the trait (n, now "{NEW_SET}"), then s saves '
-                      "them there", "yellow")
+            self._say(
+                f'{path} does not exist yet: add pairs (a), name the trait (n, now "{NEW_SET}"), then s saves '
+                "them there",
+                "yellow",
+            )
 
     def on_resize(self) -> None:
         """The text columns share whatever width the fixed ones leave."""
@@ -143,8 +149,9 @@ class PairsPane(PairFiles, Vertical):
         if index is None:
             return
         pair = self.pair_set.pairs[index]
-        self.app.push_screen(PairEditor(f"Edit pair {index}", pair.positive, pair.negative),
-                             lambda texts: self._edited(index, texts))
+        self.app.push_screen(
+            PairEditor(f"Edit pair {index}", pair.positive, pair.negative), lambda texts: self._edited(index, texts)
+        )
 
     def _edited(self, index: int, texts: tuple[str, str] | None) -> None:
         if texts and texts != (self.pair_set.pairs[index].positive, self.pair_set.pairs[index].negative):
@@ -227,8 +234,12 @@ class PairsPane(PairFiles, Vertical):
             self._say(in_our_words(final.message), "red")
             return
         request, data = handle.request, final.data  # type: ignore[union-attr]
-        {"pairs inspect": self._inspected, "pairs save": self._saved, "workspace import-pairs": self._imported,
-         "pairs synthesize": self._synthesized}[handle.name](request, data)
+        {
+            "pairs inspect": self._inspected,
+            "pairs save": self._saved,
+            "workspace import-pairs": self._imported,
+            "pairs synthesize": self._synthesized,
+        }[handle.name](request, data)
 
     def _inspected(self, request: Any, data: dict[str, Any]) -> None:
         if request.pair_set is None:  # an open: the report carries the whole set
@@ -254,9 +265,12 @@ class PairsPane(PairFiles, Vertical):
 
     def _synthesized(self, request: Any, data: dict[str, Any]) -> None:
         rejected = data["rejected_empty"] + data["rejected_refusals"] + data["rejected_duplicates"]
-        self._open(request.output, f"synthesized {data['kept']} of {data['requested']} pairs with "
-                                   f"{data['generator']} in {data['attempts']} attempts ({rejected} rejected); "
-                                   f"opened {request.output}")
+        self._open(
+            request.output,
+            f"synthesized {data['kept']} of {data['requested']} pairs with "
+            f"{data['generator']} in {data['attempts']} attempts ({rejected} rejected); "
+            f"opened {request.output}",
+        )
 
     def _use_path(self, path: Path) -> None:
         """The set now belongs to this file, and the other tabs train and evaluate on it."""
@@ -275,8 +289,12 @@ class PairsPane(PairFiles, Vertical):
         dirty = " · modified (s saves; Train reads the saved file)" if self.dirty else ""
         summary.border_title = Text.assemble(f"{self.pair_set.trait_name} · {place}", (dirty, "bold yellow"))
         if self.live is not None:
-            summary.update(Text(f"{self.stage or 'synthesizing'}: {len(self.live)} kept so far "
-                                "(ctrl+x cancels; the written set is opened when it ends)"))
+            summary.update(
+                Text(
+                    f"{self.stage or 'synthesizing'}: {len(self.live)} kept so far "
+                    "(ctrl+x cancels; the written set is opened when it ends)"
+                )
+            )
         else:
             summary.update(summary_text(self.pair_set, self.report, self._inspection is not None))
 
@@ -309,8 +327,7 @@ class PairsPane(PairFiles, Vertical):
         table = self.query_one(DataTable)
         width = table.columns["positive"].width  # type: ignore[index]
         positive, negative = distinct_parts(pair.positive, pair.negative, width)
-        table.add_row(str(index), Text(positive), Text(negative),
-                      *(flag_cells(row) if row else ("", "", "")))
+        table.add_row(str(index), Text(positive), Text(negative), *(flag_cells(row) if row else ("", "", "")))
 
     def _say(self, text: str, style: str) -> None:
         self.query_one("#message", Static).update(Text(text, style=style))

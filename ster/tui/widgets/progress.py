@@ -22,8 +22,12 @@ from ster.tui.progress import Step
 from ster.tui.runner import JobHandle
 from ster.tui.words import in_our_words
 
-LOOK = {"done": ("done", "green"), "refused": ("refused", "red"), "cancelled": ("cancelled", "magenta"),
-         "failed": ("failed", "bold red")}
+LOOK = {
+    "done": ("done", "green"),
+    "refused": ("refused", "red"),
+    "cancelled": ("cancelled", "magenta"),
+    "failed": ("failed", "bold red"),
+}
 
 
 class JobProgress(Static):
@@ -112,9 +116,13 @@ class JobProgress(Static):
         width = max(8, min(24, self.size.width // 4))
         cells = Table.grid(padding=(0, 1))
         style = "bar.complete" if self.state != "cancelled" else "magenta"
-        cells.add_row(ProgressBar(total=1.0, completed=self.step.fraction, width=width, complete_style=style,
-                                  finished_style="green"),
-                      Text(f"{self.step.fraction:4.0%}"), Text(self._seconds(), style="dim"))
+        cells.add_row(
+            ProgressBar(
+                total=1.0, completed=self.step.fraction, width=width, complete_style=style, finished_style="green"
+            ),
+            Text(f"{self.step.fraction:4.0%}"),
+            Text(self._seconds(), style="dim"),
+        )
         return cells
 
     def _now(self) -> float:

@@ -38,9 +38,14 @@ class StatusLine(Static):
         if server:
             loaded += f" on {urlsplit(server).netloc or server}"
         adapter = [("adapter", settings.adapter_label())] if settings.adapter is not None else []
-        for label, value in (("model", settings.model), ("artifact", settings.artifact_label()), *adapter,
-                             ("pairs", settings.pairs.name if settings.pairs else "none"),
-                             ("", loaded), ("chat", chat)):
+        for label, value in (
+            ("model", settings.model),
+            ("artifact", settings.artifact_label()),
+            *adapter,
+            ("pairs", settings.pairs.name if settings.pairs else "none"),
+            ("", loaded),
+            ("chat", chat),
+        ):
             where.append(f"{label} " if label else "", style="dim")
             where.append(f"{value}  ", style="bold")
         grid = Table.grid(expand=True)

@@ -17,10 +17,14 @@ from rich.text import Text
 from ster.tui.widgets.sweep_table import AGAINST, TOWARD, verdict
 from ster.tui.words import in_our_words
 
-ONE_PROMPT = ("nothing suggested: one prompt gives an effect no noise to be told apart from; name a prompt set "
-              "under prompts (a file, or ster:prompts) to sweep several.")
-NONE_ON_ITS_SIDE = ("nothing suggested: what moved beyond its noise moved against the push, or came after a strength "
-                    "whose text was no longer fluent.")
+ONE_PROMPT = (
+    "nothing suggested: one prompt gives an effect no noise to be told apart from; name a prompt set "
+    "under prompts (a file, or ster:prompts) to sweep several."
+)
+NONE_ON_ITS_SIDE = (
+    "nothing suggested: what moved beyond its noise moved against the push, or came after a strength "
+    "whose text was no longer fluent."
+)
 
 
 def prompt_count(data: dict[str, Any]) -> int:
@@ -41,10 +45,17 @@ def nothing_moved(data: dict[str, Any]) -> str | None:
     from ster.engine.steering.effect import Judged, stillness
     from ster.engine.steering.strength import Strength
 
-    verdicts = [Judged(strength=row["strength"], label=Strength(value=row["strength"],
-                                                                unit=data["strength_unit"]).signed(),
-                       effect=row["effect"], threshold=row["threshold"], distinguishable=row["distinguishable"],
-                       fluent=row["fluent"]) for row in data["rows"]]
+    verdicts = [
+        Judged(
+            strength=row["strength"],
+            label=Strength(value=row["strength"], unit=data["strength_unit"]).signed(),
+            effect=row["effect"],
+            threshold=row["threshold"],
+            distinguishable=row["distinguishable"],
+            fluent=row["fluent"],
+        )
+        for row in data["rows"]
+    ]
     return stillness(verdicts, prompt_count(data))
 
 
@@ -66,8 +77,10 @@ def sweep_caption(data: dict[str, Any], artifact: str, source: str | None, adapt
         caption.append(f"nothing suggested: {in_our_words(still)}. ", style="yellow")
     else:
         caption.append(NONE_ON_ITS_SIDE + " ", style="yellow")
-    caption.append(f"effect: how far the text moved along the direction, read back unsteered, minus the "
-                   f"baseline's (residual-stream units): + toward {data['trait_name'] or 'the trait'}, − away")
+    caption.append(
+        f"effect: how far the text moved along the direction, read back unsteered, minus the "
+        f"baseline's (residual-stream units): + toward {data['trait_name'] or 'the trait'}, − away"
+    )
     if count > 1:
         caption.append(f"; ± its noise band (95%), {TOWARD} beyond it")
         if any(verdict(row) == "against" for row in data["rows"]):
@@ -84,12 +97,18 @@ def budget_words(data: dict[str, Any], unit: str) -> Text:
     if reach is None:
         return Text()
     picks = [f"{reach[sign]:+g}{unit}" for sign in ("positive", "negative") if reach[sign] is not None]
-    return Text.assemble(f"within KL {data['kl_budget']:g} on {data['neutral_prompts']} neutral prompts: ",
-                         (", ".join(picks) or "none", "bold"), ".")
+    return Text.assemble(
+        f"within KL {data['kl_budget']:g} on {data['neutral_prompts']} neutral prompts: ",
+        (", ".join(picks) or "none", "bold"),
+        ".",
+    )
 
 
 def fluent_rule(data: dict[str, Any]) -> Text:
     bound = data["bound"]
-    return Text(f"fluent = distinct-2 ≥ {bound['distinct_2_ratio']:g}× the baseline's, longest run ≤ baseline's + "
-                f"{bound['longest_run_slack']}, mean tokens ≥ {bound['length_ratio']:g}× the baseline's. "
-                "enter on a row shows its full outputs.", style="dim")
+    return Text(
+        f"fluent = distinct-2 ≥ {bound['distinct_2_ratio']:g}× the baseline's, longest run ≤ baseline's + "
+        f"{bound['longest_run_slack']}, mean tokens ≥ {bound['length_ratio']:g}× the baseline's. "
+        "enter on a row shows its full outputs.",
+        style="dim",
+    )

@@ -16,8 +16,17 @@ from textual.widgets import DataTable
 
 from ster.tui.widgets.generate_parts import cell, mean, one_line
 
-SWEEP_COLUMNS = (("strength", 8), ("other", 8), ("effect", 15), ("KL", 5), ("changed", 7), ("dist-2", 6),
-                 ("run", 3), ("tokens", 6), ("judged", 10))
+SWEEP_COLUMNS = (
+    ("strength", 8),
+    ("other", 8),
+    ("effect", 15),
+    ("KL", 5),
+    ("changed", 7),
+    ("dist-2", 6),
+    ("run", 3),
+    ("tokens", 6),
+    ("judged", 10),
+)
 """The sweep table's short columns and widths; "other" is the strength in the other unit, KL the mean KL from the
 unsteered model on the neutral prompts (over budget in yellow); the output takes the rest."""
 NARROW_COLUMNS = ("strength", "other", "effect", "KL", "judged")
@@ -95,8 +104,7 @@ class SweepTable(DataTable):
     def _columns(self) -> None:
         self.clear(columns=True)
         other = "absolute" if self.unit == "relative" else "relative"
-        shown = [(label, width) for label, width in SWEEP_COLUMNS
-                 if self.size.width >= 100 or label in NARROW_COLUMNS]
+        shown = [(label, width) for label, width in SWEEP_COLUMNS if self.size.width >= 100 or label in NARROW_COLUMNS]
         rest = max(10, self.size.width - sum(width + 2 for _, width in shown) - 4)
         for label, width in (*shown, (OUTPUT, rest)):
             self.add_column(other if label == "other" else self._header(label, width), width=width, key=label)
@@ -117,10 +125,14 @@ class SweepTable(DataTable):
         self.strengths = {s.signed(): str(s) for s in strengths}
         self.rows_data, self.result = {}, None
         for strength in strengths:
-            cells = {"strength": Text(shown_signed(strength), justify="right"),
-                     "judged": "baseline" if strength.value == 0 else "", OUTPUT: ""}
-            self.add_row(*(cells.get(str(key.value), Text("…", justify="right")) for key in self.columns),
-                         key=strength.signed())
+            cells = {
+                "strength": Text(shown_signed(strength), justify="right"),
+                "judged": "baseline" if strength.value == 0 else "",
+                OUTPUT: "",
+            }
+            self.add_row(
+                *(cells.get(str(key.value), Text("…", justify="right")) for key in self.columns), key=strength.signed()
+            )
 
     def stream(self, label: str, delta: str) -> None:
         """A token of the text at ``label`` (``+0.4x/2``: strength, then prompt index) into its row."""
@@ -165,26 +177,35 @@ def shown_signed(strength: Any) -> str:
     return "0" if strength.value == 0 else strength.signed()
 
 
-def sweep_cells(row: dict[str, Any], strength: Any, suggested: bool, width: int,
-                budget: float | None = None) -> dict[str, Text]:
+def sweep_cells(
+    row: dict[str, Any], strength: Any, suggested: bool, width: int, budget: float | None = None
+) -> dict[str, Text]:
     """A result row's cells by column key (the table shows the columns its width allows); a KL over ``budget``
     is in yellow."""
     style = "bold green" if suggested else ""
     other = mean(row["absolute_strength"]) if strength.relative else mean(row["relative_strength"])
-    judged = ("baseline" if row["strength"] == 0 else "fluent ◀" if suggested else
-              "fluent" if row["fluent"] else "not fluent")
+    judged = (
+        "baseline" if row["strength"] == 0 else "fluent ◀" if suggested else "fluent" if row["fluent"] else "not fluent"
+    )
     prompts = len(row["outputs"])
-    numbers = {"strength": shown_signed(strength), "other": cell(other, ".3g"),
-               "changed": "—" if row["strength"] == 0 else f"{row.get('changed', 0)}/{prompts}",
-               "dist-2": cell(row["distinct_2"], ".2f"), "run": str(row["longest_run"]),
-               "tokens": f"{row['mean_tokens']:.1f}"}
+    numbers = {
+        "strength": shown_signed(strength),
+        "other": cell(other, ".3g"),
+        "changed": "—" if row["strength"] == 0 else f"{row.get('changed', 0)}/{prompts}",
+        "dist-2": cell(row["distinct_2"], ".2f"),
+        "run": str(row["longest_run"]),
+        "tokens": f"{row['mean_tokens']:.1f}",
+    }
     kl = row.get("kl")
     over = kl is not None and budget is not None and kl > budget
     output = one_line(" | ".join(o["text"] for o in row["outputs"]), width)
     effect = effect_cell(row)
     if style:
         effect.stylize(style)
-    return {**{key: Text(n, style=style, justify="right") for key, n in numbers.items()}, "effect": effect,
-            "KL": Text("—" if kl is None else number(kl, 2), style=style or ("yellow" if over else ""), justify="right"),
-            "judged": Text(judged, style=style or ("red" if not row["fluent"] else "")),
-            OUTPUT: Text(output, style=style)}
+    return {
+        **{key: Text(n, style=style, justify="right") for key, n in numbers.items()},
+        "effect": effect,
+        "KL": Text("—" if kl is None else number(kl, 2), style=style or ("yellow" if over else ""), justify="right"),
+        "judged": Text(judged, style=style or ("red" if not row["fluent"] else "")),
+        OUTPUT: Text(output, style=style),
+    }

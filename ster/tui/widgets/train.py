@@ -44,16 +44,29 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
         Binding("t", "train", "Train", tooltip="Fit one direction per selected layer with the chosen method"),
         Binding("o", "optimize", "Optimize", tooltip="Rank every method at every selected layer on a holdout"),
         Binding("e", "evaluate", "Eval", tooltip="Evaluate: score the current artifact on a pair set"),
-        Binding("c", "calibrate", "Calibrate",
-                tooltip="Search layer, method and strength per sign for the most behaviour within a KL budget"),
+        Binding(
+            "c",
+            "calibrate",
+            "Calibrate",
+            tooltip="Search layer, method and strength per sign for the most behaviour within a KL budget",
+        ),
         Binding("l", "load", "Load", tooltip="Use an artifact from disk"),
         Binding("s", "sort", "Sort", show=False, tooltip="Cycle the candidate table's order (the title says s sorts)"),
     ]
 
     def compose(self) -> ComposeResult:
         with FormRow():
-            yield from labelled("layers", Field("all", check=parse_layers, width=8, grow=24, id="layers",
-                                                tooltip="all, a comma list (2,5), or a half-open range (2..6)"))
+            yield from labelled(
+                "layers",
+                Field(
+                    "all",
+                    check=parse_layers,
+                    width=8,
+                    grow=24,
+                    id="layers",
+                    tooltip="all, a comma list (2,5), or a half-open range (2..6)",
+                ),
+            )
             yield Label("method", classes="field-label -gap")
             yield Select([(m, m) for m in METHODS], value="caa", allow_blank=False, compact=True, id="method")
             yield Label("artifact", classes="field-label -gap")
@@ -95,26 +108,43 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
         settings = self.app.settings  # type: ignore[attr-defined]
         output = self._output("calibrate")
         resume = _study(output).exists()
-        fields = {"pairs": settings.pairs, "layers": self.query_one("#layers", Field).value.strip() or "all",
-                  "output": output, "resume": resume, **settings.model_fields()}
+        fields = {
+            "pairs": settings.pairs,
+            "layers": self.query_one("#layers", Field).value.strip() or "all",
+            "output": output,
+            "resume": resume,
+            **settings.model_fields(),
+        }
         if resume:
             self._run("calibrate", **fields)
             self.add(f"resuming the study an interrupted run left at {shown(_study(output))}", "yellow")
             return
-        replace_or_keep(self.app, output, "steering artifact", "the new artifact",
-                        lambda: self._run("calibrate", **fields), self.say)
+        replace_or_keep(
+            self.app,
+            output,
+            "steering artifact",
+            "the new artifact",
+            lambda: self._run("calibrate", **fields),
+            self.say,
+        )
 
     def _fit(self, job: str, **extra: Any) -> None:
         if self.first_bad("layers"):
             return
         settings = self.app.settings  # type: ignore[attr-defined]
         output = self._output(job)
-        fields = {"pairs": settings.pairs, "layers": self.query_one("#layers", Field).value.strip() or "all",
-                  "output": output, **extra, **settings.model_fields()}
+        fields = {
+            "pairs": settings.pairs,
+            "layers": self.query_one("#layers", Field).value.strip() or "all",
+            "output": output,
+            **extra,
+            **settings.model_fields(),
+        }
         from ster.tui.screens.dialogs import replace_or_keep
 
-        replace_or_keep(self.app, output, "steering artifact", "the new artifact", lambda: self._run(job, **fields),
-                        self.say)
+        replace_or_keep(
+            self.app, output, "steering artifact", "the new artifact", lambda: self._run(job, **fields), self.say
+        )
 
     def _output(self, job: str) -> Path:
         typed = self.query_one("#output", Field).value.strip()
@@ -122,14 +152,19 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
 
     def _default_path(self, job: str) -> Path:
         settings = self.app.settings  # type: ignore[attr-defined]
-        method = (str(self.query_one("#method", Select).value) if job == "train" else
-                  {"calibrate": "calibrated"}.get(job, "optimized"))
+        method = (
+            str(self.query_one("#method", Select).value)
+            if job == "train"
+            else {"calibrate": "calibrated"}.get(job, "optimized")
+        )
         return default_artifact(settings.trait, method, settings.model)
 
     def _default_output(self) -> None:
-        self.query_one("#output", Field).placeholder = (f"{shown(self._default_path('train'))}, or "
-                                                        f"{self._default_path('optimize').name} for o, "
-                                                        f"{self._default_path('calibrate').name} for c")
+        self.query_one("#output", Field).placeholder = (
+            f"{shown(self._default_path('train'))}, or "
+            f"{self._default_path('optimize').name} for o, "
+            f"{self._default_path('calibrate').name} for c"
+        )
 
     def on_select_changed(self) -> None:
         self._default_output()
@@ -196,8 +231,11 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
             if final.kind != "cancelled":
                 self.say(in_our_words(final.message), "red")
             elif handle.name == "calibrate" and _study(handle.request.output).exists():  # type: ignore[union-attr]
-                self.say(f"cancelled; the study at {shown(_study(handle.request.output))} keeps the finished "  # type: ignore
-                         f"trials, and c continues it", "magenta")
+                self.say(
+                    f"cancelled; the study at {shown(_study(handle.request.output))} keeps the finished "  # type: ignore
+                    f"trials, and c continues it",
+                    "magenta",
+                )
             return
         getattr(self, f"_{handle.name}")(handle.request, final.data)  # type: ignore[union-attr]
 
@@ -243,8 +281,13 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
             return
         layers = ",".join(map(str, row.layers))
         output = default_artifact(settings.trait, f"{row.method}-{_span(row.layers)}", settings.model)
-        fields = {"pairs": settings.pairs, "layers": layers, "method": row.method, "output": output,
-                  **settings.model_fields()}
+        fields = {
+            "pairs": settings.pairs,
+            "layers": layers,
+            "method": row.method,
+            "output": output,
+            **settings.model_fields(),
+        }
         from ster.tui.screens.dialogs import replace_or_keep
 
         def fit() -> None:
@@ -268,17 +311,19 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
         self._use(handle.request.output, final.data)
         self._adopt(handle.request.output, row)
         if final.data.get("strength_unit") != "spread":  # an engine that writes norm-unit artifacts from train
-            self.add(f"warning: {handle.request.output.name} measures a relative strength against each layer's "
-                     f"activation norm, not its spread, so {row.shown_strength()} is a larger push than the "
-                     "front's point", "yellow")
+            self.add(
+                f"warning: {handle.request.output.name} measures a relative strength against each layer's "
+                f"activation norm, not its spread, so {row.shown_strength()} is a larger push than the "
+                "front's point",
+                "yellow",
+            )
 
     def _adopt(self, path: Path, row: FrontRow) -> None:
         settings = self.app.settings  # type: ignore[attr-defined]
         settings.strength = row.strength_text()
         self.app.settings_changed("strength")  # type: ignore[attr-defined]
         which = ", the calibrated strength" if row.chosen else ""
-        self.say(f"adopted: Generate steers at {row.shown_strength()}{which}, {row.candidate()} ({path.name})",
-                 "green")
+        self.say(f"adopted: Generate steers at {row.shown_strength()}{which}, {row.candidate()} ({path.name})", "green")
 
     def _evaluate(self, request: Any, data: dict[str, Any]) -> None:
         settings = self.app.settings  # type: ignore[attr-defined]
@@ -297,21 +342,23 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
             self._show_calibration(request.artifact, data, front, loaded=True)
         else:
             self.query_one(TrainResults).loaded(request, data)
-        warnings = provenance_sentences(data["precision"], data["chat_template"], settings.precision,
-                                        settings.chat_decision)
+        warnings = provenance_sentences(
+            data["precision"], data["chat_template"], settings.precision, settings.chat_decision
+        )
         if data["model"] != settings.model:
-            warnings.insert(0, f'this artifact was trained for model "{data["model"]}" and the app uses '
-                               f'"{settings.model}"; generate and evaluate refuse it unless the engine finds the '
-                               "two are the same checkpoint")
+            warnings.insert(
+                0,
+                f'this artifact was trained for model "{data["model"]}" and the app uses '
+                f'"{settings.model}"; generate and evaluate refuse it unless the engine finds the '
+                "two are the same checkpoint",
+            )
         at = settings.calibrated()
         loaded = f"loaded {shown(request.artifact)}" + (f"; Generate steers at its calibrated {at}" if at else "")
-        self.say("\n".join(f"warning: {w}" for w in warnings) or loaded,
-                 "yellow" if warnings else "green")
+        self.say("\n".join(f"warning: {w}" for w in warnings) or loaded, "yellow" if warnings else "green")
 
     def _use(self, path: Path, summary: dict[str, Any]) -> None:
         self.app.settings.use_artifact(path, summary)  # type: ignore[attr-defined]
         self.app.settings_changed("artifact")  # type: ignore[attr-defined]
-
 
 
 def _span(layers: tuple[int, ...]) -> str:

@@ -28,8 +28,12 @@ from ster.tui.widgets.wrapped import Wrapped
 SORTS = ("search order", "rank", "separation", "holdout margin", "layer")
 """The candidate table's orders; ``rank`` is optimize's own: holdout accuracy, then separation, then relative
 margin, so the selected row comes first."""
-SORT_BY_COLUMN = {0: SORTS.index("layer"), 2: SORTS.index("rank"), 3: SORTS.index("separation"),
-                  4: SORTS.index("holdout margin")}
+SORT_BY_COLUMN = {
+    0: SORTS.index("layer"),
+    2: SORTS.index("rank"),
+    3: SORTS.index("separation"),
+    4: SORTS.index("holdout margin"),
+}
 """A click on a candidate column's header → the order it sorts by (other headers: search order)."""
 
 
@@ -70,15 +74,19 @@ class TrainResults(Vertical):
         self.candidates, self.sort_index = data["selection"]["candidates"], 0
         chosen = next(c for c in self.candidates if c["selected"])
         holdout = data["selection"]["holdout"]["holdout_pairs"]
-        self._new_title(f"optimize: {len(self.candidates)} candidates ranked on a {holdout}-pair holdout; selected "
-                        f"{chosen['method']} at layer {chosen['layer']} (refitted on every pair)")
+        self._new_title(
+            f"optimize: {len(self.candidates)} candidates ranked on a {holdout}-pair holdout; selected "
+            f"{chosen['method']} at layer {chosen['layer']} (refitted on every pair)"
+        )
         self._fill_candidates()
         best: dict[int, dict[str, Any]] = {}
         for row in self.candidates:  # per layer, its best candidate by the ranking rule
             if row["layer"] not in best or rank_key(row) < rank_key(best[row["layer"]]):
                 best[row["layer"]] = row
-        rows = [(layer, row["holdout_accuracy"], row.get("holdout_separation") or 0.0)
-                for layer, row in sorted(best.items())]
+        rows = [
+            (layer, row["holdout_accuracy"], row.get("holdout_separation") or 0.0)
+            for layer, row in sorted(best.items())
+        ]
         self.query_one(LayerPlot).plot("best candidate per layer", rows, marked=chosen["layer"], measure="separation")
 
     def trained(self, request: Any, data: dict[str, Any]) -> None:
@@ -92,8 +100,9 @@ class TrainResults(Vertical):
         self._per_layer(data, ("accuracy", "margin"), ("accuracy", "margin"), data["method"])
 
     def loaded(self, request: Any, data: dict[str, Any]) -> None:
-        self._new_title(f"loaded {shown(request.artifact)}: {data['trait_name']}, {data['method']}, fitted on "
-                        f"{data['model']}")
+        self._new_title(
+            f"loaded {shown(request.artifact)}: {data['trait_name']}, {data['method']}, fitted on {data['model']}"
+        )
         self._per_layer(data, ("train acc", "train margin"), ("train_accuracy", "train_margin"), data["method"])
 
     def calibrated(self, where: Path, data: dict[str, Any], front: list[dict[str, Any]], loaded: bool) -> None:
@@ -102,8 +111,10 @@ class TrainResults(Vertical):
         record = data["calibration"]
         layers = [entry["layer"] for entry in data["layers"]]
         what = f"loaded {shown(where)}" if loaded else "calibrate"
-        self._new_title(f"{what}: {data['method']} at {layer_words(layers)}, chosen over {len(record['trials'])} "
-                        f"trials within KL {record['kl_budget']:g}")
+        self._new_title(
+            f"{what}: {data['method']} at {layer_words(layers)}, chosen over {len(record['trials'])} "
+            f"trials within KL {record['kl_budget']:g}"
+        )
         self.candidates = []
         self.add_class("-calibration")
         self.query_one("#candidates", DataTable).can_focus = False  # hidden: the tab's focus goes to the front
@@ -158,10 +169,19 @@ class TrainResults(Vertical):
         for row in self._sorted():
             style = "bold green" if row["selected"] else ""
             separation = row.get("holdout_separation")
-            table.add_row(*(Text(cell, style=style) for cell in (
-                str(row["layer"]), row["method"], f"{row['holdout_accuracy']:.3f}",
-                "—" if separation is None else f"{separation:.3f}", f"{row['holdout_margin']:+.4f}",
-                "✓" if row["selected"] else "")))
+            table.add_row(
+                *(
+                    Text(cell, style=style)
+                    for cell in (
+                        str(row["layer"]),
+                        row["method"],
+                        f"{row['holdout_accuracy']:.3f}",
+                        "—" if separation is None else f"{separation:.3f}",
+                        f"{row['holdout_margin']:+.4f}",
+                        "✓" if row["selected"] else "",
+                    )
+                )
+            )
         self.sort_note = f" · by {SORTS[self.sort_index]} (s sorts)"
         self._show_title()
 
@@ -181,8 +201,7 @@ class TrainResults(Vertical):
 def rank_key(row: dict[str, Any]) -> tuple[float, float, float]:
     """A candidate's place in optimize's ranking (smallest first): holdout accuracy, then separation (the
     margin over the holdout's spread within each side), then the margin over the activation norm."""
-    return (-row["holdout_accuracy"], -_number(row.get("holdout_separation")),
-            -_number(row.get("relative_margin")))
+    return (-row["holdout_accuracy"], -_number(row.get("holdout_separation")), -_number(row.get("relative_margin")))
 
 
 def _number(value: float | None) -> float:

@@ -37,19 +37,42 @@ JOBS = {"sft": "tune sft", "dpo": "tune dpo", "ipo": "tune dpo", "reward": "tune
 DATA = {"sft": "examples", "dpo": "pairs", "ipo": "pairs", "reward": "pairs", "grpo": "prompts"}
 """The data field's name (and label) per objective."""
 DEFAULTS: dict[str, dict[str, str]] = {
-    objective: {"epochs": "1", "learning-rate": "0.0001", "accumulation": "1" if objective == "grpo" else "8",
-                "rank": "8", "alpha": "16", "targets": "query,value", "beta": "0.04" if objective == "grpo" else "0.1",
-                "group": "4", "reward": "length", "seed": "42", "layers": "all", "warmup-steps": "0",
-                "batch-size": "1", "checkpoint-every": "0", "max-sequence": "512", "temperature": "0.9",
-                "top-p": "0.95", "max-new-tokens": "64"}
+    objective: {
+        "epochs": "1",
+        "learning-rate": "0.0001",
+        "accumulation": "1" if objective == "grpo" else "8",
+        "rank": "8",
+        "alpha": "16",
+        "targets": "query,value",
+        "beta": "0.04" if objective == "grpo" else "0.1",
+        "group": "4",
+        "reward": "length",
+        "seed": "42",
+        "layers": "all",
+        "warmup-steps": "0",
+        "batch-size": "1",
+        "checkpoint-every": "0",
+        "max-sequence": "512",
+        "temperature": "0.9",
+        "top-p": "0.95",
+        "max-new-tokens": "64",
+    }
     for objective in OBJECTIVES
 }
 """The contract's defaults (the tune requests' own; a test keeps them equal), as the fields show them."""
 BUNDLED = {"examples": "ster:examples", "prompts": "ster:grpo-prompts"}
 NUMBER_FIELDS = ("epochs", "learning-rate", "accumulation", "rank", "alpha", "beta", "group")
-MORE = {"seed": "seed", "layers": "layers", "warmup-steps": "warmup steps", "checkpoint-every": "checkpoint every",
-        "max-sequence": "max sequence", "batch-size": "batch", "temperature": "temperature",
-        "top-p": "top-p", "max-new-tokens": "max new tokens"}
+MORE = {
+    "seed": "seed",
+    "layers": "layers",
+    "warmup-steps": "warmup steps",
+    "checkpoint-every": "checkpoint every",
+    "max-sequence": "max sequence",
+    "batch-size": "batch",
+    "temperature": "temperature",
+    "top-p": "top-p",
+    "max-new-tokens": "max new tokens",
+}
 """The fields under "more settings" (id, the CLI flag without its dashes → label), in the order they are shown."""
 SAMPLING = ("temperature", "top-p", "max-new-tokens")
 """grpo's sampling of its completions; the batch is every other objective's (grpo decodes a group as one batch)."""
@@ -71,6 +94,7 @@ def positive(label: str) -> Any:
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"{label} must be a finite number above zero")
         return value
+
     return check
 
 
@@ -83,6 +107,7 @@ def not_negative(label: str) -> Any:
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"{label} must be a finite number of at least 0")
         return value
+
     return check
 
 
@@ -91,6 +116,7 @@ def whole(label: str, low: int, high: int | None = None) -> Any:
         if not text.strip():
             raise ValueError(f"{label} is empty; give a whole number of at least {low}")
         return parse_whole(text, label, low, high)
+
     return check
 
 
@@ -118,9 +144,15 @@ def check_layers(text: str) -> str:
 
 CHECKS: dict[str, Any] = {
     "seed": whole("seed", 0, 2**64 - 1),
-    "layers": check_layers, "warmup-steps": whole("warmup steps", 0), "batch-size": whole("batch", 1),
-    "checkpoint-every": whole("checkpoint every", 0), "max-sequence": whole("max sequence", 2),
-    "temperature": positive("temperature"), "top-p": nucleus, "max-new-tokens": whole("max new tokens", 1)}
+    "layers": check_layers,
+    "warmup-steps": whole("warmup steps", 0),
+    "batch-size": whole("batch", 1),
+    "checkpoint-every": whole("checkpoint every", 0),
+    "max-sequence": whole("max sequence", 2),
+    "temperature": positive("temperature"),
+    "top-p": nucleus,
+    "max-new-tokens": whole("max new tokens", 1),
+}
 
 
 def check_targets(text: str) -> str:
@@ -136,9 +168,15 @@ def check_targets(text: str) -> str:
 
 def tune_words(sentence: str, data: str) -> str:
     """An engine sentence as the Tune tab says it: its fields' labels for the flags."""
-    for flag, label in (("--output", "adapter"), ("--epochs", "epochs"), ("--iterations", "epochs"),
-                        ("--learning-rate", "learning rate"), ("--pairs", "pairs"), ("--resume", "resume (r)"),
-                        *((f"--{name}", label) for name, label in MORE.items())):
+    for flag, label in (
+        ("--output", "adapter"),
+        ("--epochs", "epochs"),
+        ("--iterations", "epochs"),
+        ("--learning-rate", "learning rate"),
+        ("--pairs", "pairs"),
+        ("--resume", "resume (r)"),
+        *((f"--{name}", label) for name, label in MORE.items()),
+    ):
         sentence = sentence.replace(flag, label)
     return in_our_words(sentence.replace(f"--{data}", data))
 
@@ -191,53 +229,97 @@ class TunePane(MessageLine, FieldErrors, Vertical):
             yield Label("examples", classes="field-label -gap", id="data-label")
             yield Field(id="data", tooltip="the training data: a file, or a bundled name such as ster:examples")
         with FormRow():
-            yield from labelled("adapter", Field(id="output", tooltip="where t writes the adapter (.safetensors) "
-                                                                     "and its sidecar; empty: the default in grey"))
+            yield from labelled(
+                "adapter",
+                Field(
+                    id="output",
+                    tooltip="where t writes the adapter (.safetensors) and its sidecar; empty: the default in grey",
+                ),
+            )
         defaults = DEFAULTS["sft"]
         with FormRow():
             yield Label("epochs", classes="field-label", id="epochs-label")
             yield Field(defaults["epochs"], check=whole("epochs", 1), width=5, grow=8, id="epochs")
             yield Label("learning rate", classes="field-label -gap")
-            yield Field(defaults["learning-rate"], check=positive("learning rate"), width=9, grow=14,
-                        id="learning-rate")
+            yield Field(
+                defaults["learning-rate"], check=positive("learning rate"), width=9, grow=14, id="learning-rate"
+            )
             yield Label("accumulation", classes="field-label -gap")
-            yield Field(defaults["accumulation"], check=whole("accumulation", 1), width=5, grow=8, id="accumulation",
-                        tooltip="forwards folded into one optimizer step")
+            yield Field(
+                defaults["accumulation"],
+                check=whole("accumulation", 1),
+                width=5,
+                grow=8,
+                id="accumulation",
+                tooltip="forwards folded into one optimizer step",
+            )
         with FormRow():
             yield from labelled("rank", Field(defaults["rank"], check=whole("rank", 1), width=5, grow=8, id="rank"))
             yield Label("alpha", classes="field-label -gap")
             yield Field(defaults["alpha"], check=positive("alpha"), width=6, grow=10, id="alpha")
             yield Label("targets", classes="field-label -gap")
-            yield Field(defaults["targets"], check=check_targets, width=14, grow=40, id="targets",
-                        tooltip="query, key, value, output, gate, up, down (or q_proj …), comma separated")
+            yield Field(
+                defaults["targets"],
+                check=check_targets,
+                width=14,
+                grow=40,
+                id="targets",
+                tooltip="query, key, value, output, gate, up, down (or q_proj …), comma separated",
+            )
             yield Label("beta", classes="field-label -gap beta-only")
             yield Field(defaults["beta"], check=not_negative("beta"), width=6, grow=10, id="beta", classes="beta-only")
         with FormRow(classes="grpo-only"):
-            yield from labelled("group", Field(defaults["group"], check=whole("group", 2), width=5, grow=8,
-                                               id="group", tooltip="completions sampled per prompt"))
+            yield from labelled(
+                "group",
+                Field(
+                    defaults["group"],
+                    check=whole("group", 2),
+                    width=5,
+                    grow=8,
+                    id="group",
+                    tooltip="completions sampled per prompt",
+                ),
+            )
             yield Label("reward", classes="field-label -gap")
-            yield Field("length", id="reward",
-                        tooltip="length (tokens emitted), or a reward model written by tune reward")
+            yield Field(
+                "length", id="reward", tooltip="length (tokens emitted), or a reward model written by tune reward"
+            )
         with MoreSettings(title=MORE_TITLE, id="more"):
             with FormRow():
-                yield from labelled("seed", self._more("seed", 6, 24, "the adapter's initial factors and the order of "
-                                                                      "the data (grpo: its sampling too)"))
+                yield from labelled(
+                    "seed",
+                    self._more(
+                        "seed",
+                        6,
+                        24,
+                        "the adapter's initial factors and the order of the data (grpo: its sampling too)",
+                    ),
+                )
                 yield Label("layers", classes="field-label -gap")
                 yield self._more("layers", 6, 24, "layers that carry an adapter: all, or such as 2,5 or 8-15")
                 yield Label("warmup steps", classes="field-label -gap")
                 yield self._more("warmup-steps", 5, 8, "optimizer steps over which the learning rate ramps up")
             with FormRow():
-                yield from labelled("checkpoint every", self._more(
-                    "checkpoint-every", 5, 8, "write a resumable checkpoint every this many steps; 0: only when "
-                                              "cancelled"))
+                yield from labelled(
+                    "checkpoint every",
+                    self._more(
+                        "checkpoint-every",
+                        5,
+                        8,
+                        "write a resumable checkpoint every this many steps; 0: only when cancelled",
+                    ),
+                )
                 yield Label("max sequence", classes="field-label -gap")
                 yield self._more("max-sequence", 6, 8, "tokens; a longer sequence is skipped, never cut")
                 yield Label("batch", classes="field-label -gap no-grpo")
-                yield self._more("batch-size", 5, 8, "units per forward (grpo decodes each prompt's group as one)",
-                                 "no-grpo")
+                yield self._more(
+                    "batch-size", 5, 8, "units per forward (grpo decodes each prompt's group as one)", "no-grpo"
+                )
             with FormRow(classes="grpo-only"):
-                yield from labelled("temperature", self._more("temperature", 6, 10, "sampling temperature of the "
-                                                                                     "completions, above zero"))
+                yield from labelled(
+                    "temperature",
+                    self._more("temperature", 6, 10, "sampling temperature of the completions, above zero"),
+                )
                 yield Label("top-p", classes="field-label -gap")
                 yield self._more("top-p", 6, 10, "nucleus sampling: 1 keeps every token")
                 yield Label("max new tokens", classes="field-label -gap")
@@ -248,8 +330,9 @@ class TunePane(MessageLine, FieldErrors, Vertical):
 
     @staticmethod
     def _more(name: str, width: int, grow: int, tooltip: str, classes: str = "") -> Field:
-        return Field(DEFAULTS["sft"][name], check=CHECKS[name], width=width, grow=grow, id=name, tooltip=tooltip,
-                     classes=classes)
+        return Field(
+            DEFAULTS["sft"][name], check=CHECKS[name], width=width, grow=grow, id=name, tooltip=tooltip, classes=classes
+        )
 
     def on_mount(self) -> None:
         self._show_objective()
@@ -294,8 +377,11 @@ class TunePane(MessageLine, FieldErrors, Vertical):
 
     def _title_more(self) -> None:
         """The section's title names what differs from the defaults, so a folded section still says it."""
-        changed = [f"{MORE[name]} {self.query_one(f'#{name}', Field).value.strip()}" for name in self._shown_more()
-                   if self.query_one(f"#{name}", Field).value.strip() != DEFAULTS[self.objective][name]]
+        changed = [
+            f"{MORE[name]} {self.query_one(f'#{name}', Field).value.strip()}"
+            for name in self._shown_more()
+            if self.query_one(f"#{name}", Field).value.strip() != DEFAULTS[self.objective][name]
+        ]
         self.query_one(MoreSettings).title = MORE_TITLE + (": " + ", ".join(changed) if changed else "")
 
     def _default_output(self) -> Path:
@@ -335,9 +421,14 @@ class TunePane(MessageLine, FieldErrors, Vertical):
             return None
         value = {name: self.query_one(f"#{name}", Field).value.strip() for name in (*NUMBER_FIELDS, "targets")}
         fields: dict[str, Any] = {
-            "output": self.output(), "learning_rate": float(value["learning-rate"]),
-            "accumulation": int(value["accumulation"]), "rank": int(value["rank"]), "alpha": float(value["alpha"]),
-            "targets": value["targets"], **settings.model_fields()}
+            "output": self.output(),
+            "learning_rate": float(value["learning-rate"]),
+            "accumulation": int(value["accumulation"]),
+            "rank": int(value["rank"]),
+            "alpha": float(value["alpha"]),
+            "targets": value["targets"],
+            **settings.model_fields(),
+        }
         fields["iterations" if objective == "grpo" else "epochs"] = int(value["epochs"])
         for name in more:
             typed = self.query_one(f"#{name}", Field).value.strip()
@@ -373,17 +464,27 @@ class TunePane(MessageLine, FieldErrors, Vertical):
         output, local = fields["output"], self.app.remote is None  # type: ignore[attr-defined]
         checkpoint = checkpoint_of(output)
         if local and checkpoint.exists():
-            question = (f"An unfinished run's checkpoint is at {shown(checkpoint)}. Start over and replace it? "
-                        "(r resumes it instead)")
-            self.app.push_screen(Confirm(question, "Start over", "Keep it"),
-                                 lambda yes: self._run(fields) if yes else self.say(
-                                     f"kept {shown(checkpoint)}; nothing ran. {RESUME_HINT}", "yellow"))
+            question = (
+                f"An unfinished run's checkpoint is at {shown(checkpoint)}. Start over and replace it? "
+                "(r resumes it instead)"
+            )
+            self.app.push_screen(
+                Confirm(question, "Start over", "Keep it"),
+                lambda yes: (
+                    self._run(fields)
+                    if yes
+                    else self.say(f"kept {shown(checkpoint)}; nothing ran. {RESUME_HINT}", "yellow")
+                ),
+            )
         elif local and output.exists():
-            self.app.push_screen(Confirm(f"{shown(output)} already exists. Replace it with the new adapter?",
-                                         "Replace", "Keep it"),
-                                 lambda yes: self._run(fields) if yes else self.say(
-                                     f"kept {shown(output)}; nothing ran. Name another adapter to keep both",
-                                     "yellow"))
+            self.app.push_screen(
+                Confirm(f"{shown(output)} already exists. Replace it with the new adapter?", "Replace", "Keep it"),
+                lambda yes: (
+                    self._run(fields)
+                    if yes
+                    else self.say(f"kept {shown(output)}; nothing ran. Name another adapter to keep both", "yellow")
+                ),
+            )
         else:
             self._run(fields)
 
@@ -393,8 +494,11 @@ class TunePane(MessageLine, FieldErrors, Vertical):
             return
         checkpoint = checkpoint_of(fields["output"])
         if self.app.remote is None and not checkpoint.exists():  # type: ignore[attr-defined]
-            self.say(f"no checkpoint at {shown(checkpoint)} to resume: a run cancelled with ctrl+x leaves one "
-                     "there; t starts a run", "red")
+            self.say(
+                f"no checkpoint at {shown(checkpoint)} to resume: a run cancelled with ctrl+x leaves one "
+                "there; t starts a run",
+                "red",
+            )
             return
         self._run({**fields, "resume": True})
 
@@ -469,8 +573,10 @@ class TunePane(MessageLine, FieldErrors, Vertical):
         passes = report.get("iterations", report.get("epochs"))
         unit = "iteration" if objective == "grpo" else "epoch"
         steps = report["steps"]
-        parts = [f"{objective} done: {plural(steps, 'step')} over {plural(passes, unit)}, "
-                 f"loss {report['first_loss']:.4f} → final {report['final_loss']:.4f}"]
+        parts = [
+            f"{objective} done: {plural(steps, 'step')} over {plural(passes, unit)}, "
+            f"loss {report['first_loss']:.4f} → final {report['final_loss']:.4f}"
+        ]
         if objective in ("dpo", "ipo"):
             parts.append(f"accuracy {report['accuracy']:.3f}, reward margin {report['mean_reward_margin']:.4f}")
         elif objective == "reward":
@@ -479,4 +585,3 @@ class TunePane(MessageLine, FieldErrors, Vertical):
             parts.append(f"mean reward {report['mean_reward']:.4f}, mean KL {report['mean_kl']:.4f}")
         kind = "reward model" if objective == "reward" else "adapter"
         return ", ".join(parts) + f"\nwrote the {kind} {shown(path)} and its .json sidecar"
-

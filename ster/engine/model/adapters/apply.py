@@ -78,8 +78,9 @@ def open_document(path: Path) -> AdapterFile:
         from ster.engine.model.adapters.artifact import read_sidecar
 
         read_sidecar(path)  # a steering artifact is named as one first
-        raise Refusal(f"{path} is an adapter's sidecar; give the adapter file beside it, "
-                      f"{path.with_suffix('.safetensors')}")
+        raise Refusal(
+            f"{path} is an adapter's sidecar; give the adapter file beside it, {path.with_suffix('.safetensors')}"
+        )
     return read_adapter(path)
 
 
@@ -87,16 +88,18 @@ def accept(ctx: JobContext, sidecar: AdapterSidecar, checkpoint: Checkpoint, wan
     """Refuse an adapter of the wrong kind or for another model; say the fingerprint note and the
     provenance warnings."""
     config = checkpoint.config
-    note = check_for_model(sidecar, checkpoint.source.model, checkpoint.fingerprint, config.hidden_size,
-                           config.num_hidden_layers, want)
+    note = check_for_model(
+        sidecar, checkpoint.source.model, checkpoint.fingerprint, config.hidden_size, config.num_hidden_layers, want
+    )
     if note is not None:
         ctx.log(note)
     for sentence in adapter_provenance(sidecar, checkpoint.request.precision, checkpoint.codec.decision):
         ctx.warn(sentence)
 
 
-def check_adapter(ctx: JobContext, path: Path | None, checkpoint: Checkpoint,
-                  want: Want | None = "adapter") -> CheckedAdapter | None:
+def check_adapter(
+    ctx: JobContext, path: Path | None, checkpoint: Checkpoint, want: Want | None = "adapter"
+) -> CheckedAdapter | None:
     """Every check of the adapter at ``path`` that needs no torch; None when no adapter was given.
 
     ``want`` None accepts either kind (the sidecar decides), for a command that reads both.
@@ -113,8 +116,9 @@ def check_adapter(ctx: JobContext, path: Path | None, checkpoint: Checkpoint,
     return CheckedAdapter(path, sidecar, kind, document)
 
 
-def load_checked(ctx: JobContext, checked: CheckedAdapter, checkpoint: Checkpoint,
-                 device: torch.device) -> tuple[AdapterSidecar, Adapter]:
+def load_checked(
+    ctx: JobContext, checked: CheckedAdapter, checkpoint: Checkpoint, device: torch.device
+) -> tuple[AdapterSidecar, Adapter]:
     """The sidecar and factors (f32, finite, on ``device``) of an adapter :func:`check_adapter` passed."""
     if checked.document is None:
         return read_peft(ctx, checked.path, checkpoint.source.model, checkpoint.config, device, checked.want)
@@ -123,8 +127,9 @@ def load_checked(ctx: JobContext, checked: CheckedAdapter, checkpoint: Checkpoin
     return checked.document.sidecar, adapter_of(checked.document, checkpoint.config, device)
 
 
-def read_peft(ctx: JobContext, path: Path, model: str, config: DecoderConfig, device: torch.device,
-              want: Want = "adapter") -> tuple[AdapterSidecar, Adapter]:
+def read_peft(
+    ctx: JobContext, path: Path, model: str, config: DecoderConfig, device: torch.device, want: Want = "adapter"
+) -> tuple[AdapterSidecar, Adapter]:
     """A PEFT adapter directory as a sidecar and factors, every factor's shape checked against ``config``.
 
     It records no fingerprint and no training run, so a base model of another name is said in a warning
@@ -139,8 +144,9 @@ def read_peft(ctx: JobContext, path: Path, model: str, config: DecoderConfig, de
     return sidecar, adapter
 
 
-def open_adapter(ctx: JobContext, path: Path, checkpoint: Checkpoint, want: Want = "adapter",
-                 device: torch.device | None = None) -> tuple[AdapterSidecar, Adapter]:
+def open_adapter(
+    ctx: JobContext, path: Path, checkpoint: Checkpoint, want: Want = "adapter", device: torch.device | None = None
+) -> tuple[AdapterSidecar, Adapter]:
     """Check and read the adapter at ``path`` (a Ster adapter file or a PEFT directory) for ``checkpoint``."""
     from ster.engine.model.loading import resolve_device
 
@@ -150,8 +156,9 @@ def open_adapter(ctx: JobContext, path: Path, checkpoint: Checkpoint, want: Want
 
 
 @contextmanager
-def adapted(ctx: JobContext, decoder: Decoder, checked: CheckedAdapter | None,
-            checkpoint: Checkpoint) -> Iterator[Decoder]:
+def adapted(
+    ctx: JobContext, decoder: Decoder, checked: CheckedAdapter | None, checkpoint: Checkpoint
+) -> Iterator[Decoder]:
     """The decoder with the checked adapter's factors on its projections for the block; as it is when None."""
     from ster.engine.model.adapters.lora import attached
 

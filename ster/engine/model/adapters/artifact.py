@@ -37,14 +37,23 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 1
 TARGETS: dict[str, str] = {
-    "query": "q_proj", "key": "k_proj", "value": "v_proj", "output": "o_proj",
-    "gate": "gate_proj", "up": "up_proj", "down": "down_proj",
+    "query": "q_proj",
+    "key": "k_proj",
+    "value": "v_proj",
+    "output": "o_proj",
+    "gate": "gate_proj",
+    "up": "up_proj",
+    "down": "down_proj",
 }
 """Short name → the projection's name in the decoder (and in Hugging Face checkpoints)."""
 ATTENTION = ("query", "key", "value", "output")
 ALIASES: dict[str, str] = {
-    **{name: name for name in TARGETS}, **{hf: name for name, hf in TARGETS.items()},
-    "q": "query", "k": "key", "v": "value", "o": "output",
+    **{name: name for name in TARGETS},
+    **{hf: name for name, hf in TARGETS.items()},
+    "q": "query",
+    "k": "key",
+    "v": "value",
+    "o": "output",
 }
 """Every accepted spelling of a target, lower case → its short name."""
 REWARD_HEAD = "reward.head"
@@ -83,8 +92,15 @@ def projection_shape(config: DecoderConfig, target: str) -> tuple[int, int]:
     """(out, in) of the projection a target names."""
     hidden, inner = config.hidden_size, config.intermediate_size
     attention, kv = config.num_attention_heads * config.head_size, config.kv_heads * config.head_size
-    return {"query": (attention, hidden), "key": (kv, hidden), "value": (kv, hidden), "output": (hidden, attention),
-            "gate": (inner, hidden), "up": (inner, hidden), "down": (hidden, inner)}[target]
+    return {
+        "query": (attention, hidden),
+        "key": (kv, hidden),
+        "value": (kv, hidden),
+        "output": (hidden, attention),
+        "gate": (inner, hidden),
+        "up": (inner, hidden),
+        "down": (hidden, inner),
+    }[target]
 
 
 def factor_names(layer: int, target: str) -> tuple[str, str]:
@@ -142,8 +158,7 @@ def read_sidecar(path: Path) -> AdapterSidecar:
     if not confine.readable(path).exists():
         raise Refusal(f"failed to read adapter {path}: it does not exist")
     if not confine.readable(side).exists():
-        raise Refusal(f"adapter {path} has no sidecar at {side}; the pair is written together and must travel "
-                      "together")
+        raise Refusal(f"adapter {path} has no sidecar at {side}; the pair is written together and must travel together")
     try:
         raw = json.loads(confine.readable(side).read_text(encoding="utf-8-sig"))
     except OSError:
@@ -155,11 +170,15 @@ def read_sidecar(path: Path) -> AdapterSidecar:
 
 def parse_sidecar(raw: Any, side: Path) -> AdapterSidecar:
     if isinstance(raw, dict) and "trait_name" in raw and "vectors" in raw:
-        raise Refusal(f"{side} is a steering artifact, not a LoRA adapter sidecar: it carries trait_name and "
-                      "vectors where an adapter sidecar carries rank and targets")
+        raise Refusal(
+            f"{side} is a steering artifact, not a LoRA adapter sidecar: it carries trait_name and "
+            "vectors where an adapter sidecar carries rank and targets"
+        )
     if isinstance(raw, dict) and raw.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
-        raise Refusal(f"adapter artifact schema {raw['schema_version']} is unsupported; this Ster build reads "
-                      f"schema {SCHEMA_VERSION}")
+        raise Refusal(
+            f"adapter artifact schema {raw['schema_version']} is unsupported; this Ster build reads "
+            f"schema {SCHEMA_VERSION}"
+        )
     if isinstance(raw, dict) and raw.get("product", "ster") != "ster":
         raise Refusal(f'adapter artifact belongs to product "{raw["product"]}", not Ster')
     try:
@@ -189,8 +208,10 @@ def check_fields(sidecar: AdapterSidecar, side: Path) -> None:
         raise Refusal(f"{where} lists no layers, so the adapter changes nothing")
     for layer in sidecar.layers:
         if not 0 <= layer < MAX_LAYERS:
-            raise Refusal(f"{where} lists layer {layer}, which no model has (layers are numbered from 0, and Ster "
-                          f"reads models of at most {MAX_LAYERS} layers)")
+            raise Refusal(
+                f"{where} lists layer {layer}, which no model has (layers are numbered from 0, and Ster "
+                f"reads models of at most {MAX_LAYERS} layers)"
+            )
         if sidecar.layers.count(layer) > 1:
             raise Refusal(f"{where} lists layer {layer} twice")
     digest = sidecar.tensors_sha256
@@ -198,8 +219,9 @@ def check_fields(sidecar: AdapterSidecar, side: Path) -> None:
         raise Refusal(f"{where} gives tensors_sha256 {digest!r}, which is not a SHA-256 in hex")
 
 
-def check_tensors(sidecar: AdapterSidecar, header: dict[str, dict[str, Any]],
-                  expected: dict[str, tuple[int, ...]], path: Path) -> None:
+def check_tensors(
+    sidecar: AdapterSidecar, header: dict[str, dict[str, Any]], expected: dict[str, tuple[int, ...]], path: Path
+) -> None:
     """Refuse a missing, misshapen or unexpected tensor, naming it."""
     if sidecar.kind == "adapter" and REWARD_HEAD in header:
         raise Refusal("adapter artifact carries a reward.head tensor but declares kind adapter")
@@ -219,16 +241,29 @@ def check_tensors(sidecar: AdapterSidecar, header: dict[str, dict[str, Any]],
         raise Refusal(f"adapter artifact {path} holds tensor {extra[0]}, which its sidecar does not declare")
 
 
-def check_for_model(sidecar: AdapterSidecar, model: str, fingerprint: str, hidden_size: int, layers: int,
-                    want: Literal["adapter", "reward"] = "adapter") -> str | None:
+def check_for_model(
+    sidecar: AdapterSidecar,
+    model: str,
+    fingerprint: str,
+    hidden_size: int,
+    layers: int,
+    want: Literal["adapter", "reward"] = "adapter",
+) -> str | None:
     """Refuse applying an adapter to a model it was not trained for, or of the wrong kind; the log line
     when only the fingerprint, not the name, says the model is the same."""
     if want == "adapter" and sidecar.kind == "reward":
         raise Refusal("adapter artifact is a reward model, not a generation adapter")
     if want == "reward" and sidecar.kind != "reward":
         raise Refusal("adapter artifact is a generation adapter, not a reward model")
-    note = check_identity("adapter", sidecar.model, sidecar.model_fingerprint, model, fingerprint,
-                          "the adapter was trained", both_prints=False)
+    note = check_identity(
+        "adapter",
+        sidecar.model,
+        sidecar.model_fingerprint,
+        model,
+        fingerprint,
+        "the adapter was trained",
+        both_prints=False,
+    )
     if sidecar.hidden_size != hidden_size:
         raise Refusal(f"adapter width {sidecar.hidden_size} does not match model width {hidden_size}")
     beyond = [layer for layer in sidecar.layers if not 0 <= layer < layers]
@@ -240,5 +275,11 @@ def check_for_model(sidecar: AdapterSidecar, model: str, fingerprint: str, hidde
 def adapter_provenance(sidecar: AdapterSidecar, precision: str, chat_template: str | None) -> list[str]:
     """The warnings for an adapter read at other settings than it was trained at; none for null records."""
     train = sidecar.train or {}
-    return provenance_warnings("adapter", train.get("precision"), train.get("chat_template"), precision,
-                               chat_template, "so the number below describes a format it was not trained in")
+    return provenance_warnings(
+        "adapter",
+        train.get("precision"),
+        train.get("chat_template"),
+        precision,
+        chat_template,
+        "so the number below describes a format it was not trained in",
+    )

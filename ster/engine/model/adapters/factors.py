@@ -44,8 +44,9 @@ def lora_update(x: Tensor, lora: LoraFactors) -> Tensor:
     return lora.scale * F.linear(F.linear(x, lora.a.to(x.dtype)), lora.b.to(x.dtype))
 
 
-def add_piece_updates(x: Tensor, y: Tensor, names: tuple[str, ...] | list[str], widths: list[int],
-                      lora: dict[str, LoraFactors]) -> Tensor:
+def add_piece_updates(
+    x: Tensor, y: Tensor, names: tuple[str, ...] | list[str], widths: list[int], lora: dict[str, LoraFactors]
+) -> Tensor:
     """``y``, the output of projections ``names`` stacked along its last dimension (``widths`` each), with each
     attached projection's LoRA update of ``x`` added to its own share."""
     if len(names) == 1:

@@ -101,9 +101,11 @@ def check_pair(sidecar: AdapterSidecar, raw: bytes, path: Path) -> None:
         return  # written before Ster recorded the hash: nothing binds the pair, and it is read as it was
     actual = digest(raw)
     if actual != recorded:
-        raise Refusal(f"adapter {path} and its sidecar {sidecar_path(path)} are from two different writes (the "
-                      f"sidecar records tensors of SHA-256 {recorded[:12]}…, the file's are {actual[:12]}…), so "
-                      "neither describes the other; write the adapter again or restore both files together")
+        raise Refusal(
+            f"adapter {path} and its sidecar {sidecar_path(path)} are from two different writes (the "
+            f"sidecar records tensors of SHA-256 {recorded[:12]}…, the file's are {actual[:12]}…), so "
+            "neither describes the other; write the adapter again or restore both files together"
+        )
 
 
 def shapes_alone(sidecar: AdapterSidecar, header: dict[str, dict[str, Any]]) -> dict[str, tuple[int, ...]]:
@@ -153,15 +155,20 @@ def check_factors(a: np.ndarray, b: np.ndarray, scale: float, names: tuple[str, 
         _check_finite(tensor, f"{what} {name}")
     check_largest(a, f"{what} {names[0]}")
     if not scale <= LIMIT:
-        raise Refusal(f"{what}s {names[0]} and {names[1]} are applied at alpha / rank {scale:.3g}, beyond "
-                      f"{LIMIT:.0e}, the largest scale Ster applies without risking an f32 overflow")
+        raise Refusal(
+            f"{what}s {names[0]} and {names[1]} are applied at alpha / rank {scale:.3g}, beyond "
+            f"{LIMIT:.0e}, the largest scale Ster applies without risking an f32 overflow"
+        )
     if a.size == 0 or b.size == 0:
         return
-    bound = max(1.0, scale) * float(np.dot(np.abs(b).max(axis=0).astype(np.float64),
-                                           np.abs(a).max(axis=1).astype(np.float64)))
+    bound = max(1.0, scale) * float(
+        np.dot(np.abs(b).max(axis=0).astype(np.float64), np.abs(a).max(axis=1).astype(np.float64))
+    )
     if not bound <= LIMIT:
-        raise Refusal(f"{what}s {names[0]} and {names[1]} can make an update as large as {bound:.3g}, beyond "
-                      f"{LIMIT:.0e}, the largest Ster applies without risking an f32 overflow in a forward")
+        raise Refusal(
+            f"{what}s {names[0]} and {names[1]} can make an update as large as {bound:.3g}, beyond "
+            f"{LIMIT:.0e}, the largest Ster applies without risking an f32 overflow in a forward"
+        )
 
 
 def _check_finite(values: np.ndarray, what: str) -> None:
@@ -173,5 +180,7 @@ def check_largest(values: np.ndarray, what: str) -> None:
     """Refuse values beyond :data:`LIMIT` in magnitude."""
     largest = float(np.abs(values).max(initial=0.0))
     if largest > LIMIT:
-        raise Refusal(f"{what} holds {largest:.3g}, beyond {LIMIT:.0e}, the largest value Ster applies without "
-                      "risking an f32 overflow in a forward")
+        raise Refusal(
+            f"{what} holds {largest:.3g}, beyond {LIMIT:.0e}, the largest value Ster applies without "
+            "risking an f32 overflow in a forward"
+        )

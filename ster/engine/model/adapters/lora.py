@@ -67,8 +67,17 @@ class Adapter:
         return self.tensors.get(REWARD_HEAD)
 
     @classmethod
-    def fresh(cls, config: DecoderConfig, rank: int, alpha: float, targets: list[str], layers: list[int],
-              seed: int, device: torch.device, reward: bool = False) -> Adapter:
+    def fresh(
+        cls,
+        config: DecoderConfig,
+        rank: int,
+        alpha: float,
+        targets: list[str],
+        layers: list[int],
+        seed: int,
+        device: torch.device,
+        reward: bool = False,
+    ) -> Adapter:
         """A drawn from N(0, (1/rank)²) by a generator seeded with ``seed``, B zero: the identity."""
         generator = torch.Generator().manual_seed(seed)
         tensors: dict[str, Tensor] = {}
@@ -149,9 +158,12 @@ def folded(decoder: Decoder) -> Iterator[Decoder]:
 
 def lora_modules(decoder: Decoder) -> list[FactorHost]:
     """Every module of the decoder's blocks that LoRA factors attach to (each block's attention and MLP)."""
-    return [cast(FactorHost, module) for block in decoder.blocks
-            for module in (getattr(block, "self_attn", None), getattr(block, "mlp", None))
-            if module is not None and hasattr(module, "lora")]
+    return [
+        cast(FactorHost, module)
+        for block in decoder.blocks
+        for module in (getattr(block, "self_attn", None), getattr(block, "mlp", None))
+        if module is not None and hasattr(module, "lora")
+    ]
 
 
 Folded = tuple[FactorHost, dict[str, LoraFactors], Tensor | None, dict[str, Tensor]]
@@ -183,7 +195,7 @@ def _fold(module: FactorHost, saved: list[Folded]) -> bool:
     new_fused = None if fused is None or not (in_fused.keys() & module.lora.keys()) else fused.clone()
     for name, child in linears:
         if new_fused is not None and name in in_fused:
-            rows = new_fused[in_fused[name]:in_fused[name] + child.out_features]
+            rows = new_fused[in_fused[name] : in_fused[name] + child.out_features]
             if name in module.lora:
                 rows.copy_(_folded_weight(rows, module.lora[name]))
             child.weight = nn.Parameter(rows, requires_grad=False)

@@ -75,8 +75,11 @@ WEIGHTS_NAME = "adapter_model.safetensors"
 PICKLE_NAME = "adapter_model.bin"
 SHORT_NAMES = {hf: short for short, hf in TARGETS.items()}
 """Hugging Face projection name → Ster's short name."""
-FUSED: dict[str, tuple[str, ...]] = {name: tuple(SHORT_NAMES[part] for part in parts)
-                                     for family in FAMILIES.values() for name, parts in family.fused.items()}
+FUSED: dict[str, tuple[str, ...]] = {
+    name: tuple(SHORT_NAMES[part] for part in parts)
+    for family in FAMILIES.values()
+    for name, parts in family.fused.items()
+}
 """A fused checkpoint projection → the Ster targets it stacks, in row order (Phi-3's qkv_proj, gate_up_proj)."""
 COVERS: dict[str, tuple[str, ...]] = {**{hf: (short,) for hf, short in SHORT_NAMES.items()}, **FUSED}
 """Every module a PEFT factor may adapt → the Ster targets it carries."""
@@ -125,9 +128,17 @@ def read_peft_dir(path: Path, config: DecoderConfig, device: torch.device) -> tu
     _check_shapes(path, names, config, settings, layers)
     _check_values(file, names, settings, lora.use_rslora)
     targets = _targets(modules)
-    sidecar = AdapterSidecar(kind="adapter", model=lora.base_model_name_or_path or "", model_fingerprint=None,
-                             rank=rank, alpha=alpha, targets=targets, layers=layers,
-                             hidden_size=config.hidden_size, train=None)
+    sidecar = AdapterSidecar(
+        kind="adapter",
+        model=lora.base_model_name_or_path or "",
+        model_fingerprint=None,
+        rank=rank,
+        alpha=alpha,
+        targets=targets,
+        layers=layers,
+        hidden_size=config.hidden_size,
+        train=None,
+    )
     pieces = _split(_tensors(file), names, config, rank, layers, modules)
     from ster.engine.model.adapters.lora import Adapter
 
@@ -151,16 +162,37 @@ def peft_document(path: Path) -> tuple[AdapterSidecar, list[tuple[str, list[int]
     rank, alpha = _rank_and_alpha(path, settings, lora.use_rslora)
     _check_ranks(path, names, settings)
     _check_values(file, names, settings, lora.use_rslora)
-    hidden = next((shape[1] for (_, module, factor), (_, shape) in sorted(names.items())
-                   if factor == "a" and COVERS[module][0] in READS_HIDDEN and len(shape) == 2),
-                  next((shape[0] for (_, _, factor), (_, shape) in sorted(names.items())
-                        if factor == "b" and len(shape) == 2), 0))
-    sidecar = AdapterSidecar(kind="adapter", model=lora.base_model_name_or_path or "", model_fingerprint=None,
-                             rank=rank, alpha=alpha, targets=_targets(modules), layers=layers,
-                             hidden_size=hidden, train=None)
-    tensors = [(names[(layer, module, factor)][0], names[(layer, module, factor)][1],
-                str(header[names[(layer, module, factor)][0]].get("dtype", "")))
-               for layer in layers for module in modules for factor in ("a", "b")]
+    hidden = next(
+        (
+            shape[1]
+            for (_, module, factor), (_, shape) in sorted(names.items())
+            if factor == "a" and COVERS[module][0] in READS_HIDDEN and len(shape) == 2
+        ),
+        next(
+            (shape[0] for (_, _, factor), (_, shape) in sorted(names.items()) if factor == "b" and len(shape) == 2), 0
+        ),
+    )
+    sidecar = AdapterSidecar(
+        kind="adapter",
+        model=lora.base_model_name_or_path or "",
+        model_fingerprint=None,
+        rank=rank,
+        alpha=alpha,
+        targets=_targets(modules),
+        layers=layers,
+        hidden_size=hidden,
+        train=None,
+    )
+    tensors = [
+        (
+            names[(layer, module, factor)][0],
+            names[(layer, module, factor)][1],
+            str(header[names[(layer, module, factor)][0]].get("dtype", "")),
+        )
+        for layer in layers
+        for module in modules
+        for factor in ("a", "b")
+    ]
     return sidecar, tensors
 
 
@@ -176,8 +208,10 @@ def peft_model_note(sidecar: AdapterSidecar, model: str, want: Literal["adapter"
     if sidecar.model == model:
         return None
     named = f'was trained for model "{sidecar.model}"' if sidecar.model else "names no base model"
-    return (f'PEFT adapter {named} and carries no checkpoint fingerprint, so it is applied to "{model}" on the '
-            "strength of its layer shapes matching")
+    return (
+        f'PEFT adapter {named} and carries no checkpoint fingerprint, so it is applied to "{model}" on the '
+        "strength of its layer shapes matching"
+    )
 
 
 def _read_config(path: Path) -> tuple[Any, Path]:
@@ -204,8 +238,10 @@ def _check_files(path: Path) -> None:
         raise Refusal(f"directory {path} has no {CONFIG_NAME}, so it is not a PEFT adapter directory")
     if not (path / WEIGHTS_NAME).is_file():
         if (path / PICKLE_NAME).is_file():
-            raise Refusal(f"PEFT adapter {path} stores its weights as {PICKLE_NAME}, a pickle Ster does not load; "
-                          "save it again with safe_serialization=True to get adapter_model.safetensors")
+            raise Refusal(
+                f"PEFT adapter {path} stores its weights as {PICKLE_NAME}, a pickle Ster does not load; "
+                "save it again with safe_serialization=True to get adapter_model.safetensors"
+            )
         raise Refusal(f"PEFT adapter {path} has no {WEIGHTS_NAME}")
 
 
@@ -218,8 +254,10 @@ def _parse(raw: dict[str, Any], file: Path) -> Any:
     unknown = sorted(key for key in raw if key not in known and key != "runtime_config")
     set_unknown = [key for key in unknown if raw[key] not in (None, False, {}, [], "")]
     if set_unknown:
-        raise Refusal(f"PEFT adapter config {file} sets {set_unknown[0]}, which peft {peft.__version__} does not "
-                      "know, so Ster cannot tell how it changes the update")
+        raise Refusal(
+            f"PEFT adapter config {file} sets {set_unknown[0]}, which peft {peft.__version__} does not "
+            "know, so Ster cannot tell how it changes the update"
+        )
     kwargs = {key: value for key, value in raw.items() if key in known}
     try:
         with warnings.catch_warnings():
@@ -236,19 +274,29 @@ def _check_config(path: Path, lora: Any) -> None:
 
     where = f"PEFT adapter {path}"
     if getattr(lora, "use_dora", False):
-        raise Refusal(f"{where} uses DoRA (use_dora), whose magnitude vector rescales each projection; Ster "
-                      "applies plain LoRA only")
+        raise Refusal(
+            f"{where} uses DoRA (use_dora), whose magnitude vector rescales each projection; Ster "
+            "applies plain LoRA only"
+        )
     for field in dataclasses.fields(LoraConfig):
-        if field.metadata.get("is_lora_variant") and field.name not in TRAINING_ONLY_VARIANTS \
-                and getattr(lora, field.name):
-            raise Refusal(f"{where} uses the LoRA variant {field.name}, which changes the update; Ster applies "
-                          "plain LoRA only")
+        if (
+            field.metadata.get("is_lora_variant")
+            and field.name not in TRAINING_ONLY_VARIANTS
+            and getattr(lora, field.name)
+        ):
+            raise Refusal(
+                f"{where} uses the LoRA variant {field.name}, which changes the update; Ster applies plain LoRA only"
+            )
     if lora.modules_to_save:
-        raise Refusal(f"{where} also trains whole modules ({', '.join(sorted(lora.modules_to_save))}, "
-                      "modules_to_save), which a Ster adapter cannot carry")
+        raise Refusal(
+            f"{where} also trains whole modules ({', '.join(sorted(lora.modules_to_save))}, "
+            "modules_to_save), which a Ster adapter cannot carry"
+        )
     if lora.bias != "none" or getattr(lora, "lora_bias", False):
-        raise Refusal(f"{where} trains biases (bias {lora.bias!r}, lora_bias {getattr(lora, 'lora_bias', False)}), "
-                      "which a Ster adapter cannot carry")
+        raise Refusal(
+            f"{where} trains biases (bias {lora.bias!r}, lora_bias {getattr(lora, 'lora_bias', False)}), "
+            "which a Ster adapter cannot carry"
+        )
     _check_extras(where, lora)
     _check_targets(where, lora.target_modules)
 
@@ -256,12 +304,16 @@ def _check_config(path: Path, lora: Any) -> None:
 def _check_extras(where: str, lora: Any) -> None:
     init = lora.init_lora_weights
     if isinstance(init, str) and init.lower().startswith(BASE_REWRITING_INITS):
-        raise Refusal(f"{where} was initialised with {init}, which rewrites the base weights it trains against; "
-                      "save it from PEFT with path_initial_model_for_weight_conversion to get a plain LoRA adapter")
-    for name, what in (("trainable_token_indices", "trains token embeddings"),
-                       ("target_parameters", "adapts parameters rather than the projections"),
-                       ("layer_replication", "replicates layers of the base model"),
-                       ("use_qalora", "is a quantization-aware (QA-LoRA) adapter")):
+        raise Refusal(
+            f"{where} was initialised with {init}, which rewrites the base weights it trains against; "
+            "save it from PEFT with path_initial_model_for_weight_conversion to get a plain LoRA adapter"
+        )
+    for name, what in (
+        ("trainable_token_indices", "trains token embeddings"),
+        ("target_parameters", "adapts parameters rather than the projections"),
+        ("layer_replication", "replicates layers of the base model"),
+        ("use_qalora", "is a quantization-aware (QA-LoRA) adapter"),
+    ):
         if getattr(lora, name, None):
             raise Refusal(f"{where} {what} ({name}), which a Ster adapter cannot carry")
 
@@ -272,8 +324,10 @@ def _check_targets(where: str, modules: Any) -> None:
         return
     for module in sorted(modules):
         if str(module).split(".")[-1] not in COVERS:
-            raise Refusal(f'{where} targets "{module}", which is not one of the seven projections Ster adapts '
-                          f"({PROJECTIONS}) nor a fused one ({', '.join(FUSED)})")
+            raise Refusal(
+                f'{where} targets "{module}", which is not one of the seven projections Ster adapts '
+                f"({PROJECTIONS}) nor a fused one ({', '.join(FUSED)})"
+            )
 
 
 def _factor_names(path: Path, header: dict[str, dict[str, Any]]) -> Names:
@@ -282,8 +336,10 @@ def _factor_names(path: Path, header: dict[str, dict[str, Any]]) -> Names:
     for name in sorted(header):
         match = _KEY.fullmatch(name)
         if match is None or match[3] not in COVERS or MODULE_OF[match[3]] != match[2]:
-            raise Refusal(f"PEFT adapter {path} holds tensor {name}, which is not a LoRA factor of one of the seven "
-                          f"projections Ster adapts ({PROJECTIONS}) nor of a fused one ({', '.join(FUSED)})")
+            raise Refusal(
+                f"PEFT adapter {path} holds tensor {name}, which is not a LoRA factor of one of the seven "
+                f"projections Ster adapts ({PROJECTIONS}) nor of a fused one ({', '.join(FUSED)})"
+            )
         key = (int(match[1]), match[3], match[4].lower())
         if key in found:
             raise Refusal(f"PEFT adapter {path} holds tensors {found[key][0]} and {name} for the same factor")
@@ -300,23 +356,30 @@ def _grid(path: Path, names: Names, lora: Any) -> tuple[list[int], list[str]]:
     for module in modules:
         for piece in COVERS[module] if len(COVERS[module]) > 1 else ():
             if TARGETS[piece] in modules:
-                raise Refusal(f"PEFT adapter {path} adapts both {module} and {TARGETS[piece]}, a projection it "
-                              "stacks, so their updates would add up on the same rows")
+                raise Refusal(
+                    f"PEFT adapter {path} adapts both {module} and {TARGETS[piece]}, a projection it "
+                    "stacks, so their updates would add up on the same rows"
+                )
     for layer in layers:
         for module in modules:
             pairs: tuple[tuple[Literal["a", "b"], Literal["a", "b"]], ...] = (("a", "b"), ("b", "a"))
             for factor, other in pairs:
                 if (layer, module, factor) not in names:
                     held = names.get((layer, module, other)) or next(
-                        entry for (_, m, f), entry in names.items() if m == module and f == factor)
-                    raise Refusal(f"PEFT adapter {path} holds {held[0]} but no {module_key(layer, module, factor)}; "
-                                  "a Ster adapter carries both factors of every target on every adapted layer")
+                        entry for (_, m, f), entry in names.items() if m == module and f == factor
+                    )
+                    raise Refusal(
+                        f"PEFT adapter {path} holds {held[0]} but no {module_key(layer, module, factor)}; "
+                        "a Ster adapter carries both factors of every target on every adapted layer"
+                    )
     listed = lora.layers_to_transform
     if listed is not None:
         listed = sorted({listed} if isinstance(listed, int) else set(listed))
         if listed != layers:
-            raise Refusal(f"PEFT adapter {path} lists layers {listed} in layers_to_transform but holds factors for "
-                          f"layers {layers}")
+            raise Refusal(
+                f"PEFT adapter {path} lists layers {listed} in layers_to_transform but holds factors for "
+                f"layers {layers}"
+            )
     return layers, modules
 
 
@@ -355,31 +418,42 @@ def _rank_and_alpha(path: Path, settings: dict[tuple[int, str], tuple[int, float
     for (other_layer, other), (r, a) in sorted(settings.items()):
         scale = a / math.sqrt(r) if rslora else a / r
         if not math.isclose(scale, alpha / rank, rel_tol=1e-9):
-            raise Refusal(f"PEFT adapter {path} scales {other} on layer {other_layer} by {scale:g} but {module} on "
-                          f"layer {layer} by {alpha / rank:g} (rank_pattern, alpha_pattern); a Ster adapter has one "
-                          "scale")
+            raise Refusal(
+                f"PEFT adapter {path} scales {other} on layer {other_layer} by {scale:g} but {module} on "
+                f"layer {layer} by {alpha / rank:g} (rank_pattern, alpha_pattern); a Ster adapter has one "
+                "scale"
+            )
     return rank, alpha
 
 
-def _check_shapes(path: Path, names: Names, config: DecoderConfig, settings: dict[tuple[int, str], tuple[int, float]],
-                  layers: list[int]) -> None:
+def _check_shapes(
+    path: Path,
+    names: Names,
+    config: DecoderConfig,
+    settings: dict[tuple[int, str], tuple[int, float]],
+    layers: list[int],
+) -> None:
     """Every factor shaped as its rank and the model's projection imply; a fused module only on its family."""
     beyond = [layer for layer in layers if layer >= config.num_hidden_layers]
     if beyond:
-        raise Refusal(f"PEFT adapter {path} adapts layer {beyond[0]}, but the model has {config.num_hidden_layers} "
-                      "layers")
+        raise Refusal(
+            f"PEFT adapter {path} adapts layer {beyond[0]}, but the model has {config.num_hidden_layers} layers"
+        )
     alien = sorted({module for _, module, _ in names if module in FUSED and module not in config.family.fused})
     if alien:
-        raise Refusal(f"PEFT adapter {path} adapts {alien[0]}, a fused projection that a {config.model_type} model "
-                      "does not have")
+        raise Refusal(
+            f"PEFT adapter {path} adapts {alien[0]}, a fused projection that a {config.model_type} model does not have"
+        )
     for (layer, module, factor), (name, shape) in sorted(names.items()):
         rank = settings[(layer, module)][0]
         out = sum(projection_shape(config, target)[0] for target in COVERS[module])
         inner = projection_shape(config, COVERS[module][0])[1]
         expected = [rank, inner] if factor == "a" else [out, rank]
         if shape != expected:
-            raise Refusal(f"PEFT adapter tensor {name} has shape {shape}, but rank {rank} on this model's {module} "
-                          f"implies {expected}; the adapter was made for another model or rank")
+            raise Refusal(
+                f"PEFT adapter tensor {name} has shape {shape}, but rank {rank} on this model's {module} "
+                f"implies {expected}; the adapter was made for another model or rank"
+            )
 
 
 def _check_ranks(path: Path, names: Names, settings: dict[tuple[int, str], tuple[int, float]]) -> None:
@@ -390,12 +464,15 @@ def _check_ranks(path: Path, names: Names, settings: dict[tuple[int, str], tuple
         rank, axis = settings[(layer, module)][0], 0 if factor == "a" else 1
         if len(shape) != 2 or shape[axis] != rank or 0 in shape:
             side = "rows" if factor == "a" else "columns"
-            raise Refusal(f"PEFT adapter tensor {name} has shape {shape}, but rank {rank} gives its {module} factor "
-                          f"{rank} {side}")
+            raise Refusal(
+                f"PEFT adapter tensor {name} has shape {shape}, but rank {rank} gives its {module} factor {rank} {side}"
+            )
         seen = first.setdefault((module, factor), shape)
         if shape != seen:
-            raise Refusal(f"PEFT adapter {path} shapes {name} {shape} where another layer's {module} factor is "
-                          f"{seen}; a projection has one shape on every layer")
+            raise Refusal(
+                f"PEFT adapter {path} shapes {name} {shape} where another layer's {module} factor is "
+                f"{seen}; a projection has one shape on every layer"
+            )
 
 
 def _read_weights(weights: Path) -> TensorFile:
@@ -406,8 +483,9 @@ def _read_weights(weights: Path) -> TensorFile:
     return file
 
 
-def _check_values(file: TensorFile, names: Names, settings: dict[tuple[int, str], tuple[int, float]],
-                  rslora: bool) -> None:
+def _check_values(
+    file: TensorFile, names: Names, settings: dict[tuple[int, str], tuple[int, float]], rslora: bool
+) -> None:
     """Every factor finite, and no update able to overflow f32 at its module's own scale."""
     for (layer, module), (rank, alpha) in sorted(settings.items()):
         pair = (names[(layer, module, "a")][0], names[(layer, module, "b")][0])
@@ -423,8 +501,9 @@ def _tensors(file: TensorFile) -> dict[str, Tensor]:
     return {name: torch.from_numpy(np.array(file.floats(name), dtype=np.float32)) for name in file.tensors}
 
 
-def _split(loaded: dict[str, Tensor], names: Names, config: DecoderConfig, rank: int, layers: list[int],
-           modules: list[str]) -> dict[str, Tensor]:
+def _split(
+    loaded: dict[str, Tensor], names: Names, config: DecoderConfig, rank: int, layers: list[int], modules: list[str]
+) -> dict[str, Tensor]:
     """Ster's factors of every module: f32, padded to ``rank``, a fused module's A given to each piece and its
     B cut by the pieces' rows (their values were checked when the file was read)."""
     import torch
@@ -453,8 +532,10 @@ def model_layout(model: str, revision: str | None = None) -> Layout:
     try:
         return fused_layout(load_config(_config_file(model, revision)))
     except Refusal as exc:
-        raise Refusal(f"cannot read the config.json of {model}, the model the adapter was trained on, to name its "
-                      f"projections as PEFT does: {exc}") from None
+        raise Refusal(
+            f"cannot read the config.json of {model}, the model the adapter was trained on, to name its "
+            f"projections as PEFT does: {exc}"
+        ) from None
 
 
 def _config_file(model: str, revision: str | None) -> Path:
@@ -474,8 +555,10 @@ def _config_file(model: str, revision: str | None) -> Path:
 
 def fused_layout(config: DecoderConfig) -> Layout:
     """The model's fused projections, each piece's Ster target with its rows (empty for most families)."""
-    return {module: [(SHORT_NAMES[part], projection_shape(config, SHORT_NAMES[part])[0]) for part in parts]
-            for module, parts in config.family.fused.items()}
+    return {
+        module: [(SHORT_NAMES[part], projection_shape(config, SHORT_NAMES[part])[0]) for part in parts]
+        for module, parts in config.family.fused.items()
+    }
 
 
 def peft_modules(targets: list[str], layout: Layout | None = None) -> list[tuple[str, list[str]]]:
@@ -488,8 +571,9 @@ def peft_modules(targets: list[str], layout: Layout | None = None) -> list[tuple
     return list(modules.items())
 
 
-def write_peft_dir(output_dir: Path, sidecar: AdapterSidecar, tensors: dict[str, Tensor], base_model: str,
-                   layout: Layout | None = None) -> list[str]:
+def write_peft_dir(
+    output_dir: Path, sidecar: AdapterSidecar, tensors: dict[str, Tensor], base_model: str, layout: Layout | None = None
+) -> list[str]:
     """Write the adapter as a PEFT directory, atomically, into a new or empty ``output_dir``; the files' names.
 
     ``tensors`` are Ster's ``layers.{l}.{target}.a|b``; ``layout`` (:func:`model_layout`) the base model's
@@ -516,14 +600,16 @@ def write_peft_dir(output_dir: Path, sidecar: AdapterSidecar, tensors: dict[str,
     return [CONFIG_NAME, WEIGHTS_NAME]
 
 
-def _joined(layer: int, module: str, carried: list[str], tensors: dict[str, Tensor],
-            parts: list[tuple[str, int]] | None) -> tuple[Tensor, Tensor]:
+def _joined(
+    layer: int, module: str, carried: list[str], tensors: dict[str, Tensor], parts: list[tuple[str, int]] | None
+) -> tuple[Tensor, Tensor]:
     """A module's (A, B), f32 on the CPU: a target's own factors, or for a fused projection A stacking the
     carried targets' A and B block-diagonal, each target's B in its piece's rows and its A's columns."""
     import torch
 
-    own = {target: [tensors[name].detach().to("cpu").float() for name in factor_names(layer, target)]
-           for target in carried}
+    own = {
+        target: [tensors[name].detach().to("cpu").float() for name in factor_names(layer, target)] for target in carried
+    }
     if parts is None:
         return own[carried[0]][0].contiguous(), own[carried[0]][1].contiguous()
     a = torch.cat([own[target][0] for target in carried])  # [k·r, in]
@@ -533,16 +619,19 @@ def _joined(layer: int, module: str, carried: list[str], tensors: dict[str, Tens
     for target, rows in parts:
         if target in own:
             if own[target][1].shape[0] != rows:
-                raise Refusal(f"adapter tensor {factor_names(layer, target)[1]} has {own[target][1].shape[0]} rows, "
-                              f"but the model's {TARGETS[target]} has {rows}")
+                raise Refusal(
+                    f"adapter tensor {factor_names(layer, target)[1]} has {own[target][1].shape[0]} rows, "
+                    f"but the model's {TARGETS[target]} has {rows}"
+                )
             column = carried.index(target) * rank
-            b[offset:offset + rows, column:column + rank] = own[target][1]
+            b[offset : offset + rows, column : column + rank] = own[target][1]
         offset += rows
     return a.contiguous(), b
 
 
-def peft_config(sidecar: AdapterSidecar, base_model: str,
-                modules: list[tuple[str, list[str]]] | None = None) -> dict[str, Any]:
+def peft_config(
+    sidecar: AdapterSidecar, base_model: str, modules: list[tuple[str, list[str]]] | None = None
+) -> dict[str, Any]:
     """adapter_config.json as ``LoraConfig.save_pretrained`` writes it, with target_modules in a fixed order;
     a fused module carrying k targets gets rank ``k·r`` and alpha ``k·alpha`` by pattern, so its scale is r's."""
     from peft import LoraConfig
@@ -555,12 +644,19 @@ def peft_config(sidecar: AdapterSidecar, base_model: str,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         # (peft annotates lora_alpha as int, but stores and reads any number: a Ster alpha need not be whole)
-        config = LoraConfig(task_type="CAUSAL_LM", r=sidecar.rank, lora_alpha=cast(int, number(sidecar.alpha)),
-                            target_modules=[module for module, _ in modules],
-                            rank_pattern={module: k * sidecar.rank for module, k in joined.items()},
-                            alpha_pattern={module: number(k * sidecar.alpha) for module, k in joined.items()},
-                            layers_to_transform=list(sidecar.layers), lora_dropout=0.0, bias="none",
-                            base_model_name_or_path=base_model, inference_mode=True)
+        config = LoraConfig(
+            task_type="CAUSAL_LM",
+            r=sidecar.rank,
+            lora_alpha=cast(int, number(sidecar.alpha)),
+            target_modules=[module for module, _ in modules],
+            rank_pattern={module: k * sidecar.rank for module, k in joined.items()},
+            alpha_pattern={module: number(k * sidecar.alpha) for module, k in joined.items()},
+            layers_to_transform=list(sidecar.layers),
+            lora_dropout=0.0,
+            bias="none",
+            base_model_name_or_path=base_model,
+            inference_mode=True,
+        )
     document = config.to_dict()
     for key, value in document.items():
         if isinstance(value, set):
