@@ -120,8 +120,10 @@ class AdapterBook:
 
 
 def checkpoint_of(output: Path) -> Path:
-    """Where a cancelled run of ``output`` keeps its checkpoint (the engine's ``checkpoint_path``)."""
-    return output.with_name(output.name + ".checkpoint")
+    """Where a cancelled run of ``output`` keeps its checkpoint: the engine's rule, read from the engine."""
+    from ster.engine.tune.checkpoint import checkpoint_path  # (no torch; kept out of the first paint)
+
+    return checkpoint_path(output)
 
 
 def objective_of(kind: str, report: dict[str, Any] | None) -> str:

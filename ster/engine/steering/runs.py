@@ -35,9 +35,8 @@ def steered_decode(
 ) -> Generation:
     """Decode after ``prompt_ids`` with ``scales[layer] × vectors[layer]`` added after each listed block;
     unsteered when either is None or every scale is 0 (so strength 0 is the baseline exactly)."""
-    steered = vectors is not None and scales is not None and any(scales.values())
     steering: AbstractContextManager[None] = nullcontext()
-    if vectors is not None and scales is not None and steered:
+    if vectors is not None and scales is not None and any(scales.values()):
         steering = steer(model, plan(model, vectors, scales))
     with steering:
         return decode(
@@ -65,29 +64,20 @@ def steered_rows_decode(
 ) -> list[Generation]:
     """One generation per entry of ``scales`` (row ``i`` steered at ``scales[i][layer] × vectors[layer]``),
     decoded as one batch; a row whose scales are all 0 is the unsteered baseline."""
-    samplings = [sampling] * len(scales)
-    if not any(any(row.values()) for row in scales):
+    steering = None
+    if any(any(row.values()) for row in scales):  # each [B, D], scaled as plan() scales
+        steering = RowSteering(row_additions(model, vectors, scales))
+    with steering.applied(model) if steering is not None else nullcontext():
         return decode_group(
             model,
             prompt_ids,
-            samplings,
+            [sampling] * len(scales),
             max_new_tokens=max_new_tokens,
             eos_ids=eos_ids,
             check_cancelled=check_cancelled,
             on_token=on_token,
-        )
-    steering = RowSteering(row_additions(model, vectors, scales))  # each [B, D], scaled as plan() scales
-    with steering.applied(model):
-        return decode_group(
-            model,
-            prompt_ids,
-            samplings,
-            max_new_tokens=max_new_tokens,
-            eos_ids=eos_ids,
-            check_cancelled=check_cancelled,
-            on_token=on_token,
-            shared_prefill=False,
-            select_rows=steering.select,
+            shared_prefill=steering is None,  # rows steered apart differ from the first block on
+            select_rows=steering.select if steering is not None else None,
         )
 
 

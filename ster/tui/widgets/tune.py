@@ -23,6 +23,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import Collapsible, Input, Label, Select
 
+from ster.tui.adapters import checkpoint_of
 from ster.tui.messages import JobEvent, JobFinished, JobStarted, SettingsChanged
 from ster.tui.paths import default_adapter, shown
 from ster.tui.runner import final_state
@@ -78,11 +79,6 @@ SAMPLING = ("temperature", "top-p", "max-new-tokens")
 """grpo's sampling of its completions; the batch is every other objective's (grpo decodes a group as one batch)."""
 MORE_TITLE = "more settings"
 RESUME_HINT = "r resumes the run from its checkpoint (the same fields), t starts over"
-
-
-def checkpoint_of(output: Path) -> Path:
-    """Where a cancelled run of ``output`` leaves its checkpoint (the engine's ``checkpoint_path``)."""
-    return output.with_name(output.name + ".checkpoint")
 
 
 def positive(label: str) -> Any:
