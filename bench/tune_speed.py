@@ -328,11 +328,7 @@ def trl_worker(what: str, model_dir: Path, threads: int, count: int) -> dict[str
     import transformers
     import trl
     from peft import LoraConfig
-    from transformers import (
-        AutoModelForCausalLM,
-        AutoModelForSequenceClassification,
-        AutoTokenizer,
-    )
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
     versions = {
         name: module.__version__

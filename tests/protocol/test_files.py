@@ -81,11 +81,7 @@ def test_deep_nesting_is_one_sentence_and_exit_1(cli, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "command",
-    [
-        ["inspect", "{path}"],
-        ["pairs", "inspect", "--pairs", "{path}"],
-        ["workspace", "import-pairs", "{path}"],
-    ],
+    [["inspect", "{path}"], ["pairs", "inspect", "--pairs", "{path}"], ["workspace", "import-pairs", "{path}"]],
 )
 def test_every_reader_refuses_duplicate_keys(cli, tmp_path: Path, command: list[str]) -> None:
     path = tmp_path / "doubled.json"

@@ -34,12 +34,7 @@ def test_each_row_measures_its_strength_as_the_measures_do_alone(cli, vector: Pa
     from ster.engine.protocol.jobs import JobContext
     from ster.engine.protocol.paths import example_path
     from ster.engine.steering.calibrate import answered_pairs
-    from ster.engine.steering.measures import (
-        Rows,
-        behaviours,
-        greedy_continuations,
-        kl_costs,
-    )
+    from ster.engine.steering.measures import Rows, behaviours, greedy_continuations, kl_costs
 
     run = cli(
         "--json",

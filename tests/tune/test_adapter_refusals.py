@@ -19,12 +19,7 @@ from ster.engine.model.adapters.artifact import sidecar_path
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.jobs import JobContext
 from tests.conftest import REPO
-from tests.tune.adapter_files import (
-    PROMPT,
-    edit_sidecar,
-    rewrite_tensors,
-    write_adapter,
-)
+from tests.tune.adapter_files import PROMPT, edit_sidecar, rewrite_tensors, write_adapter
 
 
 def error(run) -> str:

@@ -21,13 +21,7 @@ import torch
 
 from ster.engine.model.adapters.artifact import sidecar_path
 from ster.engine.protocol.errors import Refusal
-from tests.tune.adapter_files import (
-    PROMPT,
-    edit_sidecar,
-    record_hash,
-    rewrite_tensors,
-    write_adapter,
-)
+from tests.tune.adapter_files import PROMPT, edit_sidecar, record_hash, rewrite_tensors, write_adapter
 
 
 def readers(adapter: Path, tmp_path: Path) -> dict[str, list[Any]]:

@@ -17,13 +17,7 @@ from ster.engine.model.resolve import EXAMPLES_DIR
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.steering.requests import GenerateRequest
-from ster.engine.tune.data import (
-    Example,
-    Preference,
-    load_examples,
-    load_preferences,
-    load_prompts,
-)
+from ster.engine.tune.data import Example, Preference, load_examples, load_preferences, load_prompts
 from ster.engine.tune.encoding import encode_example, encode_side, side_sequence
 
 EXAMPLES = json.loads((EXAMPLES_DIR / "examples.json").read_text())["examples"]

@@ -114,10 +114,7 @@ def _tojson(
 
 def _environment() -> jinja2.Environment:
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True,
-        lstrip_blocks=True,
-        extensions=[jinja2.ext.loopcontrols],
-        undefined=_TemplateUndefined,
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols], undefined=_TemplateUndefined
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception

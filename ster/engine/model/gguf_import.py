@@ -25,12 +25,7 @@ from ster.engine.model.requests import ModelImportRequest
 from ster.engine.model.resolve import resolve_model
 from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal, first_sentence
-from ster.engine.protocol.files import (
-    atomic_directory,
-    check_output_directory,
-    dumps_pretty,
-    write_atomic,
-)
+from ster.engine.protocol.files import atomic_directory, check_output_directory, dumps_pretty, write_atomic
 from ster.engine.protocol.jobs import JobContext
 
 GGUF_MODEL_TYPES = ("llama", "qwen2", "qwen3", "phi3", "gemma3")

@@ -147,14 +147,7 @@ def corpus(rng: random.Random, size: int) -> list[str]:
 
 def tokenizer_json(words: list[str]) -> str:
     """A word-level tokenizer whose post-processor adds ``<s>`` to raw text."""
-    from tokenizers import (
-        AddedToken,
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-        processors,
-    )
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
     tokenizer = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()

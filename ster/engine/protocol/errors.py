@@ -62,7 +62,4 @@ def first_sentence(exc: BaseException) -> str:
 
 def exit_code_for(kind: str) -> ExitCode:
     """Map an error event's ``kind`` back to the process exit status."""
-    return {
-        "refused": ExitCode.REFUSED,
-        "cancelled": ExitCode.CANCELLED,
-    }.get(kind, ExitCode.INTERNAL)
+    return {"refused": ExitCode.REFUSED, "cancelled": ExitCode.CANCELLED}.get(kind, ExitCode.INTERNAL)

@@ -26,32 +26,16 @@ from pydantic import BaseModel, ValidationError
 
 from ster.engine.protocol import confine, inflight
 from ster.engine.protocol.errors import Refusal
-from ster.engine.protocol.inputs import (
-    check_json_text,
-    may_hold_surrogate,
-    read_input_text,
-)
+from ster.engine.protocol.inputs import check_json_text, may_hold_surrogate, read_input_text
 from ster.engine.protocol.kinds import (  # re-exported: the kinds of file this module checks
     ACTIVATIONS as ACTIVATIONS,
 )
-from ster.engine.protocol.kinds import (
-    ADAPTER as ADAPTER,
-)
-from ster.engine.protocol.kinds import (
-    ARTIFACT as ARTIFACT,
-)
-from ster.engine.protocol.kinds import (
-    PAIR_SET as PAIR_SET,
-)
-from ster.engine.protocol.kinds import (
-    describe_existing as describe_existing,
-)
-from ster.engine.protocol.kinds import (
-    existing as existing,
-)
-from ster.engine.protocol.kinds import (
-    with_article as with_article,
-)
+from ster.engine.protocol.kinds import ADAPTER as ADAPTER
+from ster.engine.protocol.kinds import ARTIFACT as ARTIFACT
+from ster.engine.protocol.kinds import PAIR_SET as PAIR_SET
+from ster.engine.protocol.kinds import describe_existing as describe_existing
+from ster.engine.protocol.kinds import existing as existing
+from ster.engine.protocol.kinds import with_article as with_article
 
 M = TypeVar("M", bound=BaseModel)
 

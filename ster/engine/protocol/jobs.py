@@ -21,15 +21,7 @@ from pydantic import BaseModel
 
 from ster.engine.protocol import inflight
 from ster.engine.protocol.errors import Cancelled, SterError
-from ster.engine.protocol.events import (
-    Error,
-    Event,
-    Log,
-    Progress,
-    Result,
-    Token,
-    Warning,
-)
+from ster.engine.protocol.events import Error, Event, Log, Progress, Result, Token, Warning
 from ster.engine.protocol.requests import build_request, check_before_running
 
 JOBS: dict[str, tuple[str, str]] = {

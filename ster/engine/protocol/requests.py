@@ -19,13 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.inputs import check_regular_inputs, lone_surrogate, surrogate_phrase
-from ster.engine.protocol.paths import (
-    PREFIX,
-    check_outputs,
-    flag,
-    is_path_field,
-    resolve_inputs,
-)
+from ster.engine.protocol.paths import PREFIX, check_outputs, flag, is_path_field, resolve_inputs
 
 R = TypeVar("R", bound=BaseModel)
 

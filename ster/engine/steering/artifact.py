@@ -42,12 +42,7 @@ from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import first_error, read_json, write_json
 from ster.engine.protocol.kinds import ADAPTER_SIDECAR, file_kind
 from ster.engine.steering.calibration_record import Calibration
-from ster.engine.steering.requests import (
-    EvaluateRequest,
-    GenerateRequest,
-    InspectRequest,
-    SweepRequest,
-)
+from ster.engine.steering.requests import EvaluateRequest, GenerateRequest, InspectRequest, SweepRequest
 
 if TYPE_CHECKING:
     from ster.engine.model.loading import Checkpoint

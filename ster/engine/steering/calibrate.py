@@ -49,12 +49,7 @@ from ster.engine.protocol.files import (
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.protocol.kinds import CALIBRATION_STUDY
 from ster.engine.protocol.paths import bundled_name, example_path
-from ster.engine.steering.artifact import (
-    ArtifactSummary,
-    SteeringArtifact,
-    save_artifact,
-    summarize,
-)
+from ster.engine.steering.artifact import ArtifactSummary, SteeringArtifact, save_artifact, summarize
 from ster.engine.steering.calibration_record import Calibration, Point, Side, Trial
 from ster.engine.steering.extract import PromptSet
 from ster.engine.steering.judge import question_for

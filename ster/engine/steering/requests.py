@@ -14,12 +14,7 @@ from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.paths import flag, same_file
 from ster.engine.protocol.requests import Request, at_least_one, seed
 from ster.engine.steering.layers import LayerSpec
-from ster.engine.steering.strength import (
-    DEFAULT_KL_BUDGET,
-    DEFAULT_TRIALS,
-    Strength,
-    parse_strengths,
-)
+from ster.engine.steering.strength import DEFAULT_KL_BUDGET, DEFAULT_TRIALS, Strength, parse_strengths
 
 
 class GenerateRequest(SampledRequest):

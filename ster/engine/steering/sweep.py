@@ -54,12 +54,7 @@ from ster.engine.protocol.files import first_error, load_document
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.protocol.paths import bundled_name, example_path
 from ster.engine.steering.artifact import SteeringArtifact, open_artifact
-from ster.engine.steering.calibrate import (
-    CONTINUATION_TOKENS,
-    NEUTRAL,
-    answered_pairs,
-    load_neutral,
-)
+from ster.engine.steering.calibrate import CONTINUATION_TOKENS, NEUTRAL, answered_pairs, load_neutral
 from ster.engine.steering.effect import Judged, judge, paired, stillness, suggest
 from ster.engine.steering.extract import PromptSet
 from ster.engine.steering.generate import calibrated_strength, scales_for

@@ -31,14 +31,7 @@ from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import write_atomic
 from ster.engine.protocol.kinds import existing
-from ster.engine.tune.checkpoint_values import (
-    METADATA,
-    Expected,
-    Saved,
-    check_contents,
-    check_fits,
-    read_saved,
-)
+from ster.engine.tune.checkpoint_values import METADATA, Expected, Saved, check_contents, check_fits, read_saved
 
 NOT_IDENTITY = {"output", "resume", "checkpoint_every", "device", "model", "revision", "examples", "pairs"}
 """Fields that do not change what a run computes (where it writes, how often it saves, where it

@@ -30,12 +30,7 @@ from typing import Any
 from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import DuplicateKey, read_json, unique_keys
-from ster.engine.protocol.inputs import (
-    lone_surrogate,
-    may_hold_surrogate,
-    read_input_text,
-    surrogate_phrase,
-)
+from ster.engine.protocol.inputs import lone_surrogate, may_hold_surrogate, read_input_text, surrogate_phrase
 
 Message = dict[str, str]
 """One turn of a conversation: ``{"role": ..., "content": ...}``."""

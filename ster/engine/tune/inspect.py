@@ -17,12 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ster.engine.model.adapters.apply import read_document
-from ster.engine.model.adapters.artifact import (
-    REWARD_HEAD,
-    AdapterSidecar,
-    check_tensors,
-    factor_names,
-)
+from ster.engine.model.adapters.artifact import REWARD_HEAD, AdapterSidecar, check_tensors, factor_names
 from ster.engine.protocol import confine
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.tune.requests import TuneInspectRequest

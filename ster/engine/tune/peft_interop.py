@@ -17,11 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ster.engine.model.adapters.apply import open_document
-from ster.engine.model.adapters.artifact import (
-    AdapterSidecar,
-    check_tensors,
-    factor_names,
-)
+from ster.engine.model.adapters.artifact import AdapterSidecar, check_tensors, factor_names
 from ster.engine.model.adapters.file import AdapterFile
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import check_output_directory

@@ -27,12 +27,7 @@ from ster.engine.protocol.jobs import JobContext
 from ster.engine.protocol.kinds import ADAPTER, ADAPTER_SIDECAR
 from ster.engine.steering.extract import PromptSet
 from ster.engine.steering.layers import LayerSpec
-from ster.engine.tune.checkpoint import (
-    check_checkpoint,
-    check_slot,
-    checkpoint_path,
-    run_identity,
-)
+from ster.engine.tune.checkpoint import check_checkpoint, check_slot, checkpoint_path, run_identity
 from ster.engine.tune.data import PreferenceSet, load_examples, load_preferences
 from ster.engine.tune.encoding import encode_example, side_sequence, within_limit
 from ster.engine.tune.requests import (

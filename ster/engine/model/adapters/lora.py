@@ -34,12 +34,7 @@ from ster.engine.model.adapters.artifact import (
     sidecar_path,
 )
 from ster.engine.model.adapters.factors import FactorHost, LoraFactors
-from ster.engine.model.adapters.file import (
-    AdapterFile,
-    check_values,
-    digest,
-    read_adapter,
-)
+from ster.engine.model.adapters.file import AdapterFile, check_values, digest, read_adapter
 from ster.engine.model.config import DecoderConfig
 from ster.engine.model.contract import Decoder
 from ster.engine.protocol.errors import Refusal

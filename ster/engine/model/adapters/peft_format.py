@@ -44,22 +44,12 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from ster.engine.model.adapters.artifact import (
-    ATTENTION,
-    TARGETS,
-    AdapterSidecar,
-    factor_names,
-    projection_shape,
-)
+from ster.engine.model.adapters.artifact import ATTENTION, TARGETS, AdapterSidecar, factor_names, projection_shape
 from ster.engine.model.adapters.file import check_factors, check_float, parse_file
 from ster.engine.model.config import FAMILIES
 from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
-from ster.engine.protocol.files import (
-    atomic_directory,
-    check_output_directory,
-    read_json,
-)
+from ster.engine.protocol.files import atomic_directory, check_output_directory, read_json
 from ster.engine.protocol.inputs import read_input
 from ster.engine.protocol.tensorfile import TensorFile
 
