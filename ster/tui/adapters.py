@@ -10,14 +10,12 @@ here imports textual or torch.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 TUNE_RUNS = {"tune sft": "sft", "tune dpo": "dpo", "tune reward": "reward", "tune grpo": "grpo"}
 """The jobs that train an adapter, and the objective each names (dpo's report says dpo or ipo)."""
-CANCELLED = re.compile(r"cancelled after step (\d+) of (\d+); the checkpoint at (.+) continues it")
 
 
 @dataclass
@@ -91,10 +89,10 @@ class AdapterBook:
                     Path(final.data["path"]), kind, objective, model, summary(objective, report), "trained", report
                 )
             )
-        found = CANCELLED.match(getattr(final, "message", "")) if final.kind == "cancelled" else None
-        if found is None:
+        stopped = final.details if final.kind == "cancelled" else None  # where a cancelled run stopped
+        if not stopped or "checkpoint" not in stopped:
             return None
-        done, total, where = found.groups()
+        done, total, where = stopped["step"], stopped["total"], stopped["checkpoint"]
         objective = fields.get("loss", objective) if objective == "dpo" else objective
         return self.add(
             AdapterEntry(Path(where), "checkpoint", objective, model, f"checkpoint, step {done}/{total}", "cancelled")

@@ -202,16 +202,8 @@ class SterApp(App[None]):
         loss = (event.data or {}).get("loss") if event.type == "progress" else None
         if isinstance(loss, int | float):
             message.handle.loss = float(loss)
-        if event.type == "log" and event.message.startswith(
-            ("applying the model's own", "this model publishes", "chat template off")
-        ):
-            self.settings.chat_decision = (
-                "applied"
-                if event.message.startswith("applying")
-                else "absent"
-                if event.message.startswith("this model")
-                else "off"
-            )
+        if event.type == "log" and event.data and "chat_template" in event.data:
+            self.settings.chat_decision = event.data["chat_template"]
         self._record(message.handle, event)
 
     def on_job_finished(self, message: JobFinished) -> None:
@@ -222,6 +214,7 @@ class SterApp(App[None]):
         handle.ended_at = self.clock() if handle.started_at is not None else None
         handle.last_message = "finished" if final.type == "result" else final.message  # type: ignore[union-attr]
         handle.result = final.data if final.type == "result" else None  # type: ignore[union-attr]
+        handle.details = final.details if final.type == "error" else None  # type: ignore[union-attr]
         self._record(handle, final)
         self._book(handle, final)
         if self._quitting and not self.runner.active():

@@ -64,6 +64,8 @@ class JobHandle:
     """The loss of the latest step that reported one (a tune run's progress data)."""
     result: dict[str, Any] | None = field(default=None, repr=False)
     """The result document, once the job ended with one (enter on its Jobs row shows it whole)."""
+    details: dict[str, Any] | None = field(default=None, repr=False)
+    """An error's facts, once the job ended without a result (a cancelled tune run: where it stopped)."""
 
     @property
     def active(self) -> bool:

@@ -120,7 +120,10 @@ def canned_optimize(app: SterApp) -> JobHandle:
         handle,
         [
             Progress(stage="resolve", message="resolving model ster:toy"),
-            Log(message="this model publishes no chat template, so prompts and completions are encoded as raw text"),
+            Log(
+                message="this model publishes no chat template, so prompts and completions are encoded as raw text",
+                data={"chat_template": "absent"},
+            ),
             Log(message="fitting each candidate on 9 pairs and ranking on a 3-pair holdout"),
             Progress(stage="read", message="reading pair 12/12", current=12, total=12),
         ],

@@ -300,7 +300,9 @@ def test_the_book_follows_a_run_from_its_checkpoint_to_its_adapter() -> None:
     book, out = AdapterBook(), Path("/runs/calm.safetensors")
     fields = {"model": "ster:toy", "output": out, "loss": "ipo"}
     cancelled = Error(
-        kind="cancelled", message=f"cancelled after step 3 of 18; the checkpoint at {out}.checkpoint continues it"
+        kind="cancelled",
+        message=f"cancelled after step 3 of 18; the checkpoint at {out}.checkpoint continues it",
+        details={"step": 3, "total": 18, "checkpoint": f"{out}.checkpoint"},
     )
     entry = book.from_tune_run("tune dpo", fields, cancelled)
     assert entry is not None and (entry.kind, entry.objective, entry.summary) == (

@@ -79,7 +79,7 @@ class ModelStore:
             ctx.warn(source.warning)
         config = load_config(source.config)
         codec = _codec(source, config, request.chat_template)
-        ctx.log(DECISION_SENTENCES[codec.decision])
+        ctx.log(DECISION_SENTENCES[codec.decision], {"chat_template": codec.decision})
         return Checkpoint(source, config, codec, request, checkpoint_fingerprint(config, source.weights))
 
     def decoder(self, checkpoint: Checkpoint, ctx: JobContext) -> Decoder:

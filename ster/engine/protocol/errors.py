@@ -49,8 +49,13 @@ class Cancelled(SterError):
     exit_code = ExitCode.CANCELLED
     kind = "cancelled"
 
-    def __init__(self, message: str = "cancelled before it finished; nothing was written") -> None:
+    def __init__(
+        self, message: str = "cancelled before it finished; nothing was written", details: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
+        self.details = details
+        """Where a cancelled run stopped, for a front end that offers to resume it (a tune run: its step, of how
+        many, and the checkpoint it left)."""
 
 
 def first_sentence(exc: BaseException) -> str:

@@ -62,6 +62,12 @@ class Log(_Event):
 
     type: Literal["log"] = "log"
     message: str
+    data: dict[str, Any] | None = None
+    """The fact the sentence states, for a front end that acts on it rather than shows it (the chat-template
+    decision: ``{"chat_template": "applied"}``); absent from the JSON line when there is none."""
+
+    def to_json(self) -> str:
+        return self.model_dump_json(exclude={"data"} if self.data is None else None)
 
 
 class Result(_Event):

@@ -88,8 +88,8 @@ class JobContext:
     def token(self, text: str, index: int, stream: str = "text") -> None:
         self.emit(Token(text=text, index=index, stream=stream))
 
-    def log(self, message: str) -> None:
-        self.emit(Log(message=message))
+    def log(self, message: str, data: dict[str, Any] | None = None) -> None:
+        self.emit(Log(message=message, data=data))
 
     def warn(self, message: str) -> None:
         self.emit(Warning(message=message))

@@ -112,7 +112,8 @@ class Loop:
                 where = save_checkpoint(self)
                 raise Cancelled(
                     f"cancelled after step {self.state.step} of {self.total}; the checkpoint at {where} "
-                    "continues it when the same command is given with --resume"
+                    "continues it when the same command is given with --resume",
+                    {"step": self.state.step, "total": self.total, "checkpoint": str(where)},
                 )
             self._step()
             every = self.settings.checkpoint_every

@@ -101,7 +101,10 @@ def _run(
         saved = load_checkpoint(where, identity, _expected(adapter, loop, objective), loop.optimizer.state_dict())
         _restore(saved, adapter, loop, objective, ctx)
     elif confine.writable(where, make=False).exists() and parallel.writer:
-        ctx.log(f"starting over; the checkpoint of an earlier run at {where} will be replaced")
+        ctx.log(
+            f"starting over; the checkpoint of an earlier run at {where} will be replaced",
+            {"checkpoint": "replaced", "path": str(where)},
+        )
 
     def save(current: Loop) -> str:
         if parallel.writer:
@@ -159,7 +162,10 @@ def _restore(saved: dict[str, Any], adapter: Adapter, loop: Loop, objective: Any
     loop.restore(saved["loop"], saved["optimizer"])
     if hasattr(objective, "reference"):
         objective.reference = saved["reference"]
-    ctx.log(f"resuming after step {loop.state.step} of {loop.total}")
+    ctx.log(
+        f"resuming after step {loop.state.step} of {loop.total}",
+        {"checkpoint": "resumed", "step": loop.state.step, "total": loop.total},
+    )
 
 
 def _report(

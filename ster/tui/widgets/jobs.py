@@ -23,6 +23,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, RichLog
 
+from ster.tui.adapters import checkpoint_of
 from ster.tui.paths import shown
 from ster.tui.runner import JobHandle
 from ster.tui.words import in_our_words
@@ -154,11 +155,11 @@ def _message(handle: JobHandle, width: int) -> str:
     checkpoint = _checkpoint(handle)
     if checkpoint is None:
         return _fit(message, width)
-    stopped = re.search(r"cancelled after step (\d+) of (\d+)", message)  # the state column says cancelled
+    stopped = handle.details if handle.details and "step" in handle.details else None  # where it stopped
     first = " · ".join(
         [
             *([f"loss {handle.loss:.4f}"] if handle.loss is not None else []),
-            f"step {stopped[1]}/{stopped[2]}" if stopped else "cancelled",
+            f"step {stopped['step']}/{stopped['total']}" if stopped else "cancelled",
         ]
     )
     where = shown(checkpoint)
@@ -169,10 +170,10 @@ def _message(handle: JobHandle, width: int) -> str:
 def _checkpoint(handle: JobHandle) -> Path | None:
     """Where a cancelled tune run kept its checkpoint, ``<output>.checkpoint``; None when it kept none."""
     output = getattr(handle.request, "output", None) or handle.fields.get("output")
-    if handle.state != "cancelled" or output is None or "checkpoint at" not in handle.last_message:
+    kept = handle.details is not None and "checkpoint" in handle.details  # the run said it left one
+    if handle.state != "cancelled" or output is None or not kept:
         return None
-    output = Path(output)
-    return output.with_name(output.name + ".checkpoint")
+    return checkpoint_of(Path(output))
 
 
 def _fit(text: str, width: int) -> str:

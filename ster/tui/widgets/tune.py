@@ -14,7 +14,6 @@ trait (or the data file), the objective and the model.
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import Any
 
@@ -535,7 +534,7 @@ class TunePane(MessageLine, FieldErrors, Vertical):
                     self.add(self.engine_words(event.message), "yellow")
         elif event.type == "warning":
             self.add(f"warning: {self.engine_words(event.message)}", "yellow")
-        elif event.type == "log" and event.message.startswith(("resuming after", "starting over")):
+        elif event.type == "log" and event.data and "checkpoint" in event.data:  # resumed, or started over
             self.add(self.engine_words(event.message), "dim")
 
     def on_job_finished(self, message: JobFinished) -> None:
@@ -548,7 +547,7 @@ class TunePane(MessageLine, FieldErrors, Vertical):
             self.report = final.data  # type: ignore[union-attr]
             self.say(self._summary(getattr(handle, "objective", self.objective), final.data), "green")  # type: ignore[union-attr]
         elif final.kind == "cancelled":  # type: ignore[union-attr]
-            self.say(self._cancelled(final.message), "magenta")  # type: ignore[union-attr]
+            self.say(self._cancelled(final.message, final.details), "magenta")  # type: ignore[union-attr]
         else:
             self.say(self.engine_words(final.message), "red")  # type: ignore[union-attr]
 
@@ -556,11 +555,11 @@ class TunePane(MessageLine, FieldErrors, Vertical):
         """An engine sentence as this tab says it (the app refuses a bad request in these words too)."""
         return tune_words(sentence, DATA[self.objective])
 
-    def _cancelled(self, sentence: str) -> str:
-        found = re.match(r"cancelled after step (\d+) of (\d+); the checkpoint at (.+) continues it", sentence)
-        if not found:
+    def _cancelled(self, sentence: str, details: dict[str, Any] | None) -> str:
+        """A cancelled run in this tab's words: where it stopped and how to go on, from the error's facts."""
+        if not details or "checkpoint" not in details:
             return self.engine_words(sentence)
-        done, total, where = found.groups()
+        done, total, where = details["step"], details["total"], details["checkpoint"]
         return f"cancelled after step {done} of {total}; {RESUME_HINT}. The checkpoint:\n{shown(Path(where))}"
 
     @staticmethod
