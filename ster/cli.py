@@ -44,7 +44,8 @@ LOCAL_ONLY = frozenset({"job", "json", "server", "token_file"})
 
 
 def _fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The job's request fields: every parsed flag but the command's own."""
+    """The job's request fields: every flag given but the command's own. A flag left out is not parsed at all
+    (:mod:`ster.commands`), so the request's own default applies, as it does to a body sent to ``ster serve``."""
     return {k: v for k, v in vars(args).items() if k not in LOCAL_ONLY and not k.endswith("command")}
 
 
@@ -102,7 +103,7 @@ def _job(args: argparse.Namespace, foreground: Foreground) -> int:
     try:
         request = _request(args)
     except SterError as exc:
-        render(Error(kind=exc.kind, message=str(exc)))  # type: ignore[arg-type]
+        render(Error(kind=exc.kind, message=str(exc)))
         return int(exc.exit_code)
     final = foreground.run(args.job, request, render, writes_here=not torchrun_rank())
     render.close()

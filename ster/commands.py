@@ -6,6 +6,11 @@ flags, required flags present, each value-taking flag given a value, exit 2), an
 job's request model checks every value (a refusal in one sentence, exit 1). The choices
 a flag offers are listed in its help so that they stay visible; the request models hold
 the same lists (tested in ``tests/protocol/test_bad_values.py``).
+
+Defaults live in the request models only. A flag left out is left out of the parsed
+arguments (``argparse.SUPPRESS``), so the request's own default applies, as it does for a
+body sent to ``ster serve``; a help text says ``DEFAULT`` where the default goes, and
+:class:`CommandParser` reads it from the request model when that help is shown.
 """
 
 from __future__ import annotations
@@ -15,13 +20,62 @@ from typing import Any
 
 from ster import __version__
 
+DEFAULT = "{default}"
+"""Where a flag's help shows its default, read from the request model of the flag's command (see
+:func:`request_default`)."""
+
 EXAMPLE_MODEL = "ster:toy"
 PRECISIONS = ("f32", "f16", "bf16", "int8")
 DEVICES = ("cpu", "cuda", "mps", "metal", "auto")
 CHAT_MODES = ("auto", "off")
 METHODS = ("caa", "pca", "logistic")
 GENERATORS = ("local", "brama")
-LAYERS_HELP = "all, or a comma list of layers and half-open ranges, such as 2,5 or 12..24 or 1,4..7 (layers 1, 4, 5, 6)"
+LAYERS_HELP = (
+    "all, or a comma list of layers and half-open ranges, such as 2,5 or 12..24 or 1,4..7 (layers 1, 4, 5, 6); "
+    f"default {DEFAULT}"
+)
+
+
+def request_default(job: str, field: str) -> str:
+    """The default of ``field`` in the request of ``job``, as a help text shows it: a number in its shortest
+    form (16, 0.0001), and for a field whose None leaves the choice to the job, what the job then picks."""
+    from ster.engine.protocol.jobs import request_class
+
+    kind = request_class(job)
+    info = kind.model_fields[field]
+    if info.is_required():
+        raise ValueError(f"{field} of {job} has no default to show")
+    value = _picked(kind, field) if info.default is None else info.default
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _picked(kind: Any, field: str) -> Any:
+    """What None in ``field`` stands for: the value the job then picks, or off for a filter left off."""
+    if field == "max_new_tokens":  # at most this many, fewer where the model's context ends sooner
+        return kind.default_max_new_tokens
+    if field in ("strength", "strengths"):
+        from ster.engine.steering import strength
+
+        return strength.DEFAULT_STRENGTH if field == "strength" else strength.DEFAULT_SWEEP
+    if field == "top_p":
+        return "off"
+    raise ValueError(f"{field} of {kind.__name__} defaults to None, which a help text cannot show as a value")
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A parser whose help shows each flag's default as its command's request model holds it.
+
+    ``DEFAULT`` in a flag's help is replaced the first time the help is formatted, so the request models load
+    for ``ster <command> --help`` only, never for ``ster --help`` or to parse a command line: with pydantic,
+    importing them takes about 0.15 s, twice what the whole of ``ster --help`` takes.
+    """
+
+    def format_help(self) -> str:
+        job = self.get_default("job")
+        for action in self._actions:
+            if action.help and DEFAULT in action.help:
+                action.help = action.help.replace(DEFAULT, request_default(job, action.dest))
+        return super().format_help()
 
 
 def _choices(values: tuple[str, ...]) -> str:
@@ -43,66 +97,41 @@ def _model_flags(parser: argparse.ArgumentParser, required: bool = True, route: 
     )
     group.add_argument(
         "--precision",
-        default="f32",
         metavar=_choices(PRECISIONS),
-        help="dtype the frozen weights are held at (default f32)",
+        help=f"dtype the frozen weights are held at (default {DEFAULT})",
     )
     group.add_argument(
         "--device",
-        default="cpu",
         metavar=_choices(DEVICES),
         help="where the model runs; metal is another name for mps, auto takes the first accelerator "
-        "present (default cpu)",
+        f"present (default {DEFAULT})",
     )
     group.add_argument(
         "--chat-template",
-        default="auto",
         metavar=_choices(CHAT_MODES),
-        help="auto applies the model's own chat template when it has one (default auto)",
+        help=f"auto applies the model's own chat template when it has one (default {DEFAULT})",
     )
 
 
-def _sampling_flags(
-    parser: argparse.ArgumentParser,
-    max_new_tokens: int,
-    temperature: float = 0.0,
-    top_p: float | None = None,
-    within_context: bool = True,
-) -> None:
+def _sampling_flags(parser: argparse.ArgumentParser, within_context: bool = True) -> None:
     group = parser.add_argument_group("sampling")
-    if within_context:  # omitted, the job fits the default into what the model's context leaves
-        group.add_argument(
-            "--max-new-tokens",
-            default=None,
-            metavar="N",
-            help=f"most tokens to generate (default {max_new_tokens}, or fewer when the model's "
-            f"context ends sooner; a larger value than the context allows is refused)",
-        )
-    else:
-        group.add_argument(
-            "--max-new-tokens",
-            default=max_new_tokens,
-            metavar="N",
-            help=f"most tokens to generate (default {max_new_tokens})",
-        )
+    context = ", or fewer when the model's context ends sooner; a larger value than the context allows is refused"
     group.add_argument(
-        "--temperature",
-        default=temperature,
-        metavar="T",
-        help=f"0 decodes greedily, above 0 samples (default {temperature})",
+        "--max-new-tokens",
+        metavar="N",
+        help=f"most tokens to generate (default {DEFAULT}{context if within_context else ''})",
     )
+    group.add_argument("--temperature", metavar="T", help=f"0 decodes greedily, above 0 samples (default {DEFAULT})")
     group.add_argument(
         "--top-p",
-        default=top_p,
         metavar="P",
         help="nucleus sampling: keep the likeliest tokens up to probability P, above 0 and at most 1 "
-        f"(default {'off' if top_p is None else top_p})",
+        f"(default {DEFAULT})",
     )
     group.add_argument(
         "--seed",
-        default=42,
         metavar="N",
-        help="seed of the sampler, 0 to 2^64-1; used when the temperature is above 0 (default 42)",
+        help=f"seed of the sampler, 0 to 2^64-1; used when the temperature is above 0 (default {DEFAULT})",
     )
 
 
@@ -116,8 +145,8 @@ def _apply_adapter_flag(parser: argparse.ArgumentParser, what: str = "every forw
 
 
 def _layer_flags(parser: argparse.ArgumentParser, unit: str = "sequences") -> None:
-    parser.add_argument("--layers", default="all", metavar="LAYERS", help=f"{LAYERS_HELP}; default all")
-    parser.add_argument("--batch-size", default=8, metavar="N", help=f"{unit} per forward pass (default 8)")
+    parser.add_argument("--layers", metavar="LAYERS", help=LAYERS_HELP)
+    parser.add_argument("--batch-size", metavar="N", help=f"{unit} per forward pass (default {DEFAULT})")
 
 
 def _fit_flags(parser: argparse.ArgumentParser, pairs_help: str) -> None:
@@ -131,14 +160,11 @@ def _fit_flags(parser: argparse.ArgumentParser, pairs_help: str) -> None:
 def _command(
     commands: Any, name: str, help_text: str, description: str, job: str | None = None
 ) -> argparse.ArgumentParser:
-    parser = commands.add_parser(name, help=help_text, description=description)
+    """A job's command: every flag left out is left out of the parsed arguments, so its request's default
+    applies."""
+    parser = commands.add_parser(name, help=help_text, description=description, argument_default=argparse.SUPPRESS)
     parser.set_defaults(job=job or name)
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        default=argparse.SUPPRESS,
-        help="print every event as one JSON object per line on stdout",
-    )
+    parser.add_argument("--json", action="store_true", help="print every event as one JSON object per line on stdout")
     return parser
 
 
@@ -159,10 +185,10 @@ def _add_generate(commands: Any) -> None:
         metavar="S",
         help="how far along the direction: a multiple of each layer's activation spread (0.4x), or a "
         "number in the residual stream's units (3); negative steers the other way (write "
-        "--strength=-0.4x); default 0.4x",
+        f"--strength=-0.4x); default {DEFAULT}",
     )
     _apply_adapter_flag(parser, "every generated token; combinable with --vector")
-    _sampling_flags(parser, 128)
+    _sampling_flags(parser)
 
 
 def _add_extract(commands: Any) -> None:
@@ -191,9 +217,8 @@ def _add_train(commands: Any) -> None:
     _fit_flags(parser, 'pair set {"trait_name": ..., "pairs": [...]}')
     parser.add_argument(
         "--method",
-        default="caa",
         metavar=_choices(METHODS),
-        help="mean difference, principal direction, or logistic probe (default caa)",
+        help=f"mean difference, principal direction, or logistic probe (default {DEFAULT})",
     )
 
 
@@ -220,7 +245,7 @@ def _add_evaluate(commands: Any) -> None:
     parser.add_argument("--pairs", metavar="FILE", help="pair set to measure on (default: the workspace's active set)")
     parser.add_argument("--vector", required=True, metavar="FILE", help="the steering artifact")
     _apply_adapter_flag(parser, "reading the pairs")
-    parser.add_argument("--batch-size", default=8, metavar="N", help="pairs per forward pass (default 8)")
+    parser.add_argument("--batch-size", metavar="N", help=f"pairs per forward pass (default {DEFAULT})")
 
 
 def _add_sweep(commands: Any) -> None:
@@ -241,8 +266,7 @@ def _add_sweep(commands: Any) -> None:
         "--strengths",
         metavar="LIST",
         help="comma list, all relative to each layer's activation spread (--strengths=-0.4x,0.4x) or "
-        "all absolute (--strengths=-8,-4,4,8); write = before a leading minus; default "
-        "-0.8x,-0.4x,-0.2x,0.2x,0.4x,0.8x",
+        f"all absolute (--strengths=-8,-4,4,8); write = before a leading minus; default {DEFAULT}",
     )
     _cost_flags(
         parser,
@@ -251,9 +275,8 @@ def _add_sweep(commands: Any) -> None:
     )
     parser.add_argument(
         "--neutral-count",
-        default=16,
         metavar="N",
-        help="how many neutral prompts, spread through the set, the KL is measured on (default 16)",
+        help=f"how many neutral prompts, spread through the set, the KL is measured on (default {DEFAULT})",
     )
     parser.add_argument(
         "--holdout",
@@ -262,7 +285,7 @@ def _add_sweep(commands: Any) -> None:
         "each strength (default: none)",
     )
     _apply_adapter_flag(parser, "generating the texts and re-reading them")
-    _sampling_flags(parser, 48)
+    _sampling_flags(parser)
 
 
 def _cost_flags(parser: Any, measured: str, budget: str) -> None:
@@ -271,7 +294,7 @@ def _cost_flags(parser: Any, measured: str, budget: str) -> None:
     parser.add_argument(
         "--neutral", metavar="FILE", help=f'JSON file {{"prompts": [...]}} of everyday requests {measured}'
     )
-    parser.add_argument("--kl-budget", default=0.25, metavar="B", help=f"{budget} (default 0.25)")
+    parser.add_argument("--kl-budget", metavar="B", help=f"{budget} (default {DEFAULT})")
 
 
 def _add_calibrate(commands: Any) -> None:
@@ -298,9 +321,9 @@ def _add_calibrate(commands: Any) -> None:
         "the cost is measured on (default ster:neutral, 72 bundled requests)",
         "most mean KL from the unsteered model, in nats per token, a chosen strength may cost",
     )
-    parser.add_argument("--trials", default=40, metavar="N", help="most candidates to measure (default 40)")
+    parser.add_argument("--trials", metavar="N", help=f"most candidates to measure (default {DEFAULT})")
     parser.add_argument(
-        "--seed", default=0, metavar="N", help="picks the prompts and pairs candidates are screened on (default 0)"
+        "--seed", metavar="N", help=f"picks the prompts and pairs candidates are screened on (default {DEFAULT})"
     )
     parser.add_argument("--output", required=True, metavar="FILE", help="where to write the calibrated artifact")
     parser.add_argument("--resume", action="store_true", help="continue the study an interrupted run left")
@@ -333,21 +356,18 @@ def _add_inspect(commands: Any) -> None:
 def _dedupe_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dedupe-bits",
-        default=3,
         metavar="N",
-        help="near-duplicates differ in at most N of their 64 SimHash bits, 0 to 63 (default 3)",
+        help=f"near-duplicates differ in at most N of their 64 SimHash bits, 0 to 63 (default {DEFAULT})",
     )
     parser.add_argument(
         "--dedupe-bands",
-        default=8,
         metavar="N",
-        help="LSH bands the fingerprint is cut into to find near-duplicates, 1 to 64 (default 8)",
+        help=f"LSH bands the fingerprint is cut into to find near-duplicates, 1 to 64 (default {DEFAULT})",
     )
     parser.add_argument(
         "--refusal-threshold",
-        default=0.5,
         metavar="X",
-        help="a side scoring at or above X, 0 to 1, reads as a refusal (default 0.5)",
+        help=f"a side scoring at or above X, 0 to 1, reads as a refusal (default {DEFAULT})",
     )
 
 
@@ -365,19 +385,16 @@ def _add_synthesize(commands: Any) -> None:
     synth.add_argument("--output", required=True, metavar="FILE", help="where to write the pair set")
     synth.add_argument(
         "--generator",
-        default="local",
         metavar=_choices(GENERATORS),
-        help="who writes the text: a local model (--model) or Brama (--generator-model) (default local)",
+        help=f"who writes the text: a local model (--model) or Brama (--generator-model) (default {DEFAULT})",
     )
     synth.add_argument("--generator-model", metavar="ROUTE", help="the Brama alias or provider/model route")
     synth.add_argument("--trait-name", metavar="NAME", help="the set's trait_name (default: derived from --trait)")
     synth.add_argument("--opposite", metavar="TEXT", help="the opposite trait (default: derived with one generation)")
-    synth.add_argument(
-        "--retry-multiplier", default=3, metavar="N", help="give up after count x N attempts (default 3)"
-    )
+    synth.add_argument("--retry-multiplier", metavar="N", help=f"give up after count x N attempts (default {DEFAULT})")
     _dedupe_flags(synth)
     _model_flags(synth, required=False, route=" (--generator local)")
-    _sampling_flags(synth, 96, 0.9, 0.95, within_context=False)
+    _sampling_flags(synth, within_context=False)
 
 
 def _add_pairs(commands: Any) -> None:
@@ -406,9 +423,8 @@ def _add_pairs(commands: Any) -> None:
     inspect.add_argument("--revision", metavar="REV", help="Hub branch, tag or commit of --model (Hub ids only)")
     inspect.add_argument(
         "--chat-template",
-        default="auto",
         metavar=_choices(CHAT_MODES),
-        help="encode the sides as train would: auto applies the model's template (default auto)",
+        help=f"encode the sides as train would: auto applies the model's template (default {DEFAULT})",
     )
     add = _command(
         sub,
@@ -492,21 +508,21 @@ def _add_model(commands: Any) -> None:
 
 TARGETS_HELP = (
     "projections that carry an adapter: query, key, value, output, gate, up, down (or q_proj, k_proj, "
-    "v_proj, o_proj, gate_proj, up_proj, down_proj); default query,value"
+    f"v_proj, o_proj, gate_proj, up_proj, down_proj); default {DEFAULT}"
 )
 
 
 def _adapter_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("adapter")
-    group.add_argument("--rank", default=8, metavar="N", help="rank of each LoRA factor pair (default 8)")
+    group.add_argument("--rank", metavar="N", help=f"rank of each LoRA factor pair (default {DEFAULT})")
     group.add_argument(
-        "--alpha", default=16.0, metavar="X", help="scale numerator: the update is alpha/rank x B A (default 16)"
+        "--alpha", metavar="X", help=f"scale numerator: the update is alpha/rank x B A (default {DEFAULT})"
     )
-    group.add_argument("--targets", default="query,value", metavar="LIST", help=TARGETS_HELP)
-    group.add_argument("--layers", default="all", metavar="LAYERS", help=f"{LAYERS_HELP}; default all")
+    group.add_argument("--targets", metavar="LIST", help=TARGETS_HELP)
+    group.add_argument("--layers", metavar="LAYERS", help=LAYERS_HELP)
 
 
-def _run_flags(parser: argparse.ArgumentParser, unit: str, accumulation: int = 8, grpo: bool = False) -> None:
+def _run_flags(parser: argparse.ArgumentParser, unit: str, grpo: bool = False) -> None:
     group = parser.add_argument_group("run")
     group.add_argument(
         "--output",
@@ -515,46 +531,36 @@ def _run_flags(parser: argparse.ArgumentParser, unit: str, accumulation: int = 8
         help="the adapter's .safetensors file; its sidecar is written beside it with .json",
     )
     if grpo:
-        group.add_argument("--iterations", default=1, metavar="N", help="passes over the prompts (default 1)")
+        group.add_argument("--iterations", metavar="N", help=f"passes over the prompts (default {DEFAULT})")
     else:
-        group.add_argument("--epochs", default=1, metavar="N", help="passes over the data (default 1)")
-    group.add_argument("--learning-rate", default=1e-4, metavar="LR", help="AdamW's base rate (default 0.0001)")
+        group.add_argument("--epochs", metavar="N", help=f"passes over the data (default {DEFAULT})")
+    group.add_argument("--learning-rate", metavar="LR", help=f"AdamW's base rate (default {DEFAULT})")
     group.add_argument(
-        "--accumulation",
-        default=accumulation,
-        metavar="N",
-        help=f"forwards folded into one optimizer step (default {accumulation})",
+        "--accumulation", metavar="N", help=f"forwards folded into one optimizer step (default {DEFAULT})"
     )
     group.add_argument(
         "--warmup-steps",
-        default=0,
         metavar="N",
-        help="steps of linear warmup before the cosine decay to a tenth of the rate (default 0)",
+        help=f"steps of linear warmup before the cosine decay to a tenth of the rate (default {DEFAULT})",
     )
     group.add_argument(
         "--max-sequence",
-        default=512,
         metavar="N",
         help=f"longest sequence in tokens, capped at the model's context; a longer {unit} is "
-        "skipped, never cut (default 512)",
+        f"skipped, never cut (default {DEFAULT})",
     )
     if not grpo:
         group.add_argument(
-            "--batch-size", default=1, metavar="N", help=f"{unit}s per forward pass (a pair is two rows; default 1)"
+            "--batch-size", metavar="N", help=f"{unit}s per forward pass (a pair is two rows; default {DEFAULT})"
         )
+    sampled = " and every sampled completion" if grpo else ""
     group.add_argument(
-        "--seed",
-        default=42,
-        metavar="N",
-        help="seeds the adapter's draw, the shuffle"
-        + (" and every sampled completion" if grpo else "")
-        + " (default 42)",
+        "--seed", metavar="N", help=f"seeds the adapter's draw, the shuffle{sampled} (default {DEFAULT})"
     )
     group.add_argument(
         "--checkpoint-every",
-        default=0,
         metavar="N",
-        help="write a resumable checkpoint beside the output every N steps (default 0: only when interrupted)",
+        help=f"write a resumable checkpoint beside the output every N steps (default {DEFAULT}: only when interrupted)",
     )
     group.add_argument("--resume", action="store_true", help="continue from the checkpoint beside the output")
 
@@ -610,13 +616,12 @@ def _add_tune(commands: Any) -> None:
         _adapter_flags(parser)
         if name == "dpo":
             parser.add_argument(
-                "--beta", default=0.1, metavar="B", help="strength of the pull toward the reference (default 0.1)"
+                "--beta", metavar="B", help=f"strength of the pull toward the reference (default {DEFAULT})"
             )
             parser.add_argument(
                 "--loss",
-                default="dpo",
                 metavar="{dpo,ipo}",
-                help="sigmoid (dpo) or squared (ipo) preference loss (default dpo)",
+                help=f"sigmoid (dpo) or squared (ipo) preference loss (default {DEFAULT})",
             )
         _run_flags(parser, "pair")
     grpo = _command(
@@ -637,23 +642,19 @@ def _add_tune(commands: Any) -> None:
     )
     grpo.add_argument(
         "--reward",
-        default="length",
         metavar="SOURCE",
-        help="length (the completion's token count) or a reward model written by tune reward (default length)",
+        help=f"length (the completion's token count) or a reward model written by tune reward (default {DEFAULT})",
     )
-    grpo.add_argument("--group", default=4, metavar="N", help="completions sampled per prompt, at least 2 (default 4)")
+    grpo.add_argument("--group", metavar="N", help=f"completions sampled per prompt, at least 2 (default {DEFAULT})")
     grpo.add_argument(
-        "--beta",
-        default=0.04,
-        metavar="B",
-        help="weight of the KL pull toward the frozen base (default 0.04; 0 turns it off)",
+        "--beta", metavar="B", help=f"weight of the KL pull toward the frozen base (default {DEFAULT}; 0 turns it off)"
     )
     _adapter_flags(grpo)
     sampling = grpo.add_argument_group("sampling")
-    sampling.add_argument("--max-new-tokens", default=64, metavar="N", help="longest completion (default 64)")
-    sampling.add_argument("--temperature", default=0.9, metavar="T", help="above 0 (default 0.9)")
-    sampling.add_argument("--top-p", default=0.95, metavar="P", help="nucleus sampling (default 0.95)")
-    _run_flags(grpo, "prompt", accumulation=1, grpo=True)
+    sampling.add_argument("--max-new-tokens", metavar="N", help=f"longest completion (default {DEFAULT})")
+    sampling.add_argument("--temperature", metavar="T", help=f"above 0 (default {DEFAULT})")
+    sampling.add_argument("--top-p", metavar="P", help=f"nucleus sampling (default {DEFAULT})")
+    _run_flags(grpo, "prompt", grpo=True)
     evaluate = _command(
         sub,
         "evaluate",
@@ -675,20 +676,16 @@ def _add_tune(commands: Any) -> None:
     )
     evaluate.add_argument(
         "--beta",
-        default=0.1,
         metavar="B",
-        help="with --pairs and a generation adapter: the scale of the implicit reward (default 0.1)",
+        help=f"with --pairs and a generation adapter: the scale of the implicit reward (default {DEFAULT})",
     )
     evaluate.add_argument(
         "--max-sequence",
-        default=512,
         metavar="N",
         help="longest sequence in tokens, capped at the model's context; a longer example or pair is "
-        "skipped, never cut (default 512)",
+        f"skipped, never cut (default {DEFAULT})",
     )
-    evaluate.add_argument(
-        "--batch-size", default=1, metavar="N", help="examples (or pairs) per forward pass (default 1)"
-    )
+    evaluate.add_argument("--batch-size", metavar="N", help=f"examples (or pairs) per forward pass (default {DEFAULT})")
     merge = _command(
         sub,
         "merge",
@@ -698,7 +695,7 @@ def _add_tune(commands: Any) -> None:
     )
     merge.add_argument("--model", required=True, metavar="MODEL", help="the base checkpoint")
     merge.add_argument("--revision", metavar="REV", help="Hub branch, tag or commit")
-    merge.add_argument("--device", default="cpu", metavar=_choices(DEVICES), help="(default cpu)")
+    merge.add_argument("--device", metavar=_choices(DEVICES), help=f"(default {DEFAULT})")
     merge.add_argument("--adapter", required=True, metavar="FILE", help="the adapter to fold in")
     merge.add_argument("--output", required=True, metavar="DIR", help="a new or empty directory")
     inspect = _command(
@@ -796,7 +793,7 @@ STEERING = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command tree. Building it imports nothing beyond the standard library."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="ster",
         description="Read hidden states out of causal language models, fit steering directions from contrastive "
         "pairs, and steer generation with them. Run ster alone on a terminal for the full-screen app.",

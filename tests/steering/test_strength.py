@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from ster.engine.protocol.errors import Refusal
 from ster.engine.steering.requests import SweepRequest
-from ster.engine.steering.strength import DEFAULT_STRENGTH, DEFAULT_SWEEP, Strength
+from ster.engine.steering.strength import Strength
 
 PROMPT = "question : tell me about the town . answer :"
 
@@ -88,14 +88,3 @@ def test_a_relative_strength_scales_each_layer_by_its_spread_and_0x_is_the_basel
         cli("generate", "--model", "ster:toy", "--prompt", PROMPT, "--vector", vector, "--strength", "0x").json["text"]
         == base
     )
-
-
-@pytest.mark.parametrize(("command", "default"), [("generate", DEFAULT_STRENGTH), ("sweep", DEFAULT_SWEEP)])
-def test_the_help_names_the_engine_defaults(capsys: pytest.CaptureFixture[str], command: str, default: str) -> None:
-    """The help spells the defaults out without importing the engine (that would put pydantic on the --help
-    path), so this keeps the two in step."""
-    from ster.cli import main
-
-    with pytest.raises(SystemExit):
-        main([command, "--help"])
-    assert f"default {default}" in " ".join(capsys.readouterr().out.split())
