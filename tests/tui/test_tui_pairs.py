@@ -88,7 +88,7 @@ def rows(pane: PairsPane) -> list[list[str]]:
 
 def message(pane: PairsPane) -> tuple[str, str]:
     content = pane.query_one("#message", Static).content
-    return str(content), str(content.style)  # type: ignore[union-attr]
+    return str(content), str(content.style)
 
 
 def summary(pane: PairsPane) -> str:
@@ -187,7 +187,7 @@ def test_saving_writes_the_table_atomically(example: Path) -> None:
         written = example.read_text()
         assert written.endswith("\n") and json.loads(written) == pane.pair_set.model_dump()
         assert json.loads(written)["trait_name"] == "serene"
-        width = pane.query_one(DataTable).columns["positive"].width  # type: ignore[index]
+        width = pane.query_one(DataTable).columns["positive"].width
         saved = [
             [str(i), *distinct_parts(p["positive"], p["negative"], width)]
             for i, p in enumerate(json.loads(written)["pairs"])
@@ -314,7 +314,7 @@ def test_synthesized_pairs_appear_as_they_are_kept(example: Path, gateway: Gatew
 
     async def scenario(app: SterApp, pilot: Pilot, pane: PairsPane) -> None:
         await synthesize_until_first_pair(app, pilot, pane, output)
-        width = pane.query_one(DataTable).columns["positive"].width  # type: ignore[index]
+        width = pane.query_one(DataTable).columns["positive"].width
         shown = [row[1] for row in rows(pane)]
         assert app.runner.active() and len(shown) == 1 and len(shown[0]) <= width
         assert shown[0].strip("…").replace(" ↵ ", "\n") in FIRST  # the kept pair's positive, clipped to fit
@@ -341,5 +341,35 @@ def test_a_cancelled_synthesis_puts_the_set_back_and_writes_nothing(example: Pat
         await settle(app, pilot)
         assert message(pane) == ("cancelled before it finished; nothing was written", "red")
         assert len(rows(pane)) == 12 and pane.path == example and not output.exists()
+
+    drive(scenario, example)
+
+
+def test_the_dialogs_buttons_do_what_their_keys_do(example: Path) -> None:
+    """Clicking Save in the pair editor keeps the pair, and clicking Cancel in the synthesis form closes it
+    with nothing started, as ctrl+s and escape do (the buttons run the same actions)."""
+    from ster.tui.screens.synthesize import SynthesizeDialog
+
+    async def scenario(app: SterApp, pilot: Pilot, pane: PairsPane) -> None:
+        await pilot.press("y")
+        assert isinstance(app.screen, SynthesizeDialog)
+        await pilot.click("#cancel")
+        await settle(app, pilot)
+        assert not isinstance(app.screen, SynthesizeDialog) and not app.runner.active()
+        await pilot.press("y")
+        app.screen.query_one("#trait", Input).value = ""
+        await pilot.click("#start")  # a required field left empty: the form says so and stays open
+        await pilot.pause()
+        assert isinstance(app.screen, SynthesizeDialog)
+        assert "fill in: trait" in str(app.screen.query_one("#error").render())
+        await pilot.press("escape")
+        await pilot.press("a")
+        assert isinstance(app.screen, PairEditor)
+        app.screen.query_one("#positive", TextArea).text = "The lake is calm ."
+        app.screen.query_one("#negative", TextArea).text = "The lake is raging !"
+        await pilot.click("#save")
+        await settle(app, pilot)
+        assert not isinstance(app.screen, PairEditor)
+        assert len(rows(pane)) == 13 and pane.pair_set.pairs[-1].positive == "The lake is calm ." and pane.dirty
 
     drive(scenario, example)

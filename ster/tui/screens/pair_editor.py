@@ -61,7 +61,7 @@ class PairEditor(ModalScreen[PairTexts | None]):
         box.focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.run_action("save" if event.button.id == "save" else "cancel")
+        self.action_save() if event.button.id == "save" else self.action_cancel()
 
     def action_save(self) -> None:
         positive = self.query_one("#positive", TextArea).text.strip()

@@ -81,7 +81,7 @@ class SynthesizeDialog(ModalScreen[dict[str, str] | None]):
         self.action_start()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.run_action("start" if event.button.id == "start" else "cancel")
+        self.action_start() if event.button.id == "start" else self.action_cancel()
 
     def action_start(self) -> None:
         values = {name: self.query_one(f"#{name}", Field).value.strip() for name in (*REQUIRED, "generator_model")}
