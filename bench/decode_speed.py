@@ -130,7 +130,7 @@ def choose_kernels(models: dict[str, SterDecoder]) -> None:
     """Choose each precision's kernels as a load does (``STER_KERNELS``, ``measure`` unless set); print them."""
     how = os.environ.get("STER_KERNELS") or "measure"
     for precision, model in models.items():
-        chosen = kernels.choose(model.projections(), precision, how=how)  # type: ignore[arg-type]
+        chosen = kernels.choose(model.projections(), precision, how=how)
         words = ", ".join(
             f"{kernels.CLASS_WORDS[s]}: {kernels.KERNEL_WORDS[chosen.choice[s]]}" for s in kernels.CLASSES
         )

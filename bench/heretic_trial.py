@@ -117,8 +117,8 @@ def main() -> None:
 
     parts: dict[str, float] = {}
 
-    def timed(name: str, function):  # type: ignore[no-untyped-def]
-        def wrapper(*a, **k):  # type: ignore[no-untyped-def]
+    def timed(name: str, function):
+        def wrapper(*a, **k):
             begin = time.perf_counter()
             try:
                 return function(*a, **k)
@@ -127,8 +127,8 @@ def main() -> None:
 
         return wrapper
 
-    model.get_logprobs_batched = timed("kl", model.get_logprobs_batched)  # type: ignore[method-assign]
-    evaluator.count_refusals = timed("refusals", evaluator.count_refusals)  # type: ignore[method-assign]
+    model.get_logprobs_batched = timed("kl", model.get_logprobs_batched)
+    evaluator.count_refusals = timed("refusals", evaluator.count_refusals)
     last = len(model.get_layers()) - 1
     records: list[dict] = []
 

@@ -126,7 +126,7 @@ def start(workdir: Path) -> tuple[subprocess.Popen, str, list[str]]:
     if not line:
         raise SystemExit(f"ster serve did not start: {process.stderr.read()}")
     stderr: list[str] = []
-    threading.Thread(target=lambda: stderr.extend(process.stderr), daemon=True).start()  # type: ignore[arg-type]
+    threading.Thread(target=lambda: stderr.extend(process.stderr), daemon=True).start()
     return process, f"http://127.0.0.1:{json.loads(line)['port']}", stderr
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Any, Protocol, TextIO
+from typing import IO, Any, Protocol, TextIO
 
 from ster.engine.protocol.events import Error, Event, Log, Progress, Result, Token, Warning
 from ster.engine.protocol.files import dumps_pretty
@@ -64,7 +64,7 @@ class _Serialised:
         raise NotImplementedError
 
 
-def _write(stream: TextIO, text: str) -> None:
+def _write(stream: IO[str], text: str) -> None:
     stream.write(text)
     stream.flush()
 

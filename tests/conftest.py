@@ -28,7 +28,7 @@ def _snapshots_at_the_repository_root() -> None:
         from pytest_textual_snapshot import SVGImageExtension
     except ImportError:
         return
-    SVGImageExtension.dirname = classmethod(  # type: ignore[method-assign]
+    SVGImageExtension.dirname = classmethod(
         lambda cls, *, test_location: str(REPO / "snapshots" / test_location.basename)
     )
 

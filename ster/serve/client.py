@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ster.engine.protocol.events import Error, Event, parse_event
+from ster.engine.protocol.events import Error, Outcome, parse_event
 from ster.engine.protocol.paths import EXAMPLES, EXAMPLES_DIR
 from ster.serve.wire import WireRefusal
 
@@ -54,7 +54,7 @@ class Remote:
 
     def run_job(
         self, name: str, fields: dict[str, Any], emit: Any, cancel: threading.Event | None = None, models: Any = None
-    ) -> Event:
+    ) -> Outcome:
         """Run job ``name`` on the server, emitting its events; return the final one (also emitted)."""
         import httpx
 
@@ -89,7 +89,7 @@ class Remote:
         cancel: threading.Event,
         started: threading.Event,
         finished: threading.Event,
-    ) -> Event:
+    ) -> Outcome:
         operation = name.replace(" ", "/")
         with client.stream("POST", f"/v1/{operation}", params={"stream": "events"}, json=body) as response:
             if response.status_code != 200:
@@ -120,7 +120,7 @@ class Remote:
                     ) from None
                 first = False
                 emit(event)
-                if event.type in ("result", "error"):
+                if event.type == "result" or event.type == "error":
                     return event
         final = Error(kind="internal", message=f"the Ster server at {self.url} ended the stream before the job ended")
         emit(final)

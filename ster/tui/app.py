@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
@@ -31,7 +31,13 @@ from ster.tui.widgets.pairs import PairsPane
 from ster.tui.widgets.status import StatusLine
 
 if TYPE_CHECKING:
+    from ster.engine.protocol.events import Outcome
     from ster.serve.client import Remote
+    from ster.tui.widgets.adapters import AdaptersPane
+    from ster.tui.widgets.generate import GeneratePane
+    from ster.tui.widgets.jobs import Shown
+    from ster.tui.widgets.train import TrainPane
+    from ster.tui.widgets.tune import TunePane
 
 TABS = (
     ("pairs", "Pairs", "ster.tui.widgets.pairs:PairsPane"),
@@ -53,7 +59,7 @@ def pane_class(tab: str) -> type[Widget]:
     import importlib
 
     module, name = next(where for tab_id, _, where in TABS if tab_id == tab).split(":")
-    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(module), name)
 
 
 class SterApp(App[None]):
@@ -127,6 +133,22 @@ class SterApp(App[None]):
 
         threading.Thread(target=_import_panes, name="ster-import-panes", daemon=True).start()
 
+    @overload
+    def mounted(self, tab: Literal["train"]) -> TrainPane | None: ...
+    @overload
+    def mounted(self, tab: Literal["generate"]) -> GeneratePane | None: ...
+    @overload
+    def mounted(self, tab: Literal["tune"]) -> TunePane | None: ...
+    @overload
+    def mounted(self, tab: Literal["adapters"]) -> AdaptersPane | None: ...
+    @overload
+    def mounted(self, tab: str) -> Widget | None: ...
+    def mounted(self, tab: str) -> Widget | None:
+        """A tab's pane, typed by its tab, once it has been mounted; None before it was first shown. (The
+        Pairs and Jobs panes are mounted with the app: ``query_one(PairsPane)``.)"""
+        found = self.query(f"#{tab}-pane")
+        return found.first() if found else None
+
     async def pane(self, tab: str) -> Widget:
         """A tab's pane, mounted first if it has not been shown yet."""
         found = self.query(f"#{tab}-pane")
@@ -175,7 +197,7 @@ class SterApp(App[None]):
         except SterError as exc:
             owner.post_message(
                 JobFinished(
-                    JobHandle(0, job, None, owner, state="refused"),  # type: ignore[arg-type]
+                    JobHandle(0, job, None, owner, state="refused"),
                     Error(kind="refused", message=words(str(exc))),
                 )
             )
@@ -198,7 +220,7 @@ class SterApp(App[None]):
             if message.step is not None:
                 self.refresh_status()
             return
-        message.handle.last_message = getattr(event, "message", "")
+        message.handle.last_message = event.message
         loss = (event.data or {}).get("loss") if event.type == "progress" else None
         if isinstance(loss, int | float):
             message.handle.loss = float(loss)
@@ -212,27 +234,28 @@ class SterApp(App[None]):
             return  # a request refused before it became a job
         handle.state = final_state(final)
         handle.ended_at = self.clock() if handle.started_at is not None else None
-        handle.last_message = "finished" if final.type == "result" else final.message  # type: ignore[union-attr]
-        handle.result = final.data if final.type == "result" else None  # type: ignore[union-attr]
-        handle.details = final.details if final.type == "error" else None  # type: ignore[union-attr]
+        handle.last_message = "finished" if final.type == "result" else final.message
+        handle.result = final.data if final.type == "result" else None
+        handle.details = final.details if final.type == "error" else None
         self._record(handle, final)
         self._book(handle, final)
         if self._quitting and not self.runner.active():
             self.exit()
 
-    def _book(self, handle: JobHandle, final: Any) -> None:
+    def _book(self, handle: JobHandle, final: Outcome) -> None:
         """A tune run's adapter, or a cancelled run's kept checkpoint, joins the Adapters list; a finished
         generation adapter becomes the app's current adapter."""
         entry = self.adapters.from_tune_run(handle.name, handle.fields, final)
         if entry is None:
             return
-        for pane in self.query("#adapters-pane"):  # a pane mounted later lists the book as it is then
+        pane = self.mounted("adapters")  # a pane mounted later lists the book as it is then
+        if pane is not None:
             pane.book_changed(entry)
         if final.type == "result" and entry.usable:
             self.settings.use_adapter(entry.path, entry.info())
             self.settings_changed("adapter")
 
-    def _record(self, handle: JobHandle, event: Any = None) -> None:
+    def _record(self, handle: JobHandle, event: Shown | None = None) -> None:
         self.query_one(JobsPane).record(handle, event)
         self.refresh_status()
 
@@ -278,9 +301,12 @@ class SterApp(App[None]):
     def action_help(self) -> None:
         from ster.tui.screens.help import HelpScreen
 
-        sections = [("Everywhere", list(self.BINDINGS))]
-        sections += [(f"{title} tab", list(pane_class(tab_id).BINDINGS)) for tab_id, title, _ in TABS]
-        self.push_screen(HelpScreen(sections))  # type: ignore[arg-type]
+        def keys(bindings: Iterable[Any]) -> list[Binding]:  # Textual also takes tuples; every one here is a Binding
+            return [binding for binding in bindings if isinstance(binding, Binding)]
+
+        sections = [("Everywhere", keys(self.BINDINGS))]
+        sections += [(f"{title} tab", keys(pane_class(tab_id).BINDINGS)) for tab_id, title, _ in TABS]
+        self.push_screen(HelpScreen(sections))
 
     async def action_quit(self) -> None:
         from ster.tui.screens.dialogs import Confirm

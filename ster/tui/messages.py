@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from textual.message import Message
 
 if TYPE_CHECKING:
-    from ster.engine.protocol.events import Event
+    from ster.engine.protocol.events import Outcome, Update
     from ster.tui.progress import Step
     from ster.tui.runner import JobHandle
 
@@ -30,7 +30,7 @@ class JobStarted(Message):
 class JobEvent(Message):
     """One engine event (progress, token, warning or log) of a running job."""
 
-    def __init__(self, handle: JobHandle, event: Event, step: Step | None = None) -> None:
+    def __init__(self, handle: JobHandle, event: Update, step: Step | None = None) -> None:
         super().__init__()
         self.handle = handle
         self.event = event
@@ -41,7 +41,7 @@ class JobEvent(Message):
 class JobFinished(Message):
     """The job's final event: its result, or an error (refused, cancelled, internal)."""
 
-    def __init__(self, handle: JobHandle, final: Event) -> None:
+    def __init__(self, handle: JobHandle, final: Outcome) -> None:
         super().__init__()
         self.handle = handle
         self.final = final

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from ster.tui.messages import JobEvent, JobFinished, JobStarted
 from ster.tui.progress import Step, Track, first_step
@@ -27,17 +27,18 @@ if TYPE_CHECKING:
     from textual.app import App
     from textual.widget import Widget
 
-    from ster.engine.protocol.events import Event
+    from ster.engine.protocol.events import Event, Outcome
     from ster.serve.client import Remote
 
+R = TypeVar("R", bound="BaseModel")
 State = Literal["queued", "running", "done", "refused", "cancelled", "failed"]
 ENDED: dict[str, State] = {"result": "done", "refused": "refused", "cancelled": "cancelled", "internal": "failed"}
 """A final event (a result, or an error's kind) → the state the job ends in."""
 
 
-def final_state(final: Event) -> State:
+def final_state(final: Outcome) -> State:
     """The state a job ends in, from its final event."""
-    return ENDED["result" if final.type == "result" else final.kind]  # type: ignore[union-attr]
+    return ENDED["result" if final.type == "result" else final.kind]
 
 
 @dataclass(eq=False)
@@ -46,7 +47,8 @@ class JobHandle:
 
     id: int
     name: str
-    request: BaseModel
+    request: BaseModel | None
+    """The validated request (None for a form the app refused before it became a job)."""
     owner: Widget
     fields: dict[str, Any] = field(default_factory=dict)
     """The form's fields as the pane gave them: what a remote runner sends to the server."""
@@ -66,6 +68,12 @@ class JobHandle:
     """The result document, once the job ended with one (enter on its Jobs row shows it whole)."""
     details: dict[str, Any] | None = field(default=None, repr=False)
     """An error's facts, once the job ended without a result (a cancelled tune run: where it stopped)."""
+
+    def requested(self, kind: type[R]) -> R:
+        """The job's request as the class its pane built it with (a pane reading its own job's fields)."""
+        if not isinstance(self.request, kind):
+            raise TypeError(f"the {self.name} job holds a {type(self.request).__name__}, not a {kind.__name__}")
+        return self.request
 
     @property
     def active(self) -> bool:
@@ -109,7 +117,7 @@ class JobRunner:
         )
         self.handles.append(handle)
         self.app.run_worker(
-            lambda: self._work(handle),
+            lambda: self._work(handle, request),
             name=f"job-{handle.id}",
             group=f"job-{handle.id}",
             description=f"ster {name}",
@@ -119,24 +127,24 @@ class JobRunner:
         )
         return handle
 
-    def _work(self, handle: JobHandle) -> None:
+    def _work(self, handle: JobHandle, request: BaseModel) -> None:
         from ster.engine.protocol.events import Error
 
         with self._turn:
             if handle.cancel.is_set():
-                final: Event = Error(kind="cancelled", message="cancelled before it started; nothing was written")
+                final: Outcome = Error(kind="cancelled", message="cancelled before it started; nothing was written")
             else:
                 first = first_step(handle.name) if self.remote is None else Step("", "starting on the server", 0.0)
                 handle.owner.post_message(JobStarted(handle, first))
-                final = self._run(handle, lambda event: self._post(handle, event))
+                final = self._run(handle, request, lambda event: self._post(handle, event))
         handle.owner.post_message(JobFinished(handle, final))
 
-    def _run(self, handle: JobHandle, emit: Any) -> Event:
+    def _run(self, handle: JobHandle, request: BaseModel, emit: Any) -> Outcome:
         """Run the job to its end, here or on the server, and return its final event."""
         if self.remote is None:
             from ster.engine.protocol.jobs import run_job
 
-            return run_job(handle.name, handle.request, emit, handle.cancel, self.models)
+            return run_job(handle.name, request, emit, handle.cancel, self.models)
         from ster.engine.protocol.events import Error
 
         try:
@@ -148,9 +156,10 @@ class JobRunner:
             )
 
     def _post(self, handle: JobHandle, event: Event) -> None:
-        if event.type not in ("result", "error"):  # the final event travels in JobFinished
-            step = handle.track.advance(event) if handle.track else None
-            handle.owner.post_message(JobEvent(handle, event, step))
+        if event.type == "result" or event.type == "error":
+            return  # the final event travels in JobFinished
+        step = handle.track.advance(event) if handle.track else None
+        handle.owner.post_message(JobEvent(handle, event, step))
 
     def active(self) -> list[JobHandle]:
         return [handle for handle in self.handles if handle.active]

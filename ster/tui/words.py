@@ -14,8 +14,12 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ster.engine.protocol.errors import Refusal
+
+if TYPE_CHECKING:
+    from ster.engine.steering.strength import Strength
 
 LABELS = {
     "strength": "strength",
@@ -60,7 +64,7 @@ def in_our_words(sentence: str) -> str:
     return re.sub(r"--([a-z][a-z0-9-]*)", lambda m: LABELS.get(m.group(1), m.group(1).replace("-", " ")), sentence)
 
 
-def parse_strength(text: str, label: str = "strength") -> object:
+def parse_strength(text: str, label: str = "strength") -> Strength:
     """The strength a field holds (an engine ``Strength``); ValueError in the app's words."""
     from pydantic import ValidationError
 
@@ -74,13 +78,13 @@ def parse_strength(text: str, label: str = "strength") -> object:
         raise ValueError(f'{label} is {STRENGTH_SPELLING}; "{text}" is neither') from None
 
 
-def parse_strengths(text: str) -> list[object]:
+def parse_strengths(text: str) -> list[Strength]:
     """The sweep field's strengths; they must share one unit (0 goes with either)."""
     parts = [part.strip() for part in text.split(",") if part.strip()]
     if not parts:
         raise ValueError("sweep needs at least one strength, e.g. -0.4x,0.4x")
     strengths = [parse_strength(part, "each sweep strength") for part in parts]
-    if len({s.unit for s in strengths if s.value}) > 1:  # type: ignore[attr-defined]
+    if len({s.unit for s in strengths if s.value}) > 1:
         raise ValueError("sweep mixes units: write every strength as a number (3) or every one with an x (0.4x)")
     return strengths
 

@@ -120,7 +120,7 @@ def test_whichever_candidate_wins_the_logits_and_greedy_tokens_hold(toys, precis
             run()  # each candidate still runs on the real weights
             return 0.001 if candidate == favourite else 1.0
 
-        chosen = kernels.choose(model.projections(), precision, timer, how="measure")  # type: ignore[arg-type]
+        chosen = kernels.choose(model.projections(), precision, timer, how="measure")
         for shape, candidates in kernels.CANDIDATES[precision].items():
             assert chosen.choice[shape] == (favourite if favourite in candidates else chosen.choice[shape])
             assert kernels.table().names[precision] == chosen.choice
@@ -283,13 +283,13 @@ def test_on_smollm2_whichever_candidate_wins_the_greedy_text_and_logits_hold(smo
 
     def outputs(model: object) -> tuple[list[int], torch.Tensor]:
         with torch.inference_mode():
-            logits = model(torch.tensor([prompt]), vocab="all").logits.float()  # type: ignore[operator]
+            logits = model(torch.tensor([prompt]), vocab="all").logits.float()
         ids = decode(
             model,
             prompt,
             max_new_tokens=12,
             sampling=Sampling(),
-            eos_ids=frozenset(),  # type: ignore[arg-type]
+            eos_ids=frozenset(),
             on_token=lambda i, t: None,
             check_cancelled=lambda: None,
         ).ids
@@ -307,7 +307,7 @@ def test_on_smollm2_whichever_candidate_wins_the_greedy_text_and_logits_hold(smo
     for favourite in names:
         kernels.choose(
             model.projections(),
-            precision,  # type: ignore[arg-type]
+            precision,
             lambda shape, candidate, run, favourite=favourite: 0.001 if candidate == favourite else 1.0,
             how="measure",
         )

@@ -101,7 +101,7 @@ def test_a_blank_optional_text_is_none(tmp_path: Path) -> None:
     request = build_job_request(
         "tune export-peft", adapter=str(tmp_path / "a.safetensors"), output=str(tmp_path / "peft"), base_model="  "
     )
-    assert request.base_model is None  # type: ignore[attr-defined]
+    assert request.base_model is None
     synth = build_job_request(
         "pairs synthesize",
         trait="calm",
@@ -113,8 +113,8 @@ def test_a_blank_optional_text_is_none(tmp_path: Path) -> None:
         generator_model="",
         revision="",
     )
-    assert synth.opposite is None and synth.trait_name is None  # type: ignore[attr-defined]
-    assert synth.revision is None and synth.generator_model is None  # type: ignore[attr-defined]
+    assert synth.opposite is None and synth.trait_name is None
+    assert synth.revision is None and synth.generator_model is None
 
 
 def _request(operation: str, body: dict) -> tuple[int, dict]:
@@ -141,11 +141,11 @@ def test_blank_fields_of_a_request_body_mean_none() -> None:
 @pytest.mark.parametrize("body", [{"vector": ""}, {"adapter": ""}, {"vector": " ", "adapter": "\t"}])
 def test_the_wire_builds_the_request_serve_runs_with_none(body: dict) -> None:
     prepared = wire.prepare("generate", {"model": "ster:toy", "prompt": PROMPT, **body})
-    assert prepared.request.vector is None and prepared.request.adapter is None  # type: ignore[attr-defined]
+    assert prepared.request.vector is None and prepared.request.adapter is None
 
 
 def test_a_blank_tune_evaluate_adapter_scores_the_bare_checkpoint() -> None:
     request = build_job_request("tune evaluate", model="ster:toy", examples="ster:examples", adapter="")
-    assert request.adapter is None  # type: ignore[attr-defined]
+    assert request.adapter is None
     with pytest.raises(Refusal, match="--pairs measures an adapter"):
         build_job_request("tune evaluate", model="ster:toy", pairs="ster:pairs", adapter=" ")

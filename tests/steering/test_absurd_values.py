@@ -68,10 +68,10 @@ def test_differences_below_the_tolerance_are_rounding_not_signal() -> None:
     tiny = states(6, seed=1) / 30 * scale * NO_SIGNAL / 10  # each difference about a tenth of the tolerance
     for method in ("caa", "pca", "logistic"):
         with pytest.raises(Refusal, match="every pair's two sides read the same"):
-            fit(method, base + tiny, base)  # type: ignore[arg-type]
+            fit(method, base + tiny, base)
     real = states(6, seed=2) / 30 * scale * 1e-2
     for method in ("caa", "pca", "logistic"):
-        assert abs(float(fit(method, base + real, base).double().norm()) - 1) < 1e-6  # type: ignore[arg-type]
+        assert abs(float(fit(method, base + real, base).double().norm()) - 1) < 1e-6
 
 
 def test_pca_needs_variance_and_caa_a_mean() -> None:

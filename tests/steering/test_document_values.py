@@ -229,7 +229,7 @@ def test_the_terminal_apps_inspect_job_reads_both_keys(tmp_path: Path, artifact:
         for path in (older, write(tmp_path / "newer.json", artifact))
     ]
     assert all(isinstance(final, Result) for final in finals)
-    assert finals[0].data == finals[1].data  # type: ignore[union-attr]
+    assert finals[0].data == finals[1].data
 
 
 # --- activation documents ----------------------------------------------------------------------------------------

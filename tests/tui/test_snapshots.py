@@ -171,12 +171,12 @@ def canned_sweep(app: SterApp, vector: Path, prompts: Path) -> None:
     """Deliver a sweep's life to the Generate pane, as `w` would have started it on the prompt set ``prompts``."""
     pane = app.query_one("#generate-pane")
     strengths = "-0.8x,-0.4x,0.4x,0.8x"
-    pane.query_one("#strengths").value, pane.query_one("#prompts").value = strengths, str(prompts)  # type: ignore
+    pane.query_one("#strengths").value, pane.query_one("#prompts").value = strengths, str(prompts)
     request = build_job_request("sweep", model="ster:toy", vector=vector, strengths=strengths, prompts=prompts)
     handle = JobHandle(9, "sweep", request, pane)
     app.runner.handles.append(handle)
-    pane.jobs["sweep"], pane.sweep_source = handle, str(prompts)  # type: ignore[attr-defined]
-    pane.query_one("#sweep").begin(list(request.strengths))  # type: ignore[attr-defined]
+    pane.jobs["sweep"], pane.sweep_source = handle, str(prompts)
+    pane.query_one("#sweep").begin(list(request.strengths))
     deliver(
         pane,
         handle,
@@ -202,7 +202,7 @@ def canned_tune(app: SterApp, objective: str, ended: bool) -> None:
     assert fields["output"] == Path(canned["result"]["data"]["path"])  # the canned run wrote the default adapter
     handle = JobHandle(3, job, build_job_request(job, **fields), pane, fields)
     app.runner.handles.append(handle)
-    handle.objective = objective  # type: ignore[attr-defined]  # what the pane's own start (t) does next
+    pane.objectives[handle.id] = objective  # what the pane's own start (t) does next
     pane.query_one(JobProgress).queued(handle, job)
     pane.query_one(Curves).begin(objective)
     events = [parse_event(json.dumps(event)) for event in canned["events"]]
@@ -222,7 +222,7 @@ async def settled(pilot: Pilot) -> None:
     """Wait for every job to end, then for the screen to stop changing (a loaded machine lags a refresh)."""
     for _ in range(600):
         await pilot.pause(0.05)
-        if not pilot.app.runner.active():  # type: ignore[attr-defined]
+        if not pilot.app.runner.active():
             break
     await still(pilot)
 
@@ -244,7 +244,7 @@ def test_train_pane_after_optimize(snap_compare, size: tuple[int, int]) -> None:
     async def run_before(pilot: Pilot) -> None:
         await pilot.pause()
         await pilot.press("2")
-        canned_optimize(pilot.app)  # type: ignore[arg-type]
+        canned_optimize(pilot.app)
         await settled(pilot)
 
     assert snap_compare(StillApp(Settings(trait="calm")), terminal_size=size, run_before=run_before)
@@ -262,7 +262,7 @@ def test_train_pane_after_calibrate(snap_compare, size: tuple[int, int]) -> None
     async def run_before(pilot: Pilot) -> None:
         await pilot.pause()
         await pilot.press("2")
-        canned_calibrate(pilot.app)  # type: ignore[arg-type]
+        canned_calibrate(pilot.app)
         await settled(pilot)
 
     assert snap_compare(StillApp(Settings(trait="calm")), terminal_size=size, run_before=run_before)
@@ -274,9 +274,9 @@ def test_jobs_pane_newest_first(snap_compare, size: tuple[int, int]) -> None:
     with its duration and last message, the cursor on #2, and their events in the log below."""
 
     async def run_before(pilot: Pilot) -> None:
-        await pilot.app.pane("train")  # type: ignore[attr-defined]
-        canned_optimize(pilot.app)  # type: ignore[arg-type]
-        canned_refusal(pilot.app)  # type: ignore[arg-type]
+        await pilot.app.pane("train")
+        canned_optimize(pilot.app)
+        canned_refusal(pilot.app)
         await pilot.pause(0.2)
         await pilot.press("6")
         await settled(pilot)
@@ -326,10 +326,10 @@ def test_generate_pane_side_by_side_and_a_sweep(
         await pilot.pause()  # the app shows the Pairs tab once mounted; switch after that
         await pilot.press("3")
         await pilot.pause()
-        pilot.app.query_one("#strength").value = "0.4x"  # type: ignore[attr-defined]
+        pilot.app.query_one("#strength").value = "0.4x"
         await pilot.press("g")
         await settled(pilot)
-        canned_sweep(pilot.app, vector, prompts)  # type: ignore[arg-type]
+        canned_sweep(pilot.app, vector, prompts)
         await settled(pilot)
 
     assert snap_compare(SterApp(Settings(vector=vector)), terminal_size=size, run_before=run_before)
@@ -350,7 +350,7 @@ def test_tune_pane_before_a_run(snap_compare, size: tuple[int, int], objective: 
         await pilot.pause()
         await pilot.press("4")
         await pilot.pause()
-        pilot.app.query_one("#objective").value = objective  # type: ignore[attr-defined]
+        pilot.app.query_one("#objective").value = objective
         await settled(pilot)
 
     assert snap_compare(StillApp(Settings(trait="calm")), terminal_size=size, run_before=run_before)
@@ -368,11 +368,11 @@ def test_tune_pane_more_settings_open(snap_compare, size: tuple[int, int], objec
         await pilot.pause()
         await pilot.press("4")
         await pilot.pause()
-        pilot.app.query_one("#objective").value = objective  # type: ignore[attr-defined]
+        pilot.app.query_one("#objective").value = objective
         await pilot.pause()
         pane = pilot.app.query_one("#tune-pane")
-        pane.query_one("#seed").value = "7"  # type: ignore[attr-defined]  # (Generate has a seed too)
-        pane.query_one("#more").collapsed = False  # type: ignore[attr-defined]
+        pane.query_one("#seed").value = "7"  # (Generate has a seed too)
+        pane.query_one("#more").collapsed = False
         await settled(pilot)
 
     assert snap_compare(StillApp(Settings(trait="calm")), terminal_size=size, run_before=run_before)
@@ -398,9 +398,9 @@ def test_tune_pane_running(snap_compare, size: tuple[int, int], objective: str, 
         await pilot.pause()
         await pilot.press("4")
         await pilot.pause()
-        pilot.app.query_one("#objective").value = objective  # type: ignore[attr-defined]
+        pilot.app.query_one("#objective").value = objective
         await pilot.pause()
-        canned_tune(pilot.app, objective, ended=moment == "after")  # type: ignore[arg-type]
+        canned_tune(pilot.app, objective, ended=moment == "after")
         curves = pilot.app.query_one(Curves)
         steps = DURING[objective] if moment == "during" else TUNED[objective]["result"]["data"]["report"]["steps"]
         for _ in range(600):  # until the pane has taken every step delivered (and, after, the job has ended)
@@ -533,7 +533,7 @@ def test_adapters_pane_with_three_rows(snap_compare, size: tuple[int, int], show
         await pilot.pause()
         await pilot.press("5")
         await pilot.pause()
-        canned_adapters(pilot.app, shown)  # type: ignore[arg-type]
+        canned_adapters(pilot.app, shown)
         await still(pilot)
 
     assert snap_compare(StillApp(Settings()), terminal_size=size, run_before=run_before)
@@ -628,8 +628,8 @@ def test_generate_pane_three_way_compare(snap_compare, tmp_path: Path, monkeypat
         await pilot.pause()  # the app shows the Pairs tab once mounted; switch after that
         await pilot.press("3")
         await pilot.pause()
-        pilot.app.query_one("#strength").value = "0.4x"  # type: ignore[attr-defined]
-        canned_compare(pilot.app, vector, adapter)  # type: ignore[arg-type]
+        pilot.app.query_one("#strength").value = "0.4x"
+        canned_compare(pilot.app, vector, adapter)
         await settled(pilot)
 
     settings = Settings(vector=vector, artifact=OPTIMIZED, adapter=adapter)

@@ -57,7 +57,7 @@ def test_optimize_shows_exactly_one_selected_candidate_and_the_separation_that_r
             assert cell_text(table, selected[0], 0) == str(written["vectors"][0]["layer"]) == "2"
             assert cell_text(table, selected[0], 1) == written["method"] == "logistic"
             assert cell_text(table, selected[0], 3) == "2.488"  # the toy's best holdout separation
-            title, plotted, marked, measure = app.query_one("#plot").drawn  # type: ignore[attr-defined]
+            title, plotted, marked, measure = app.query_one("#plot").drawn
             assert (title, marked, measure) == ("best candidate per layer", 2, "separation")
             assert [(layer, round(value, 3)) for layer, _, value in plotted] == [
                 (0, 1.433),

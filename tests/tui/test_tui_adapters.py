@@ -34,7 +34,7 @@ def headless(job: str, **fields: Any) -> dict[str, Any]:
     """The result document of ``job`` run by the engine directly, as the CLI would run it."""
     final = run_job(job, build_job_request(job, **fields), lambda _: None, threading.Event())
     assert final.type == "result", final
-    return final.data  # type: ignore[union-attr,no-any-return]
+    return final.data
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def drive(scenario: Scenario, size: tuple[int, int] = (80, 24), tab: str = "5") 
             await pilot.pause()
             await pilot.press(tab)
             await pilot.pause()
-            await scenario(app, pilot, await app.pane("adapters"))  # type: ignore[arg-type]
+            await scenario(app, pilot, await app.pane("adapters"))
 
     asyncio.run(run())
 
@@ -84,7 +84,7 @@ async def answer(pilot: Pilot, text: str | None = None) -> None:
     """Answer the dialog the pane asked: type ``text`` (or keep its default) and press enter."""
     await until(pilot, lambda: isinstance(pilot.app.screen, AskText))
     if text is not None:
-        pilot.app.screen.query_one("#answer").value = text  # type: ignore[attr-defined]
+        pilot.app.screen.query_one("#answer").value = text
     await pilot.press("enter")
     await pilot.pause()
 
@@ -101,11 +101,11 @@ def test_a_tune_run_made_in_the_app_is_listed_and_becomes_the_current_adapter(tm
     async def scenario(app: SterApp, pilot: Pilot, pane: AdaptersPane) -> None:
         await start_sft(pilot, app.query_one(TunePane), out, epochs="1", accumulation="4")
         await settle(pilot, app, 120)
-        report = app.query_one(TunePane).report["report"]  # type: ignore[index]
+        report = app.query_one(TunePane).report["report"]
         entry = app.adapters.get(out)
         assert entry is not None and (entry.kind, entry.objective, entry.model) == ("adapter", "sft", "ster:toy")
         assert entry.summary == f"loss {report['final_loss']:.4f}"
-        assert app.settings.adapter == out and app.settings.adapter_info["objective"] == "sft"  # type: ignore[index]
+        assert app.settings.adapter == out and app.settings.adapter_info["objective"] == "sft"
         assert "adapter a " in app.query_one(StatusLine).plain  # the status line names what Generate compares
         await pilot.press("5")
         await pilot.pause()
@@ -155,7 +155,7 @@ def test_o_loads_an_adapter_inspect_shows_its_tensors_and_u_uses_it(adapter: Pat
         assert app.settings.adapter is None and row(pane)[0] == ""
         await pilot.press("u")
         await pilot.pause()
-        assert app.settings.adapter == adapter and app.settings.adapter_info["kind"] == "adapter"  # type: ignore
+        assert app.settings.adapter == adapter and app.settings.adapter_info["kind"] == "adapter"
         assert row(pane)[0] == "●" and "the app's adapter is now facts" in message(pane)
 
     drive(scenario)
@@ -195,7 +195,7 @@ def test_merge_writes_a_model_directory_that_loads_and_offers_it_as_the_model(ad
         await load(pilot, app, adapter)
         await pilot.press("g")
         await until(pilot, lambda: isinstance(app.screen, AskText))
-        assert app.screen.query_one("#answer").value == str(merged)  # type: ignore[attr-defined]  # beside it
+        assert app.screen.query_one("#answer").value == str(merged)  # beside it
         await answer(pilot)
         await settle(pilot, app, 120)
         assert (merged / "model.safetensors").is_file() and (merged / "config.json").is_file()
@@ -239,7 +239,7 @@ def test_export_writes_a_peft_directory_that_loads_back(adapter: Path) -> None:
         await load(pilot, app, adapter)
         await pilot.press("p")
         await until(pilot, lambda: isinstance(app.screen, AskText))
-        assert app.screen.query_one("#answer").value == str(peft)  # type: ignore[attr-defined]
+        assert app.screen.query_one("#answer").value == str(peft)
         await answer(pilot)
         await settle(pilot, app, 60)
         assert sorted(p.name for p in peft.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]

@@ -117,7 +117,7 @@ def test_enter_on_a_row_adopts_it_and_generate_then_sends_its_strength() -> None
         await pilot.press("3")
         await until(pilot, lambda: bool(app.query("#generate-pane")))
         await pilot.pause()
-        assert app.query_one("#generate-pane").query_one("#strength").value == "0.4223x"  # type: ignore
+        assert app.query_one("#generate-pane").query_one("#strength").value == "0.4223x"
         await pilot.press("g")
         await pilot.pause()
         fields = steered(app)
@@ -137,7 +137,7 @@ def test_a_calibrated_artifact_with_no_typed_strength_sends_none_and_says_which_
         await until(pilot, lambda: bool(app.query("#generate-pane")))
         await pilot.pause()
         field = app.query_one("#generate-pane").query_one("#strength")
-        assert field.value == "" and field.placeholder == "calibrated +0.422x"  # type: ignore[attr-defined]
+        assert field.value == "" and field.placeholder == "calibrated +0.422x"
         await pilot.press("g")
         await pilot.pause()
         assert "strength" not in steered(app)
@@ -146,20 +146,20 @@ def test_a_calibrated_artifact_with_no_typed_strength_sends_none_and_says_which_
         record = CALIBRATED["calibration"]
         sides = [round(record[sign]["strength"], 4) for sign in ("positive", "negative")]
         walked = sorted({round(step * side, 4) for side in sides for step in (0.5, 1, 2)})  # what the engine walks
-        assert sweep.value == ",".join(f"{v:g}x" for v in walked)  # type: ignore[attr-defined]
+        assert sweep.value == ",".join(f"{v:g}x" for v in walked)
         app.settings.use_artifact(Path("plain.json"), plain)  # an uncalibrated artifact: the default, sent
         app.settings_changed("artifact")
         await pilot.pause()
-        assert field.value == "0.4x"  # type: ignore[attr-defined]
-        assert sweep.value == "-0.8x,-0.4x,-0.2x,0.2x,0.4x,0.8x"  # type: ignore[attr-defined]
+        assert field.value == "0.4x"
+        assert sweep.value == "-0.8x,-0.4x,-0.2x,0.2x,0.4x,0.8x"
         await pilot.press("g")
         await pilot.pause()
         assert steered(app)["strength"] == "0.4x"
-        field.value = "0.2x"  # type: ignore[attr-defined]  # typed: kept when a calibrated artifact comes
+        field.value = "0.2x"  # typed: kept when a calibrated artifact comes
         app.settings.use_artifact(CALIBRATED_PATH, summary)
         app.settings_changed("artifact")
         await pilot.pause()
-        assert field.value == "0.2x"  # type: ignore[attr-defined]
+        assert field.value == "0.2x"
 
     settings = Settings(trait="calm", pairs=PAIRS)
     settings.use_artifact(CALIBRATED_PATH, summary)
@@ -178,7 +178,7 @@ def test_enter_on_another_candidate_fits_it_with_train_and_adopts_it_at_that_str
         await settle(pilot, app)
         train = [h for h in app.runner.handles if h.name == "train"][-1]
         assert train.state == "done"
-        assert train.request.method == "pca" and train.request.layers == "1"  # type: ignore[attr-defined]
+        assert train.request.method == "pca" and train.request.layers == "1"
         written = tmp_path / "ster" / "artifacts" / "calm.pca-l1.ster-toy.ster.json"
         assert written.exists() and app.settings.vector == written
         assert app.settings.strength == "0.9x"
@@ -230,7 +230,7 @@ def test_c_calibrates_the_apps_model_and_pairs_into_the_default_artifact_and_res
     async def scenario(app: RecordingApp, pilot: Pilot) -> None:
         await pilot.press("2")
         await pilot.pause()
-        app.query_one("#train-pane").query_one("#layers").value = "1..3"  # type: ignore[attr-defined]
+        app.query_one("#train-pane").query_one("#layers").value = "1..3"
         await pilot.press("escape", "c")
         await pilot.pause()
         fields = app.calibrations[-1]

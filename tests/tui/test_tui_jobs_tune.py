@@ -44,7 +44,7 @@ async def start_sft(pilot: Pilot, pane: TunePane, out: Path, epochs: str, accumu
         "learning-rate": "5e-3",
         "output": str(out),
     }.items():
-        pane.query_one(f"#{name}").value = value  # type: ignore[attr-defined]
+        pane.query_one(f"#{name}").value = value
     pane.query_one(Curves).focus()  # the pane's keys, not a field's typing
     await pilot.pause()
     await pilot.press("t")
@@ -120,7 +120,7 @@ def test_enter_on_a_finished_run_opens_its_report_and_escape_closes_it(tmp_path:
         await pilot.pause()
         screen = app.screen
         assert isinstance(screen, JobResultScreen)
-        final_loss = handle.result["report"]["final_loss"]  # type: ignore[index]
+        final_loss = handle.result["report"]["final_loss"]
         assert f'"final_loss": {json.dumps(final_loss)}' in screen.document
         assert json.loads(screen.document) == json.loads(json.dumps(handle.result, default=str))
         assert "final_loss" in screen_text(app)

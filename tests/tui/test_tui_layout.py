@@ -138,7 +138,7 @@ def test_help_model_cancel_and_quit_stay_in_the_key_bar_at_120_columns(tab: str)
         focus moves, so a test waits for a laid-out one)."""
         for group in app.screen.query("#pinned"):
             if group.region.width and Region(0, 0, *app.size).contains_region(group.region):
-                return {key.key for key in group.children}  # type: ignore[attr-defined]
+                return {key.key for key in group.children}
         return set()
 
     async def scenario(app: SterApp, pilot: Pilot) -> None:

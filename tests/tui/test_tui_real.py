@@ -25,16 +25,16 @@ def test_the_default_strength_moves_smollm2s_text_and_the_panels_say_what_was_ap
         async with app.run_test(size=(120, 34)) as pilot:
             await settle(pilot, app)
             await pilot.press("2")
-            app.query_one("#layers").value = "12"  # type: ignore[attr-defined]
+            app.query_one("#layers").value = "12"
             await pilot.press("escape", "t")
             await settle(pilot, app, 300)
             await pilot.press("3")
             pane = app.query_one(GeneratePane)
-            pane.query_one("#max-new-tokens").value = "16"  # type: ignore[attr-defined]
+            pane.query_one("#max-new-tokens").value = "16"
             await pilot.press("escape", "g")
             await settle(pilot, app, 300)
             steered, baseline = pane.panel("steered"), pane.panel("baseline")
-            assert pane.query_one("#strength").value == DEFAULT_STRENGTH  # type: ignore[attr-defined]
+            assert pane.query_one("#strength").value == DEFAULT_STRENGTH
             assert steered.text and baseline.text and steered.text != baseline.text
             applied = "calm.caa.smollm2-135m-instruct (caa, layer 12)"
             assert steered.title == f"steered {DEFAULT_STRENGTH} · {applied}"

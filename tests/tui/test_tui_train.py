@@ -231,7 +231,7 @@ def test_a_one_layer_train_plots_a_point_with_its_accuracy_and_margin() -> None:
         await pilot.press("escape", "t")
         await settle(pilot, app)
         result = [handle for handle in app.runner.handles if handle.name == "train"][-1].result
-        entry = result["layers"][0]  # type: ignore[index]
+        entry = result["layers"][0]
         monitor = pane.query_one(LayerPlot).plot_widget.plt._active.monitor
         assert monitor.x == [[2], [2]] and monitor.y == [[entry["train_accuracy"]], [entry["train_margin"]]]
         assert [x for line in monitor.vcoord for x in line] == [] and monitor.ylabel == [

@@ -55,7 +55,7 @@ async def fill(pilot: Pilot, pane: TunePane, objective: str = "sft", **values: s
     pane.query_one("#objective", Select).value = objective
     await pilot.pause()
     for name, value in values.items():
-        pane.query_one(f"#{name}").value = value  # type: ignore[attr-defined]
+        pane.query_one(f"#{name}").value = value
     pane.query_one(Curves).focus()  # the pane's keys, not a field's typing
     await pilot.pause()
 
@@ -103,7 +103,7 @@ MORE_VALUES = {
 def test_more_settings_reach_the_request_of_each_objective(objective: str) -> None:
     async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
         more = pane.query_one("#more")
-        assert more.collapsed and str(more.title) == "more settings"  # type: ignore[attr-defined]
+        assert more.collapsed and str(more.title) == "more settings"
         data = {"sft": "ster:examples", "grpo": "ster:grpo-prompts"}.get(objective, "ster:pairs")
         await fill(pilot, pane, objective, data=data, **MORE_VALUES)
         grpo = objective == "grpo"
@@ -115,15 +115,15 @@ def test_more_settings_reach_the_request_of_each_objective(objective: str) -> No
             request.seed,
             request.layers,
             request.warmup_steps,
-            request.checkpoint_every,  # type: ignore
+            request.checkpoint_every,
             request.max_sequence,
-        ) == (7, "1,3", 2, 3, 256)  # type: ignore[attr-defined]
+        ) == (7, "1,3", 2, 3, 256)
         if grpo:
-            assert (request.temperature, request.top_p, request.max_new_tokens) == (0.7, 0.8, 16)  # type: ignore
-            assert request.batch_size == 1 and "batch" not in str(more.title)  # type: ignore[attr-defined]
+            assert (request.temperature, request.top_p, request.max_new_tokens) == (0.7, 0.8, 16)
+            assert request.batch_size == 1 and "batch" not in str(more.title)
         else:
-            assert request.batch_size == 2 and "temperature" not in fields  # type: ignore[attr-defined]
-        title = str(more.title)  # type: ignore[attr-defined]  # folded, the title says what differs
+            assert request.batch_size == 2 and "temperature" not in fields
+        title = str(more.title)  # folded, the title says what differs
         assert title.startswith("more settings: seed 7, layers 1,3, warmup steps 2, checkpoint every 3"), title
 
     drive(scenario)
@@ -139,18 +139,18 @@ def test_switching_the_objective_moves_defaults_and_keeps_typed_values_and_each_
     async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
         await fill(pilot, pane, "sft", data="ster:examples", rank="4")
         await fill(pilot, pane, "grpo")
-        assert pane.query_one("#accumulation").value == "1"  # type: ignore[attr-defined]
-        assert pane.query_one("#beta").value == "0.04" and pane.query_one("#beta").display  # type: ignore[attr-defined]
-        assert pane.query_one("#rank").value == "4"  # type: ignore[attr-defined]  # typed: it stays
-        assert pane.query_one("#data").value == ""  # type: ignore[attr-defined]  # prompts, not the examples
+        assert pane.query_one("#accumulation").value == "1"
+        assert pane.query_one("#beta").value == "0.04" and pane.query_one("#beta").display
+        assert pane.query_one("#rank").value == "4"  # typed: it stays
+        assert pane.query_one("#data").value == ""  # prompts, not the examples
         assert str(pane.query_one("#data-label").render()) == "prompts"
         assert str(pane.query_one("#epochs-label").render()) == "iterations"
         await fill(pilot, pane, "sft")
-        assert pane.query_one("#data").value == "ster:examples"  # type: ignore[attr-defined]
-        assert not pane.query_one("#beta").display and not pane.query_one("#group").parent.display  # type: ignore
+        assert pane.query_one("#data").value == "ster:examples"
+        assert not pane.query_one("#beta").display and not pane.query_one("#group").parent.display
         await fill(pilot, pane, "dpo")
-        assert "pairs.json" in pane.query_one("#data").placeholder  # type: ignore[attr-defined]
-        assert pane.query_one("#output").placeholder.endswith("calm.dpo.ster-toy.safetensors")  # type: ignore
+        assert "pairs.json" in pane.query_one("#data").placeholder
+        assert pane.query_one("#output").placeholder.endswith("calm.dpo.ster-toy.safetensors")
 
     drive(scenario)
 
@@ -160,14 +160,14 @@ def test_an_sft_run_draws_a_point_per_step_and_ends_with_its_report_and_adapter(
 
     async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
         await fill(pilot, pane, "sft", data="ster:examples", epochs="3", accumulation="4", output=str(out))
-        pane.query_one("#more").collapsed = False  # type: ignore[attr-defined]
+        pane.query_one("#more").collapsed = False
         await pilot.press("t")
         curves = pane.query_one(Curves)
         await until(pilot, lambda: len(curves.points.get("loss", [])) >= 1, 120)
         assert curves.plot is not None  # drawn from the first step
-        assert pane.query_one("#more").collapsed  # type: ignore[attr-defined]  # the curves take the room
+        assert pane.query_one("#more").collapsed  # the curves take the room
         await settle(pilot, app, 120)
-        report = pane.report["report"]  # type: ignore[index]
+        report = pane.report["report"]
         assert report["steps"] == 6 == len(curves.points["loss"]) == len(curves.points["learning_rate"])
         assert [step for step, _ in curves.points["loss"]] == list(range(1, 7))
         assert curves.points["loss"][-1][1] == report["final_loss"]
@@ -191,7 +191,7 @@ def test_a_dpo_run_on_the_apps_pair_set_starts_at_ln_2(tmp_path: Path) -> None:
         await settle(pilot, app, 120)
         curves = pane.query_one(Curves)
         assert curves.points["loss"][0][1] == pytest.approx(math.log(2), abs=1e-6)
-        assert len(curves.points["accuracy"]) == len(curves.points["loss"]) == pane.report["report"]["steps"]  # type: ignore
+        assert len(curves.points["accuracy"]) == len(curves.points["loss"]) == pane.report["report"]["steps"]
         assert re.search(r"first loss +0\.6931", screen_text(app))
         assert "accuracy" in message(pane) and "reward margin" in message(pane)
         margins = curves.points["reward_margin"]
@@ -199,7 +199,7 @@ def test_a_dpo_run_on_the_apps_pair_set_starts_at_ln_2(tmp_path: Path) -> None:
         assert curves.second == "accuracy"
         await pilot.press("c")
         assert curves.second == "reward_margin" and "reward margin" in screen_text(app)
-        assert pane.report["report"]["pairs"] == 12  # type: ignore[index]  # the Pairs tab's set
+        assert pane.report["report"]["pairs"] == 12  # the Pairs tab's set
 
     drive(scenario)
 
@@ -216,7 +216,7 @@ def test_a_cancelled_run_leaves_a_checkpoint_and_r_resumes_it_to_the_uninterrupt
 
     async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
         await fill(pilot, pane, "sft", data="ster:examples", epochs="30", accumulation="1", output=str(out))
-        pane.query_one("#learning-rate").value = "5e-3"  # type: ignore[attr-defined]
+        pane.query_one("#learning-rate").value = "5e-3"
         await pilot.press("r")  # nothing to resume yet
         await pilot.pause()
         assert "no checkpoint" in message(pane) and not tune_jobs(app)
@@ -238,7 +238,7 @@ def test_a_cancelled_run_leaves_a_checkpoint_and_r_resumes_it_to_the_uninterrupt
         assert [step for step, _ in curves.points["loss"]] == list(range(1, 241))  # the curve carried on
         assert out.read_bytes() == whole.read_bytes()
         assert not checkpoint_of(out).exists()
-        assert pane.report["report"] == final.data["report"]  # type: ignore[index,union-attr]
+        assert pane.report["report"] == final.data["report"]
 
     drive(scenario)
 
@@ -273,7 +273,7 @@ def test_a_bad_value_is_refused_in_the_forms_words_before_anything_runs(field: s
         assert not tune_jobs(app)  # nothing ran
         assert "--" not in message(pane)
         if field in MORE:
-            assert not pane.query_one("#more").collapsed  # type: ignore[attr-defined]  # the bad field in sight
+            assert not pane.query_one("#more").collapsed  # the bad field in sight
 
     drive(scenario)
 
@@ -281,11 +281,11 @@ def test_a_bad_value_is_refused_in_the_forms_words_before_anything_runs(field: s
 def test_a_run_the_engine_refuses_leaves_more_settings_open() -> None:
     async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
         await fill(pilot, pane, "sft", data="ster:examples", layers="9")
-        pane.query_one("#more").collapsed = False  # type: ignore[attr-defined]
+        pane.query_one("#more").collapsed = False
         await pilot.press("t")
         await settle(pilot, app, 60)
         assert "layer 9 is out of range: this model has 4 layers, numbered 0..3" in message(pane)
-        assert not pane.query_one("#more").collapsed  # type: ignore[attr-defined]  # the field to fix in sight
+        assert not pane.query_one("#more").collapsed  # the field to fix in sight
 
     drive(scenario)
 
@@ -309,7 +309,7 @@ def test_the_tune_tab_fits_80_by_24(objective: str) -> None:
         await fill(pilot, pane, objective)
         counts = []
         for collapsed, room in ((True, 8), (False, 5)):  # the more settings folded, then open
-            pane.query_one("#more").collapsed = collapsed  # type: ignore[attr-defined]
+            pane.query_one("#more").collapsed = collapsed
             await pilot.pause()
             screen, shown = Region(0, 0, *app.size), 0
             for widget in pane.query("Field, Select, #progress, #curves"):

@@ -59,7 +59,7 @@ def _gradients(adapter: Adapter, loss: torch.Tensor) -> dict[str, torch.Tensor]:
     return {name: torch.zeros_like(p) if g is None else g for (name, p), g in zip(adapter.tensors.items(), grads)}
 
 
-def _objective(name: str, decoder, adapter: Adapter, units: list[Unit]):  # type: ignore[no-untyped-def]
+def _objective(name: str, decoder, adapter: Adapter, units: list[Unit]):
     if name == "sft":
         return Sft()
     if name == "reward":

@@ -109,7 +109,7 @@ def test_ctrl_c_writes_a_checkpoint_and_resume_ends_where_the_whole_run_ends(tmp
     cut = ster(*long, "--output", out)
     assert cut.stderr is not None
     for line in cut.stderr:
-        if line.startswith("epoch ") and int(re.search(r" step (\d+)/", line)[1]) >= 3:  # type: ignore[index]
+        if line.startswith("epoch ") and int(re.search(r" step (\d+)/", line)[1]) >= 3:
             break
     else:
         pytest.fail(f"the run ended before step 3: {cut.communicate()}")

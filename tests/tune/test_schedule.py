@@ -102,7 +102,7 @@ class Counting(Objective):
         self.weight = weight
         self.forwards: list[list[int]] = []
 
-    def losses(self, decoder, units):  # type: ignore[no-untyped-def]
+    def losses(self, decoder, units):
         self.forwards.append([unit.length for unit in units])
         return self.weight * torch.ones(len(units)), [{"loss": 1.0} for _ in units]
 
@@ -112,10 +112,10 @@ def test_every_unit_loss_is_divided_by_the_constant_batch_times_accumulation() -
     objective = Counting(weight)
     units = [Unit(i, ([0] * length,), (1,)) for i, length in enumerate([3, 5, 4, 6, 2])]
     settings = Settings(epochs=1, batch=2, accumulation=2, learning_rate=0.1, warmup_steps=0, seed=7)
-    loop = Loop(None, [weight], objective, units, settings, JobContext(lambda event: None), Parallel())  # type: ignore[arg-type]
+    loop = Loop(None, [weight], objective, units, settings, JobContext(lambda event: None), Parallel())
     gradients = []
     step = loop.optimizer.step
-    loop.optimizer.step = lambda: (gradients.append(float(weight.grad)), step())[1]  # type: ignore[method-assign]
+    loop.optimizer.step = lambda: (gradients.append(float(weight.grad)), step())[1]
     loop.run(lambda current: "unused")
     assert loop.total == 2 and gradients == [1.0, 0.25]  # four units / 4, then the one left over / 4
     step, tail = objective.forwards  # the step's two forwards of two pack into one (rows.PACK_TOKENS)

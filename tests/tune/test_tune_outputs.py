@@ -208,4 +208,4 @@ def test_a_directory_output_replaces_nothing(cli, tmp_path: Path, job: list[str]
 def test_a_directory_output_may_end_in_a_slash(tmp_path: Path) -> None:
     write_adapter(tmp_path / "a.safetensors")
     request = build_job_request("tune export-peft", adapter=str(tmp_path / "a.safetensors"), output=f"{tmp_path}/peft/")
-    assert request.output == tmp_path / "peft"  # type: ignore[attr-defined]
+    assert request.output == tmp_path / "peft"

@@ -90,6 +90,10 @@ class Error(_Event):
 
 Event = Annotated[Progress | Token | Warning | Log | Result | Error, Field(discriminator="type")]
 """Any event; the ``type`` field says which."""
+Update = Progress | Token | Warning | Log
+"""An event of a running job: any event but the final one."""
+Outcome = Result | Error
+"""How a job ended: its result or its error, exactly one per job; ``type`` narrows which."""
 
 _EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 

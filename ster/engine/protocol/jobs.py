@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from ster.engine.protocol import inflight
 from ster.engine.protocol.errors import Cancelled, SterError
-from ster.engine.protocol.events import Error, Event, Log, Progress, Result, Token, Warning
+from ster.engine.protocol.events import Error, Event, Log, Outcome, Progress, Result, Token, Warning
 from ster.engine.protocol.requests import build_request, check_before_running
 
 JOBS: dict[str, tuple[str, str]] = {
@@ -118,10 +118,6 @@ def request_class(name: str) -> type[BaseModel]:
 def build_job_request(name: str, /, **fields: Any) -> BaseModel:
     """The validated request of job ``name`` from its fields, refusing the first bad one in one sentence."""
     return build_request(request_class(name), **fields)
-
-
-Outcome = Result | Error
-"""The event that ends a job: its result, or why there is none."""
 
 
 def run_job(

@@ -115,7 +115,7 @@ class AdaptersPane(MessageLine, Vertical):
 
     @property
     def book(self) -> AdapterBook:
-        return self.app.adapters  # type: ignore[attr-defined, no-any-return]
+        return self.app.adapters
 
     def compose(self) -> ComposeResult:
         yield AdapterTable(cursor_type="row", zebra_stripes=True, id="adapter-table")
@@ -156,7 +156,7 @@ class AdaptersPane(MessageLine, Vertical):
         whole = all(len(shown(item.path)) <= rest for item in self.book.entries)
         for label, width in (*COLUMNS, ("path" if whole else "file", rest)):
             table.add_column(label, width=width, key=label or "current")
-        adapter = self.app.settings.adapter  # type: ignore[attr-defined]
+        adapter = self.app.settings.adapter
         for item in reversed(self.book.entries):
             mark = Text("●", style="bold green") if item.path == adapter else Text("")
             kind = f"{item.objective} ckpt" if item.kind == "checkpoint" else item.objective
@@ -238,7 +238,7 @@ class AdaptersPane(MessageLine, Vertical):
         from ster.tui.paths import artifact_dir
         from ster.tui.screens.dialogs import AskText
 
-        start = "" if self.app.remote is not None else f"{artifact_dir()}/"  # type: ignore[attr-defined]
+        start = "" if self.app.remote is not None else f"{artifact_dir()}/"
         self.app.push_screen(
             AskText(
                 "Load an adapter: its .safetensors file (the .json sidecar beside it), or a PEFT directory",
@@ -301,9 +301,9 @@ class AdaptersPane(MessageLine, Vertical):
         entry = self._chosen("use")
         if entry is None:
             return
-        settings = self.app.settings  # type: ignore[attr-defined]
+        settings = self.app.settings
         settings.use_adapter(entry.path, entry.info())
-        self.app.settings_changed("adapter")  # type: ignore[attr-defined]
+        self.app.settings_changed("adapter")
         self.say(
             f"the app's adapter is now {settings.adapter_label()} (Generate compares it with the base model)", "green"
         )
@@ -311,7 +311,7 @@ class AdaptersPane(MessageLine, Vertical):
     def _model_fields(self, entry: AdapterEntry) -> dict[str, Any]:
         """The app's model settings, on the model the adapter was trained for when its sidecar names one (a
         PEFT directory's name is a Hub id more often than a path here, so it takes the app's model)."""
-        fields = self.app.settings.model_fields()  # type: ignore[attr-defined]
+        fields = self.app.settings.model_fields()
         if entry.model and entry.kind != "peft":
             fields["model"] = entry.model
         return fields
@@ -340,7 +340,7 @@ class AdaptersPane(MessageLine, Vertical):
         else:
             fields = {"adapter": entry.path, "output": target}
         marker, phrase = HOLDS[action]
-        remote = self.app.remote is not None  # type: ignore[attr-defined]  # the server checks its own files
+        remote = self.app.remote is not None  # the server checks its own files
         if remote or not target.exists() or (target.is_dir() and not any(target.iterdir())):
             self._start(action, entry.path, WHAT[action], fields)
         elif target.is_dir() and (target / marker).is_file():
@@ -375,12 +375,12 @@ class AdaptersPane(MessageLine, Vertical):
     def _start(self, action: str, path: Path, job: str, fields: dict[str, Any]) -> int | None:
         """Start a job through the app; its id, or None when the request was refused (the sentence is shown)."""
         self.say("", "")
-        handle = self.app.start_job(job, fields, self)  # type: ignore[attr-defined]
+        handle = self.app.start_job(job, fields, self)
         if handle is None:
             return None
         self.jobs[handle.id] = (action, path)
         self.query_one(JobProgress).queued(handle, f"{job} {stem(path)}")
-        return handle.id  # type: ignore[no-any-return]
+        return handle.id
 
     def engine_words(self, sentence: str) -> str:
         """An engine sentence as this tab says it."""
@@ -403,8 +403,8 @@ class AdaptersPane(MessageLine, Vertical):
 
     def on_job_finished(self, message: JobFinished) -> None:
         handle, final = message.handle, message.final
-        if handle.id == 0:  # refused before it became a job: start_job put it in our words already
-            self.say(final.message, "red")  # type: ignore[union-attr]
+        if handle.id == 0 and final.type == "error":  # refused before it became a job: in our words already
+            self.say(final.message, "red")
             return
         if handle.id not in self.jobs:
             return
@@ -413,14 +413,14 @@ class AdaptersPane(MessageLine, Vertical):
         self.query_one(JobProgress).ended(handle, final_state(final), getattr(final, "message", ""))
         self._put_back(handle.id, final.type == "result")
         if final.type != "result":
-            sentence, kind = final.message, final.kind  # type: ignore[union-attr]
+            sentence, kind = final.message, final.kind
             self.say(self.engine_words(sentence), "magenta" if kind == "cancelled" else "red")
             if role is not None:  # the other half of the comparison says nothing alone
-                runner = self.app.runner  # type: ignore[attr-defined]
+                runner = self.app.runner
                 for other in [h for h in runner.active() if h.id in self.roles]:
                     runner.cancel(other)
             return
-        data: dict[str, Any] = final.data  # type: ignore[union-attr]
+        data: dict[str, Any] = final.data
         getattr(self, f"_{action}_done")(path, data, role)
 
     def _put_back(self, job: int, succeeded: bool) -> None:
@@ -469,9 +469,9 @@ class AdaptersPane(MessageLine, Vertical):
         )
 
     def _use_model(self, output: Path) -> None:
-        settings = self.app.settings  # type: ignore[attr-defined]
+        settings = self.app.settings
         settings.model, settings.chat_decision = str(output), None
-        self.app.settings_changed("model")  # type: ignore[attr-defined]
+        self.app.settings_changed("model")
         self.add(f"the app's model is now {shown(output)}", "green")
 
     def _export_done(self, path: Path, data: dict[str, Any], role: str | None) -> None:

@@ -11,7 +11,7 @@ pane can show it and clear it as soon as the text is fixed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual import events
@@ -19,6 +19,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.validation import ValidationResult, Validator
 from textual.widgets import Input, Label, Static
+
+from ster.tui.typed import InApp
 
 
 class Check(Validator):
@@ -105,7 +107,7 @@ class FormRow(Horizontal):
     """
 
 
-class MessageLine:
+class MessageLine(InApp):
     """The message line under a pane's form (a ``Static`` with id ``message``): one sentence, or lines added."""
 
     shown_error: str | None = None
@@ -113,23 +115,27 @@ class MessageLine:
     def say(self, text: str, style: str) -> None:
         """Show only ``text`` (nothing hides the line)."""
         self.shown_error = None
-        message = self.query_one("#message", Static)  # type: ignore[attr-defined]
+        message = self.query_one("#message", Static)
         message.update(Text(text, style=style))
         message.display = bool(text)
 
     def add(self, text: str, style: str) -> None:
         """One more line under what the message line shows."""
-        message = self.query_one("#message", Static)  # type: ignore[attr-defined]
+        message = self.query_one("#message", Static)
         current = message.content if isinstance(message.content, Text) else Text(str(message.content))
         message.update(Text("\n").join([current, Text(text, style=style)]) if current.plain else Text(text, style))
         message.display = True
 
 
-class FieldErrors:
+class FieldErrors(InApp):
     """For a pane with checked fields: refuse a run while one is bad, and clear its sentence once it is fixed.
 
     The pane provides ``say(text, style)`` for its message line.
     """
+
+    if TYPE_CHECKING:
+
+        def say(self, text: str, style: str) -> None: ...
 
     shown_error: str | None = None
     """The id of the field whose sentence the message line shows now."""
@@ -137,10 +143,10 @@ class FieldErrors:
     def first_bad(self, *ids: str) -> bool:
         """Show the first bad field's sentence (and focus it); True when one is bad, so nothing runs."""
         for field_id in ids:
-            field = self.query_one(f"#{field_id}", Field)  # type: ignore[attr-defined]
+            field = self.query_one(f"#{field_id}", Field)
             error = field.error()
             if error:
-                self.say(error, "red")  # type: ignore[attr-defined]
+                self.say(error, "red")
                 self.shown_error = field_id
                 return True
         return False
@@ -148,4 +154,4 @@ class FieldErrors:
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == self.shown_error and isinstance(event.input, Field) and event.input.error() is None:
             self.shown_error = None
-            self.say("", "")  # type: ignore[attr-defined]
+            self.say("", "")

@@ -9,6 +9,8 @@ dialog shows its keys rather than those of the tab under it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from textual.app import ComposeResult
 from textual.containers import HorizontalGroup
 from textual.widgets import Footer
@@ -25,8 +27,8 @@ class KeyBar(Footer):
     KeyBar #pinned { dock: right; width: auto; height: 1; background: $footer-background; padding-left: 1; }
     """
 
-    def __init__(self, app_keys: bool = True, **kwargs: object) -> None:
-        super().__init__(compact=True, show_command_palette=False, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, app_keys: bool = True, **kwargs: Any) -> None:
+        super().__init__(compact=True, show_command_palette=False, **kwargs)
         self.app_keys = app_keys
 
     def compose(self) -> ComposeResult:

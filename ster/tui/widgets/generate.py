@@ -232,13 +232,13 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
     def on_mount(self) -> None:
         self.add_class("-unswept")  # until a sweep begins, its table is only a header (hidden when space is short)
         self._hint_steered()
-        self.follow_strength(adopted=self.app.settings.strength is not None)  # type: ignore[attr-defined]
+        self.follow_strength(adopted=self.app.settings.strength is not None)
 
     def follow_strength(self, adopted: bool = False) -> None:
         """The strength field for the app's artifact: a calibrated one's field is left empty, so that ``g`` sends
         no strength and the engine steers at the calibrated strength, which the placeholder names; an adopted
         point's strength (``adopted``) is put in the field. A strength the person typed stays."""
-        settings = self.app.settings  # type: ignore[attr-defined]
+        settings = self.app.settings
         field, calibrated = self.query_one("#strength", Field), settings.calibrated()
         field.placeholder = f"calibrated {calibrated}" if calibrated else DEFAULT_STRENGTH
         if adopted or field.value.strip() in (self.auto_strength, ""):  # not typed by the person
@@ -260,7 +260,7 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         if self._busy("baseline", "adapted", "steered") or self.first_bad(*FIELDS):
             return
         self.say("", "")
-        settings = self.app.settings  # type: ignore[attr-defined]
+        settings = self.app.settings
         fields, adapter = self._generate_fields(), self._adapter()
         on = self._steered_on(adapter)
         self.ran = {"adapter": adapter, "on": on}
@@ -291,7 +291,7 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         if self._busy("sweep") or self.first_bad(*FIELDS, "strengths", "prompts"):
             return
         self.say("", "")
-        settings = self.app.settings  # type: ignore[attr-defined]
+        settings = self.app.settings
         if settings.vector is None:
             self.say(NO_ARTIFACT, "yellow")
             return
@@ -308,7 +308,9 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         if handle:
             self.sweep_source = self._value("prompts") or None
             self.sweep_adapter = None if adapter is None else adapter_name(adapter)
-            strengths = list(handle.request.strengths)  # type: ignore[attr-defined]
+            from ster.engine.steering.requests import SweepRequest
+
+            strengths = list(handle.requested(SweepRequest).strengths or ())  # the field refuses to be empty
             self.query_one(SweepTable).begin(strengths, self.sweep_adapter)
             self.remove_class("-unswept")
             where = f"the prompts of {self.sweep_source}" if self.sweep_source else "the prompt above"
@@ -365,7 +367,7 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         key = table.highlighted_key()
         if key is None or key not in table.strengths:
             return
-        trait = (self.app.settings.artifact or {}).get("trait_name", "the trait")  # type: ignore[attr-defined]
+        trait = (self.app.settings.artifact or {}).get("trait_name", "the trait")
         strength = table.strengths[key]
         self.app.push_screen(
             SweepRowDialog(strength, table.rows_data.get(key), table.streamed(key), trait),
@@ -385,7 +387,7 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
             "temperature": self._value("temperature"),
             "seed": self._value("seed"),
             **self.app.settings.model_fields(),
-        }  # type: ignore[attr-defined]
+        }
 
     def _value(self, field: str) -> str:
         return self.query_one(f"#{field}", Field).value.strip()
@@ -399,7 +401,7 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
 
     def _current_adapter(self) -> str:
         """The app's current adapter as the field shows it (empty: none)."""
-        adapter = self.app.settings.adapter  # type: ignore[attr-defined]
+        adapter = self.app.settings.adapter
         return "" if adapter is None else str(adapter)
 
     def _steered_on(self, adapter: Path | None) -> str | None:
@@ -428,7 +430,7 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
                     self.panel(role).reset(title, self.panel(role).hint)
                 return
             self.panel("baseline").reset(
-                f"base · {model_name(self.app.settings.model)}",  # type: ignore
+                f"base · {model_name(self.app.settings.model)}",
                 "g generates the prompt on the base model here…",
             )
             self.panel("adapted").reset(f"adapter · {adapter_name(adapter)}", "…here through the adapter…")
@@ -446,7 +448,7 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
 
     def title(self, role: str, strength: str | None = None) -> str:
         """A panel's title: exactly what its run runs (the model, the adapter, the artifact and where it steers)."""
-        settings = self.app.settings  # type: ignore[attr-defined]
+        settings = self.app.settings
         if role == "baseline":
             return "unsteered" if self.ran["adapter"] is None else f"base · {model_name(settings.model)}"
         if role == "adapted":
@@ -461,7 +463,7 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
     def _untyped_strength(self, named: bool = False) -> str:
         """What an empty strength field steers at: the artifact's calibrated strength (``named``: as
         ``calibrated +0.25x``), else the engine's default."""
-        calibrated = self.app.settings.calibrated()  # type: ignore[attr-defined]
+        calibrated = self.app.settings.calibrated()
         if calibrated is None:
             return DEFAULT_STRENGTH
         return f"calibrated {calibrated}" if named else calibrated
@@ -474,7 +476,7 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         return False
 
     def _start(self, role: str, job: str, fields: dict[str, Any]) -> JobHandle | None:
-        handle = self.app.start_job(job, fields, self)  # type: ignore[attr-defined]
+        handle = self.app.start_job(job, fields, self)
         if handle is not None:
             self.jobs[role] = handle
             self.query_one(JobProgress).queued(handle, self.role_name(role))

@@ -12,13 +12,14 @@ leaves the message line then rather than showing twice.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.widgets import Static
 
 from ster.tui.messages import JobEvent, JobFinished, JobStarted, SettingsChanged
 from ster.tui.runner import ENDED, JobHandle, final_state
+from ster.tui.typed import InApp
 from ster.tui.widgets.fields import Field
 from ster.tui.widgets.generate_parts import TextPanel, other_unit
 from ster.tui.widgets.progress import JobProgress
@@ -27,13 +28,35 @@ from ster.tui.widgets.sweep_table import SweepTable
 from ster.tui.words import format_number, in_our_words
 
 
-class GenerateJobs:
-    """Mixed into the Generate pane, which provides ``jobs``, ``queued``, ``caption``, ``sweep_source``,
-    ``sweep_adapter``, ``role_name``, ``title``, ``follow_strength``, ``_start``, ``_current_adapter``, ``_hint_steered``, ``say``,
-    ``add`` and ``drop``."""
+class GeneratePart(InApp):
+    """What the Generate pane's parts (its jobs, its copying and saving) read of the pane they are mixed into;
+    the pane defines each (see :class:`~ster.tui.widgets.generate.GeneratePane`)."""
+
+    if TYPE_CHECKING:
+        jobs: dict[str, JobHandle]
+        queued: list[tuple[str, dict[str, Any]]]
+        ran: dict[str, Any]
+        caption: Text
+        prompt_used: str
+        sweep_source: str | None
+        sweep_adapter: str | None
+
+        def role_name(self, role: str) -> str: ...
+        def title(self, role: str, strength: str | None = None) -> str: ...
+        def follow_strength(self, adopted: bool = False) -> None: ...
+        def _start(self, role: str, job: str, fields: dict[str, Any]) -> JobHandle | None: ...
+        def _current_adapter(self) -> str: ...
+        def _hint_steered(self) -> None: ...
+        def say(self, text: str, style: str) -> None: ...
+        def add(self, text: str, style: str) -> None: ...
+        def drop(self, text: str, style: str) -> None: ...
 
     def panel(self, role: str) -> TextPanel:
         return self.query_one(f"#{role}", TextPanel)
+
+
+class GenerateJobs(GeneratePart):
+    """Mixed into the Generate pane: its jobs' events into the panels, the sweep table and the lines under them."""
 
     def _role(self, handle: JobHandle) -> str | None:
         return next((role for role, mine in self.jobs.items() if mine is handle), None)
@@ -63,8 +86,8 @@ class GenerateJobs:
 
     def on_job_finished(self, message: JobFinished) -> None:
         handle, final = message.handle, message.final
-        if handle.id == 0:  # a request refused before it became a job
-            self.add(final.message, "red")  # type: ignore[union-attr]
+        if handle.id == 0 and final.type == "error":  # a request refused before it became a job
+            self.add(final.message, "red")
             return
         role = self._role(handle)
         if role is None:
@@ -76,11 +99,11 @@ class GenerateJobs:
             self.panel(role).remove_class("running")
             self.panel(role).scroll_home(animate=False)  # streamed, it followed the tail; read, it starts at the top
         if final.type == "error":
-            self._failed(role, final.kind, in_our_words(final.message))  # type: ignore[union-attr]
+            self._failed(role, final.kind, in_our_words(final.message))
         elif role == "sweep":
-            self._swept(final.data)  # type: ignore[union-attr]
+            self._swept(final.data)
         else:
-            self._generated(role, final.data)  # type: ignore[union-attr]
+            self._generated(role, final.data)
 
     def _not_run(self, why: str) -> None:
         """The runs still queued will not start: each panel says why."""
@@ -106,7 +129,7 @@ class GenerateJobs:
             panel.note(*(("nothing generated", "dim") if kind == "cancelled" else (sentence, "red")))
 
     def _generated(self, role: str, data: dict[str, Any]) -> None:
-        self.app.settings.chat_decision = data["chat_template"]  # type: ignore[attr-defined]
+        self.app.settings.chat_decision = data["chat_template"]
         panel = self.panel(role)
         tokens = f"{data['tokens']} tokens, stopped at {data['stop_reason'].replace('_', ' ')}"
         if role == "steered":
@@ -123,7 +146,7 @@ class GenerateJobs:
             panel.note("(empty: the model ended the text at once)")
 
     def _swept(self, data: dict[str, Any]) -> None:
-        settings = self.app.settings  # type: ignore[attr-defined]
+        settings = self.app.settings
         settings.chat_decision = data["chat_template"]
         self.query_one(SweepTable).fill(data)
         still = nothing_moved(data)
@@ -146,7 +169,7 @@ class GenerateJobs:
             if field.value.strip() != self._current_adapter():
                 field.value = self._current_adapter()
                 self._hint_steered()
-            if not same_adapter(self.app.settings.adapter, self.ran["adapter"]):  # type: ignore[attr-defined]
+            if not same_adapter(self.app.settings.adapter, self.ran["adapter"]):
                 on_adapter = self.ran["on"] not in (None, "the base")
                 self._mark_old(
                     "the adapter has changed since",

@@ -26,10 +26,14 @@ from textual.widgets import DataTable, RichLog
 from ster.tui.adapters import checkpoint_of
 from ster.tui.paths import shown
 from ster.tui.runner import JobHandle
+from ster.tui.typed import InApp
 from ster.tui.words import in_our_words
 
 if TYPE_CHECKING:
-    from ster.engine.protocol.events import Event
+    from ster.engine.protocol.events import Log, Outcome, Progress, Warning
+
+    Shown = Progress | Warning | Log | Outcome
+    """The events a job's row and log show (its tokens are the Generate tab's)."""
 
 STATE_STYLE = {
     "queued": "dim",
@@ -52,7 +56,7 @@ class JobTable(DataTable):
     BINDINGS = [Binding("enter", "select_cursor", "Result", tooltip="Open the highlighted finished job's result")]
 
 
-class JobsPane(Vertical):
+class JobsPane(InApp, Vertical):
     """The app feeds it every job message; it shows them and cancels on request."""
 
     DEFAULT_CSS = """
@@ -82,7 +86,7 @@ class JobsPane(Vertical):
         for line in self.lines:
             log.write(line)
 
-    def record(self, handle: JobHandle, event: Event | None = None) -> None:
+    def record(self, handle: JobHandle, event: Shown | None = None) -> None:
         """Show a job's latest state and, when given, one of its events (a token changes neither)."""
         if event is not None and event.type == "token":
             return
@@ -112,7 +116,7 @@ class JobsPane(Vertical):
         return int(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value or 0)
 
     def action_cancel_job(self) -> None:
-        self.app.action_cancel_job(self.highlighted())  # type: ignore[attr-defined]
+        self.app.action_cancel_job(self.highlighted())
 
     def on_data_table_row_selected(self) -> None:
         """Enter (or a click on the highlighted row) opens the result, as the key bar's enter says."""
@@ -180,15 +184,15 @@ def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _describe(event: Event) -> str:
+def _describe(event: Shown) -> str:
     if event.type == "result":
         return "finished"
     if event.type == "warning":
         return f"warning: {event.message}"
     if event.type == "error":
         return f"{event.kind}: {event.message}"
-    return event.message  # type: ignore[union-attr]
+    return event.message
 
 
-def _style(event: Event) -> str:
+def _style(event: Shown) -> str:
     return {"warning": "yellow", "error": "red", "result": "green", "log": "dim"}.get(event.type, "")

@@ -8,12 +8,32 @@ end (:mod:`ster.tui.widgets.pairs`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ster.tui.typed import InApp
+
+if TYPE_CHECKING:
+    from ster.engine.pairs.model import Pair, PairSet
+    from ster.tui.runner import JobHandle
 
 
-class PairFiles:
-    """Mixed into the Pairs pane, which provides ``path``, ``dirty``, ``pair_set``, ``live``, ``stage``,
-    ``_busy``, ``_start``, ``_say`` and ``_redraw``."""
+class PairFiles(InApp):
+    """Mixed into the Pairs pane, which provides what it declares below."""
+
+    if TYPE_CHECKING:
+        path: Path | None
+        dirty: bool
+        live: list[Pair] | None
+        stage: str
+        _opened_note: str
+        _inspection: JobHandle | None
+
+        @property
+        def pair_set(self) -> PairSet: ...
+        def _busy(self) -> bool: ...
+        def _start(self, job: str, **fields: Any) -> JobHandle | None: ...
+        def _say(self, text: str, style: str) -> None: ...
+        def _redraw(self, cursor: int | None = None) -> None: ...
 
     # --- files: open, save, save as, import ----------------------------------------------------------
 
@@ -56,7 +76,7 @@ class PairFiles:
             return
         self.app.push_screen(
             Confirm(f"{path} exists. Replace it with this set?", "Replace", "Keep it"),
-            lambda yes: yes and self._save_to(path),
+            lambda yes: self._save_to(path) if yes else None,
         )
 
     def _save_to(self, path: Path) -> None:
@@ -104,7 +124,7 @@ class PairFiles:
     def action_synthesize(self) -> None:
         from ster.tui.screens.synthesize import SynthesizeDialog
 
-        settings = self.app.settings  # type: ignore[attr-defined]
+        settings = self.app.settings
         output = str((self.path.parent if self.path else Path()) / "synthesized.json")
         self._unless_unsaved(
             "synthesize a new set",
@@ -134,7 +154,7 @@ class PairFiles:
             "generator_model": form["generator_model"] or None,
         }
         if form["generator"] == "local":
-            fields.update(self.app.settings.model_fields())  # type: ignore[attr-defined]
+            fields.update(self.app.settings.model_fields())
         if self._start("pairs synthesize", **fields) is not None:
             self.live, self.stage = [], ""
             self._redraw()

@@ -19,6 +19,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
+from textual.widgets.data_table import ColumnKey
 
 from ster.tui.messages import JobEvent, JobFinished
 from ster.tui.runner import JobHandle
@@ -102,7 +103,7 @@ class PairsPane(PairFiles, Vertical):
         self.call_after_refresh(self._begin)  # the app's frame is painted first; the set follows at once
 
     def _begin(self) -> None:
-        path: Path | None = self.app.settings.pairs  # type: ignore[attr-defined]
+        path: Path | None = self.app.settings.pairs
         remote = getattr(self.app, "remote", None) is not None
         if path is not None and (remote or path.exists()):  # on a server, the server says whether it exists
             self._open(path)
@@ -204,7 +205,7 @@ class PairsPane(PairFiles, Vertical):
 
     def _start(self, job: str, **fields: Any) -> JobHandle | None:
         self._say("", "")
-        return self.app.start_job(job, fields, self)  # type: ignore[attr-defined, no-any-return]
+        return self.app.start_job(job, fields, self)
 
     def on_job_event(self, message: JobEvent) -> None:
         event = message.event
@@ -233,7 +234,7 @@ class PairsPane(PairFiles, Vertical):
             self._redraw(self._highlighted())
             self._say(in_our_words(final.message), "red")
             return
-        request, data = handle.request, final.data  # type: ignore[union-attr]
+        request, data = handle.request, final.data
         {
             "pairs inspect": self._inspected,
             "pairs save": self._saved,
@@ -275,9 +276,9 @@ class PairsPane(PairFiles, Vertical):
     def _use_path(self, path: Path) -> None:
         """The set now belongs to this file, and the other tabs train and evaluate on it."""
         self.path = path
-        settings = self.app.settings  # type: ignore[attr-defined]
+        settings = self.app.settings
         settings.pairs, settings.trait = path, self.pair_set.trait_name
-        self.app.settings_changed("pairs")  # type: ignore[attr-defined]
+        self.app.settings_changed("pairs")
 
     def _redraw(self, cursor: int | None = None) -> None:
         self._show_summary()
@@ -316,16 +317,16 @@ class PairsPane(PairFiles, Vertical):
         """The highlighted pair in full, since the table cuts both sides where they often differ: the end."""
         detail, table = self.query_one("#detail", Static), self.query_one(DataTable)
         pairs = self.live if self.live is not None else self.pair_set.pairs
-        index = table.cursor_row if table.row_count else None
-        detail.display = index is not None and index < len(pairs)
-        if detail.display:
+        index = table.cursor_row if table.row_count and table.cursor_row < len(pairs) else None
+        detail.display = index is not None
+        if index is not None:
             reported = (self.report or {}).get("pairs") if self.live is None else None
             detail.border_title = f"pair {index}"
-            detail.update(detail_text(pairs[index], reported[index] if reported else None))  # type: ignore[index]
+            detail.update(detail_text(pairs[index], reported[index] if reported else None))
 
     def _add_row(self, index: int, pair: Pair, row: dict[str, Any] | None) -> None:
         table = self.query_one(DataTable)
-        width = table.columns["positive"].width  # type: ignore[index]
+        width = table.columns[ColumnKey("positive")].width
         positive, negative = distinct_parts(pair.positive, pair.negative, width)
         table.add_row(str(index), Text(positive), Text(negative), *(flag_cells(row) if row else ("", "", "")))
 

@@ -12,6 +12,7 @@ moves.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -35,8 +36,8 @@ class JobProgress(Static):
 
     DEFAULT_CSS = "JobProgress { height: 1; padding: 0 1; }"
 
-    def __init__(self, idle: str = "", **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, idle: str = "", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.idle = idle
         self.handle: JobHandle | None = None
         self.what = ""

@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.text import Text
 from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey
 
 from ster.tui.widgets.generate_parts import cell, mean, one_line
 
@@ -169,7 +170,7 @@ class SweepTable(DataTable):
         return str(self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value)
 
     def _rest(self) -> int:
-        return int(self.columns[OUTPUT].width)  # type: ignore[index]
+        return int(self.columns[ColumnKey(OUTPUT)].width)
 
 
 def shown_signed(strength: Any) -> str:

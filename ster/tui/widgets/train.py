@@ -20,7 +20,7 @@ from textual.widgets import DataTable, Label, Select
 from ster.engine.steering.artifact import provenance_sentences
 from ster.tui.messages import JobEvent, JobFinished, JobStarted, SettingsChanged
 from ster.tui.paths import default_artifact, shown
-from ster.tui.runner import final_state
+from ster.tui.runner import JobHandle, final_state
 from ster.tui.widgets.calibration_view import CalibrationView, FrontRow
 from ster.tui.widgets.fields import Field, FieldErrors, FormRow, MessageLine, labelled
 from ster.tui.widgets.progress import JobProgress
@@ -86,7 +86,7 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
 
     def on_mount(self) -> None:
         self._default_output()
-        settings = self.app.settings  # type: ignore[attr-defined]
+        settings = self.app.settings
         if settings.vector is not None and settings.artifact is None:
             self._run("inspect", artifact=settings.vector)  # so every tab can name what it applies
 
@@ -105,7 +105,7 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
             return
         from ster.tui.screens.dialogs import replace_or_keep
 
-        settings = self.app.settings  # type: ignore[attr-defined]
+        settings = self.app.settings
         output = self._output("calibrate")
         resume = _study(output).exists()
         fields = {
@@ -131,7 +131,7 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
     def _fit(self, job: str, **extra: Any) -> None:
         if self.first_bad("layers"):
             return
-        settings = self.app.settings  # type: ignore[attr-defined]
+        settings = self.app.settings
         output = self._output(job)
         fields = {
             "pairs": settings.pairs,
@@ -151,7 +151,7 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
         return Path(typed).expanduser() if typed else self._default_path(job)
 
     def _default_path(self, job: str) -> Path:
-        settings = self.app.settings  # type: ignore[attr-defined]
+        settings = self.app.settings
         method = (
             str(self.query_one("#method", Select).value)
             if job == "train"
@@ -176,7 +176,7 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
             self.query_one(TrainResults).mark_old(f"{what} has changed since")
 
     def action_evaluate(self) -> None:
-        settings = self.app.settings  # type: ignore[attr-defined]
+        settings = self.app.settings
         if settings.vector is None:
             self.say("no artifact yet: train (t), optimize (o) or load (l) one first", "red")
             return
@@ -187,7 +187,7 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
     def action_load(self) -> None:
         from ster.tui.screens.dialogs import AskText
 
-        settings = self.app.settings  # type: ignore[attr-defined]
+        settings = self.app.settings
         current = str(settings.vector or self._default_path("optimize"))
         self.app.push_screen(AskText("Steering artifact to load", current), self._load)
 
@@ -203,7 +203,7 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
 
     def _run(self, job: str, **fields: Any) -> None:
         self.say("", "")
-        handle = self.app.start_job(job, fields, self)  # type: ignore[attr-defined]
+        handle = self.app.start_job(job, fields, self)
         if handle is not None:
             self.query_one(JobProgress).queued(handle, job)
             self.query_one(TrainResults).mark_old(f"{job} is running")
@@ -230,14 +230,13 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
             self.query_one(TrainResults).mark_old(f"the last {handle.name} was {state}")
             if final.kind != "cancelled":
                 self.say(in_our_words(final.message), "red")
-            elif handle.name == "calibrate" and _study(handle.request.output).exists():  # type: ignore[union-attr]
+            elif handle.name == "calibrate" and _study(output := _calibrated(handle)).exists():
                 self.say(
-                    f"cancelled; the study at {shown(_study(handle.request.output))} keeps the finished "  # type: ignore
-                    f"trials, and c continues it",
+                    f"cancelled; the study at {shown(_study(output))} keeps the finished trials, and c continues it",
                     "magenta",
                 )
             return
-        getattr(self, f"_{handle.name}")(handle.request, final.data)  # type: ignore[union-attr]
+        getattr(self, f"_{handle.name}")(handle.request, final.data)
 
     def _train(self, request: Any, data: dict[str, Any]) -> None:
         self._use(request.output, data)
@@ -252,7 +251,7 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
     def _calibrate(self, request: Any, data: dict[str, Any]) -> None:
         self._use(request.output, data)
         self._show_calibration(request.output, data, data["front"], loaded=False)
-        settings = self.app.settings  # type: ignore[attr-defined]
+        settings = self.app.settings
         at = settings.calibrated()
         steers = f"Generate steers at its calibrated {at}" if at else "no + strength moved behaviour within the budget"
         self.say(f"wrote {shown(request.output)}; {steers}", "green")
@@ -266,7 +265,7 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
         """Steer the Generate tab at a front point: the calibrated artifact itself when the row is its own
         candidate, else a direction of the row's method and layers fitted by ``train`` (whose relative strength is
         in the same unit, each layer's activation spread), adopted once it is written."""
-        row, settings = message.row, self.app.settings  # type: ignore[attr-defined]
+        row, settings = message.row, self.app.settings
         if self.calibrated is None:
             return
         path, data = self.calibrated
@@ -291,7 +290,7 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
         from ster.tui.screens.dialogs import replace_or_keep
 
         def fit() -> None:
-            handle = self.app.start_job("train", fields, self)  # type: ignore[attr-defined]
+            handle = self.app.start_job("train", fields, self)
             if handle is not None:
                 self.adopting = (handle, row)
                 self.query_one(JobProgress).queued(handle, "train")
@@ -319,20 +318,20 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
             )
 
     def _adopt(self, path: Path, row: FrontRow) -> None:
-        settings = self.app.settings  # type: ignore[attr-defined]
+        settings = self.app.settings
         settings.strength = row.strength_text()
-        self.app.settings_changed("strength")  # type: ignore[attr-defined]
+        self.app.settings_changed("strength")
         which = ", the calibrated strength" if row.chosen else ""
         self.say(f"adopted: Generate steers at {row.shown_strength()}{which}, {row.candidate()} ({path.name})", "green")
 
     def _evaluate(self, request: Any, data: dict[str, Any]) -> None:
-        settings = self.app.settings  # type: ignore[attr-defined]
+        settings = self.app.settings
         settings.chat_decision = data["chat_template"]
         self.query_one(TrainResults).evaluated(request, data, settings.artifact_label())
-        self.app.refresh_status()  # type: ignore[attr-defined]
+        self.app.refresh_status()
 
     def _inspect(self, request: Any, data: dict[str, Any]) -> None:
-        settings = self.app.settings  # type: ignore[attr-defined]
+        settings = self.app.settings
         self._use(request.artifact, data)
         if data.get("calibration"):
             from ster.engine.steering.calibrate import pareto
@@ -357,13 +356,20 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
         self.say("\n".join(f"warning: {w}" for w in warnings) or loaded, "yellow" if warnings else "green")
 
     def _use(self, path: Path, summary: dict[str, Any]) -> None:
-        self.app.settings.use_artifact(path, summary)  # type: ignore[attr-defined]
-        self.app.settings_changed("artifact")  # type: ignore[attr-defined]
+        self.app.settings.use_artifact(path, summary)
+        self.app.settings_changed("artifact")
 
 
 def _span(layers: tuple[int, ...]) -> str:
     """A candidate's layers in a file name: ``l2``, ``l2-3``."""
     return f"l{layers[0]}" if len(layers) == 1 else f"l{layers[0]}-{layers[-1]}"
+
+
+def _calibrated(handle: JobHandle) -> Path:
+    """Where a calibrate job writes its artifact."""
+    from ster.engine.steering.requests import CalibrateRequest
+
+    return handle.requested(CalibrateRequest).output
 
 
 def _study(output: Path) -> Path:

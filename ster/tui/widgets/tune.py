@@ -214,6 +214,8 @@ class TunePane(MessageLine, FieldErrors, Vertical):
         self.report: dict[str, Any] | None = None
         """The last finished run's result document (``path`` and ``report``)."""
         self._skips = 0
+        self.objectives: dict[int, str] = {}
+        """The objective of each run this pane started, by job id (the form may have switched since)."""
         self._typed: dict[str, str] = {}
         """The data field's text per kind of data (examples, pairs, prompts), kept across objective switches."""
 
@@ -350,7 +352,7 @@ class TunePane(MessageLine, FieldErrors, Vertical):
         self._show_objective()
 
     def _show_objective(self) -> None:
-        objective, settings = self.objective, self.app.settings  # type: ignore[attr-defined]
+        objective, settings = self.objective, self.app.settings
         self.set_class(objective == "grpo", "-grpo")
         self.set_class(objective in ("dpo", "ipo", "grpo"), "-beta")
         data = DATA[objective]
@@ -380,7 +382,7 @@ class TunePane(MessageLine, FieldErrors, Vertical):
         self.query_one(MoreSettings).title = MORE_TITLE + (": " + ", ".join(changed) if changed else "")
 
     def _default_output(self) -> Path:
-        settings = self.app.settings  # type: ignore[attr-defined]
+        settings = self.app.settings
         typed = self.query_one("#data", Field).value.strip()
         if typed:
             name = Path(typed.removeprefix("ster:")).stem
@@ -405,7 +407,7 @@ class TunePane(MessageLine, FieldErrors, Vertical):
 
     def fields(self) -> dict[str, Any] | None:
         """The job's fields from the form; None (with the sentence shown) when one is bad."""
-        objective, settings = self.objective, self.app.settings  # type: ignore[attr-defined]
+        objective, settings = self.objective, self.app.settings
         shown_ids = [name for name in NUMBER_FIELDS if name != "group" or objective == "grpo"]
         shown_ids = [name for name in shown_ids if name != "beta" or objective in ("dpo", "ipo", "grpo")]
         more = self._shown_more()
@@ -456,7 +458,7 @@ class TunePane(MessageLine, FieldErrors, Vertical):
         fields = self.fields()
         if fields is None:
             return
-        output, local = fields["output"], self.app.remote is None  # type: ignore[attr-defined]
+        output, local = fields["output"], self.app.remote is None
         checkpoint = checkpoint_of(output)
         if local and checkpoint.exists():
             question = (
@@ -488,7 +490,7 @@ class TunePane(MessageLine, FieldErrors, Vertical):
         if fields is None:
             return
         checkpoint = checkpoint_of(fields["output"])
-        if self.app.remote is None and not checkpoint.exists():  # type: ignore[attr-defined]
+        if self.app.remote is None and not checkpoint.exists():
             self.say(
                 f"no checkpoint at {shown(checkpoint)} to resume: a run cancelled with ctrl+x leaves one "
                 "there; t starts a run",
@@ -506,9 +508,9 @@ class TunePane(MessageLine, FieldErrors, Vertical):
         self.say("", "")
         self._skips = 0
         job = JOBS[self.objective]
-        handle = self.app.start_job(job, fields, self)  # type: ignore[attr-defined]
+        handle = self.app.start_job(job, fields, self)
         if handle is not None:
-            handle.objective = self.objective  # type: ignore[attr-defined]
+            self.objectives[handle.id] = self.objective
             self.query_one(JobProgress).queued(handle, f"tune {self.objective}")
             self.query_one(Curves).begin(self.objective, keep=bool(fields.get("resume")))
 
@@ -516,7 +518,7 @@ class TunePane(MessageLine, FieldErrors, Vertical):
 
     def on_job_started(self, message: JobStarted) -> None:
         handle = message.handle
-        self.query_one(JobProgress).started(handle, f"tune {getattr(handle, 'objective', '')}", message.first)
+        self.query_one(JobProgress).started(handle, f"tune {self.objectives.get(handle.id, '')}", message.first)
 
     def on_job_event(self, message: JobEvent) -> None:
         event = message.event
@@ -544,12 +546,12 @@ class TunePane(MessageLine, FieldErrors, Vertical):
             self.query_one(JobProgress).ended(handle, state, getattr(final, "message", ""))
             self.query_one(Curves).flush()
         if final.type == "result":
-            self.report = final.data  # type: ignore[union-attr]
-            self.say(self._summary(getattr(handle, "objective", self.objective), final.data), "green")  # type: ignore[union-attr]
-        elif final.kind == "cancelled":  # type: ignore[union-attr]
-            self.say(self._cancelled(final.message, final.details), "magenta")  # type: ignore[union-attr]
+            self.report = final.data
+            self.say(self._summary(self.objectives.get(handle.id, self.objective), final.data), "green")
+        elif final.kind == "cancelled":
+            self.say(self._cancelled(final.message, final.details), "magenta")
         else:
-            self.say(self.engine_words(final.message), "red")  # type: ignore[union-attr]
+            self.say(self.engine_words(final.message), "red")
 
     def engine_words(self, sentence: str) -> str:
         """An engine sentence as this tab says it (the app refuses a bad request in these words too)."""

@@ -14,7 +14,7 @@ if os.environ.get("STER_TEST_PAUSE_BEFORE"):
     _NAME = os.environ["STER_TEST_PAUSE_BEFORE"]
     _replace = os.replace
 
-    def _paused_replace(src, dst, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def _paused_replace(src, dst, *args, **kwargs):
         if os.path.basename(os.fspath(dst)) == _NAME:
             sys.stderr.write(f"paused before renaming {os.path.basename(os.fspath(src))} onto {_NAME}\n")
             sys.stderr.flush()
