@@ -22,7 +22,7 @@ from ster import __version__
 
 DEFAULT = "{default}"
 """Where a flag's help shows its default, read from the request model of the flag's command (see
-:func:`request_default`)."""
+:func:`ster.engine.protocol.jobs.request_default`)."""
 
 EXAMPLE_MODEL = "ster:toy"
 PRECISIONS = ("f32", "f16", "bf16", "int8")
@@ -36,32 +36,6 @@ LAYERS_HELP = (
 )
 
 
-def request_default(job: str, field: str) -> str:
-    """The default of ``field`` in the request of ``job``, as a help text shows it: a number in its shortest
-    form (16, 0.0001), and for a field whose None leaves the choice to the job, what the job then picks."""
-    from ster.engine.protocol.jobs import request_class
-
-    kind = request_class(job)
-    info = kind.model_fields[field]
-    if info.is_required():
-        raise ValueError(f"{field} of {job} has no default to show")
-    value = _picked(kind, field) if info.default is None else info.default
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def _picked(kind: Any, field: str) -> Any:
-    """What None in ``field`` stands for: the value the job then picks, or off for a filter left off."""
-    if field == "max_new_tokens":  # at most this many, fewer where the model's context ends sooner
-        return kind.default_max_new_tokens
-    if field in ("strength", "strengths"):
-        from ster.engine.steering import strength
-
-        return strength.DEFAULT_STRENGTH if field == "strength" else strength.DEFAULT_SWEEP
-    if field == "top_p":
-        return "off"
-    raise ValueError(f"{field} of {kind.__name__} defaults to None, which a help text cannot show as a value")
-
-
 class CommandParser(argparse.ArgumentParser):
     """A parser whose help shows each flag's default as its command's request model holds it.
 
@@ -71,6 +45,8 @@ class CommandParser(argparse.ArgumentParser):
     """
 
     def format_help(self) -> str:
+        from ster.engine.protocol.jobs import request_default
+
         job = self.get_default("job")
         for action in self._actions:
             if action.help and DEFAULT in action.help:

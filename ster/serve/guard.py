@@ -27,7 +27,8 @@ from typing import Any
 from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.jobs import request_class
-from ster.engine.protocol.paths import EXAMPLES, flag, is_path_field
+from ster.engine.protocol.naming import flag
+from ster.engine.protocol.paths import EXAMPLES, is_path_field
 from ster.serve.wire import WireRefusal
 
 RESERVED_MODELS = frozenset({"ster:toy", "ster:toy-chat"})

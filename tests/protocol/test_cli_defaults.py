@@ -2,7 +2,7 @@
 applies, and each ``--help`` shows the request model's default.
 
 The expected values are read here from the request models themselves (``model_fields``), not through
-``ster.commands.request_default``, and compared with the help text as ``ster <command> --help`` prints it: a help
+``ster.engine.protocol.jobs.request_default``, and compared with the help text as ``ster <command> --help`` prints it: a help
 that retypes a default fails as soon as the model's changes.
 """
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from ster.engine.model.codec import TextCodec
 from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.naming import flag
 
 PROBE_ABOVE = 65_536
 """Texts up to this many characters are counted in full (tens of milliseconds)."""
@@ -107,8 +108,8 @@ def generation_budget(
         return min(default, room)
     if requested > room:
         raise Refusal(
-            f"the {prompt_tokens}-token prompt and --max-new-tokens {requested} need "
+            f"the {prompt_tokens}-token prompt and {flag('max_new_tokens')} {requested} need "
             f"{prompt_tokens + requested} positions, more than the model's context of {context}; "
-            f"give --max-new-tokens {room} or fewer"
+            f"give {flag('max_new_tokens')} {room} or fewer"
         )
     return requested

@@ -34,6 +34,7 @@ from ster.engine.model.requests import ChatMode, ModelRequest
 from ster.engine.model.resolve import ModelSource, resolve_model
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import read_json
+from ster.engine.protocol.naming import flag
 
 if TYPE_CHECKING:
     import torch
@@ -159,9 +160,9 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if cuda else "mps" if mps else "cpu")
     if name == "cuda" and not cuda:
-        raise Refusal("--device cuda was asked for, but this torch build sees no CUDA device")
+        raise Refusal(f"{flag('device')} cuda was asked for, but this torch build sees no CUDA device")
     if name == "mps" and not mps:
-        raise Refusal("--device mps (metal) was asked for, but this torch build sees no Metal device")
+        raise Refusal(f"{flag('device')} mps (metal) was asked for, but this torch build sees no Metal device")
     return torch.device(name)
 
 
@@ -176,7 +177,7 @@ def load_decoder(source: ModelSource, config: DecoderConfig, precision: str, dev
     if not config.native:
         if precision == "int8":
             raise Refusal(
-                f'--precision int8 runs on Ster\'s own decoders only, and model_type "{config.model_type}" '
+                f'{flag("precision")} int8 runs on Ster\'s own decoders only, and model_type "{config.model_type}" '
                 "runs through transformers"
             )
         from ster.engine.model.generic import load_generic
@@ -288,7 +289,7 @@ def _quantizer(precision: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
     try:
         int8_tensor_type()
     except ImportError:
-        raise Refusal("--precision int8 needs the torchao package: pip install torchao==0.18.0") from None
+        raise Refusal(f"{flag('precision')} int8 needs the torchao package: pip install torchao==0.18.0") from None
     return quantize
 
 

@@ -19,6 +19,7 @@ from ster.engine.model.config import check_model_type
 from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import read_json
+from ster.engine.protocol.naming import flag
 from ster.engine.protocol.paths import DATA_DIR, EXAMPLES_DIR, PREFIX
 
 TOY_DIR = DATA_DIR / "toy"
@@ -80,7 +81,7 @@ def resolve_model(model: str, revision: str | None = None) -> ModelSource:
     if real.is_dir():
         return _unchecked_revision(_from_directory(model, revision, real, shown=path), "a local directory")
     if real.exists():
-        raise Refusal(f"model {model} is a file; --model takes a checkpoint directory or a Hub id")
+        raise Refusal(f"model {model} is a file; {flag('model')} takes a checkpoint directory or a Hub id")
     if confine.active():
         raise Refusal(
             f"model directory {model} does not exist inside the server's root; with a root a model is "
@@ -96,7 +97,7 @@ def _unchecked_revision(source: ModelSource, what: str) -> ModelSource:
     if source.revision is None:
         return source
     warning = (
-        f"--revision {source.revision} is recorded as model_revision but not checked: {source.model} is "
+        f"{flag('revision')} {source.revision} is recorded as model_revision but not checked: {source.model} is "
         f"{what}, not a Hub repository"
     )
     return replace(source, warning=warning)

@@ -27,6 +27,7 @@ from ster.engine.pairs.requests import OnboardingRequest
 from ster.engine.pairs.workspace import ImportOutcome, import_pair_set
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.jobs import JobContext
+from ster.engine.protocol.naming import flag
 
 ENDS_WHEN = (
     "the walkthrough ends when a pair set is imported (ster workspace import-pairs FILE, or ster "
@@ -131,7 +132,7 @@ class OnboardingResult(BaseModel):
 def onboarding_job(request: OnboardingRequest, ctx: JobContext) -> OnboardingResult:
     """``ster onboarding``: show the walkthrough, import a set to finish it, or say it is already done."""
     if request.name is not None and request.import_pairs is None:
-        raise Refusal("--name names the imported copy, so it needs --import-pairs FILE")
+        raise Refusal(f"{flag('name')} names the imported copy, so it needs {flag('import_pairs')} FILE")
     state = OnboardingState() if request.reset else read_state()  # refuse a damaged file before writing
     if request.import_pairs is not None:
         return _import(request.import_pairs, request.name, request.reset, state, ctx)

@@ -9,6 +9,7 @@ from pydantic import field_validator
 
 from ster.engine.model.requests import ChatMode, Device, Precision
 from ster.engine.pairs.model import PairSet
+from ster.engine.protocol.naming import flag
 from ster.engine.protocol.requests import Request, at_least_one, between, not_negative, nucleus, seed, temperature
 
 
@@ -32,8 +33,8 @@ class PairsInspectRequest(Request):
     chat_template: ChatMode = "auto"
     """How the sides are encoded for the count, exactly as ``train`` would encode them."""
 
-    _bits = field_validator("dedupe_bits")(lambda cls, v: between(v, 0, 63, "--dedupe-bits"))
-    _bands = field_validator("dedupe_bands")(lambda cls, v: between(v, 1, 64, "--dedupe-bands"))
+    _bits = field_validator("dedupe_bits")(lambda cls, v: between(v, 0, 63, "dedupe_bits"))
+    _bands = field_validator("dedupe_bands")(lambda cls, v: between(v, 1, 64, "dedupe_bands"))
     _threshold = field_validator("refusal_threshold")(lambda cls, v: _threshold(v))
 
 
@@ -63,7 +64,7 @@ class PairsRemoveRequest(Request):
     pairs: Path
     index: int
 
-    _index = field_validator("index")(lambda cls, v: not_negative(v, "--index"))
+    _index = field_validator("index")(lambda cls, v: not_negative(v, "index"))
 
 
 class PairsSynthesizeRequest(Request):
@@ -94,11 +95,11 @@ class PairsSynthesizeRequest(Request):
     top_p: float | None = 0.95
     seed: int = 42
 
-    _count = field_validator("count")(lambda cls, v: at_least_one(v, "--count"))
-    _retries = field_validator("retry_multiplier")(lambda cls, v: at_least_one(v, "--retry-multiplier"))
-    _tokens = field_validator("max_new_tokens")(lambda cls, v: at_least_one(v, "--max-new-tokens"))
-    _bits = field_validator("dedupe_bits")(lambda cls, v: between(v, 0, 63, "--dedupe-bits"))
-    _bands = field_validator("dedupe_bands")(lambda cls, v: between(v, 1, 64, "--dedupe-bands"))
+    _count = field_validator("count")(lambda cls, v: at_least_one(v, "count"))
+    _retries = field_validator("retry_multiplier")(lambda cls, v: at_least_one(v, "retry_multiplier"))
+    _tokens = field_validator("max_new_tokens")(lambda cls, v: at_least_one(v, "max_new_tokens"))
+    _bits = field_validator("dedupe_bits")(lambda cls, v: between(v, 0, 63, "dedupe_bits"))
+    _bands = field_validator("dedupe_bands")(lambda cls, v: between(v, 1, 64, "dedupe_bands"))
     _top_p = field_validator("top_p")(lambda cls, v: nucleus(v))
     _temperature = field_validator("temperature")(lambda cls, v: temperature(v))
     _seed = field_validator("seed")(lambda cls, v: seed(v))
@@ -115,7 +116,7 @@ class PairsSynthesizeRequest(Request):
 def _threshold(value: float) -> float:
     """Refusal scores lie between 0 and 1, so a threshold outside them would flag every side or none."""
     if not 0 <= value <= 1:
-        raise ValueError("--refusal-threshold must be between 0 and 1")
+        raise ValueError(f"{flag('refusal_threshold')} must be between 0 and 1")
     return value
 
 

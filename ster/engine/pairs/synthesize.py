@@ -34,6 +34,7 @@ from ster.engine.pairs.model import Pair, PairSet, save_pairs
 from ster.engine.pairs.refusals import flag
 from ster.engine.pairs.requests import PairsSynthesizeRequest
 from ster.engine.pairs.simhash import NearDuplicateIndex, pair_fingerprint
+from ster.engine.protocol import naming
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import PAIR_SET, check_output_file
 from ster.engine.protocol.jobs import JobContext
@@ -228,7 +229,7 @@ def _writer(request: PairsSynthesizeRequest, ctx: JobContext) -> tuple[Writer, s
     if request.generator == "brama":
         return _brama_writer(request, ctx)
     if not request.model:
-        raise Refusal("pairs synthesize with --generator local requires --model")
+        raise Refusal(f"pairs synthesize with {naming.flag('generator')} local requires {naming.flag('model')}")
     return _local_writer(request, ctx)
 
 
@@ -268,7 +269,9 @@ def _brama_writer(request: PairsSynthesizeRequest, ctx: JobContext) -> tuple[Wri
     from ster.engine.pairs.brama import SIGNED_ONLY_WARNING, BramaClient, check_bounds, check_route
 
     if not request.generator_model:
-        raise Refusal("pairs synthesize with --generator brama requires --generator-model")
+        raise Refusal(
+            f"pairs synthesize with {naming.flag('generator')} brama requires {naming.flag('generator_model')}"
+        )
     if check_route(request.generator_model):
         ctx.warn(SIGNED_ONLY_WARNING)
     check_bounds(request.max_new_tokens, request.temperature)

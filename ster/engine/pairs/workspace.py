@@ -60,6 +60,7 @@ from ster.engine.pairs.requests import (
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import dumps_pretty, known_schema, load_document, write_atomic
 from ster.engine.protocol.jobs import JobContext
+from ster.engine.protocol.naming import flag
 
 try:  # POSIX only; elsewhere the index is still written atomically, just unlocked
     import fcntl
@@ -190,7 +191,10 @@ def active_pairs() -> Path:
     index = _read_index(root)
     entry = index.find(index.active) if index.active else None
     if entry is None:
-        raise Refusal(f"no pair set is active in the workspace; give --pairs FILE, or import one with {IMPORT_HINT}")
+        raise Refusal(
+            f"no pair set is active in the workspace; give {flag('pairs')} FILE, or import one with {IMPORT_HINT}",
+            details={"needs": "pairs"},
+        )
     path = root / entry.file
     if not path.is_file():
         raise Refusal(
@@ -316,7 +320,7 @@ def _conflict(root: Path, taken: Entry) -> Refusal:
     path = root / taken.file
     return Refusal(
         f'conflicting: the workspace already keeps a different pair set as "{taken.id}" ({path}), which '
-        f"is never overwritten; import under another --name, or first run ster workspace remove {taken.id}",
+        f"is never overwritten; import under another {flag('name')}, or first run ster workspace remove {taken.id}",
         details={"status": "conflicting", "id": taken.id, "existing": str(path)},
     )
 
@@ -356,11 +360,13 @@ def _id_for(source: Path, name: str | None) -> str:
     """The id from ``--name``, else the file name without ``.json``; refused unless it is a safe slug."""
     if name is not None:
         if not ID_PATTERN.fullmatch(name):
-            raise Refusal(f'--name "{name}" is not a valid set id: use {ID_RULE}')
+            raise Refusal(f'{flag("name")} "{name}" is not a valid set id: use {ID_RULE}')
         return name
     stem = source.name.removesuffix(".json")
     if not ID_PATTERN.fullmatch(stem):
-        raise Refusal(f"the file name {source.name} does not make a valid set id ({ID_RULE}); give one with --name")
+        raise Refusal(
+            f"the file name {source.name} does not make a valid set id ({ID_RULE}); give one with {flag('name')}"
+        )
     return stem
 
 

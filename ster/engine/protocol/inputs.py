@@ -29,7 +29,7 @@ from pydantic import BaseModel
 from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.kinds import special_file
-from ster.engine.protocol.paths import flag
+from ster.engine.protocol.naming import flag
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")

@@ -115,6 +115,30 @@ def request_class(name: str) -> type[BaseModel]:
     return _named(JOBS[name][1])
 
 
+def request_default(job: str, field: str) -> str:
+    """The default of ``field`` in the request of ``job`` as a front end shows it (a help text, a form's
+    field): a number in its shortest form (16, 0.0001), and for a field whose None leaves the choice to the
+    job, what the job then picks."""
+    kind = request_class(job)
+    info = kind.model_fields[field]
+    if info.is_required():
+        raise ValueError(f"{field} of {job} has no default to show")
+    value = _picked(kind, field) if info.default is None else info.default
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _picked(kind: Any, field: str) -> Any:
+    """What None in ``field`` stands for: the value the job then picks, or off for a filter left off."""
+    if field == "max_new_tokens":  # at most this many, fewer where the model's context ends sooner
+        return kind.default_max_new_tokens
+    stands_for: dict[str, str] = getattr(kind, "none_means", {})  # a request's own word for its None
+    if field in stands_for:
+        return stands_for[field]
+    if field == "top_p":
+        return "off"
+    raise ValueError(f"{field} of {kind.__name__} defaults to None, which a front end cannot show as a value")
+
+
 def build_job_request(name: str, /, **fields: Any) -> BaseModel:
     """The validated request of job ``name`` from its fields, refusing the first bad one in one sentence."""
     return build_request(request_class(name), **fields)

@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, get_args
 
+from ster.engine.protocol.naming import flag
+
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 EXAMPLES_DIR = DATA_DIR / "examples"
 PREFIX = "ster:"
@@ -35,14 +37,6 @@ EXAMPLES: dict[str, str] = {
 """Reserved names of the bundled example inputs: in the toy's vocabulary, the calm/alarmed pair set, a prompt
 set, supervised examples (plain and chat) and prompts for reinforcement training; in English, the neutral
 set of everyday requests that the cost of an intervention is measured on."""
-
-POSITIONAL = {"gguf": "FILE.gguf", "source": "SRC", "artifact": "ARTIFACT"}
-"""Path fields the CLI takes as positional arguments, named as its usage line names them."""
-
-
-def flag(field: str) -> str:
-    """The command-line spelling of a request field, for sentences that name it."""
-    return POSITIONAL.get(field, "--" + field.replace("_", "-"))
 
 
 def example_path(value: str | Path) -> Path:

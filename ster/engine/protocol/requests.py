@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.inputs import check_regular_inputs, lone_surrogate, surrogate_phrase
-from ster.engine.protocol.paths import PREFIX, check_outputs, flag, is_path_field, resolve_inputs
+from ster.engine.protocol.naming import flag
+from ster.engine.protocol.paths import PREFIX, check_outputs, is_path_field, resolve_inputs
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -125,7 +126,7 @@ def check_outside_model(values: dict[str, Any], outputs: tuple[str, ...]) -> Non
         value = values.get(name)
         if isinstance(value, Path) and _inside(value, root):
             raise ValueError(
-                f"{flag(name)} {value} is inside {root}, the checkpoint --model {model} reads, so "
+                f"{flag(name)} {value} is inside {root}, the checkpoint {flag('model')} {model} reads, so "
                 f"writing it could destroy the model; give {flag(name)} a path outside it"
             )
 
@@ -165,37 +166,37 @@ SEED_MAX = 2**64 - 1
 """The largest seed a torch generator takes; a seed is an unsigned 64-bit number."""
 
 
-def at_least_one(value: int, flag: str) -> int:
+def at_least_one(value: int, field: str) -> int:
     if value < 1:
-        raise ValueError(f"{flag} must be at least 1")
+        raise ValueError(f"{flag(field)} must be at least 1")
     return value
 
 
-def not_negative(value: int, flag: str) -> int:
+def not_negative(value: int, field: str) -> int:
     if value < 0:
-        raise ValueError(f"{flag} must be 0 or more")
+        raise ValueError(f"{flag(field)} must be 0 or more")
     return value
 
 
 def nucleus(value: float | None) -> float | None:
     if value is not None and not (0 < value <= 1):
-        raise ValueError("--top-p must be above 0 and at most 1")
+        raise ValueError(f"{flag('top_p')} must be above 0 and at most 1")
     return value
 
 
-def between(value: int, low: int, high: int, flag: str) -> int:
+def between(value: int, low: int, high: int, field: str) -> int:
     if not low <= value <= high:
-        raise ValueError(f"{flag} must be between {low} and {high}")
+        raise ValueError(f"{flag(field)} must be between {low} and {high}")
     return value
 
 
 def seed(value: int) -> int:
-    return between(value, 0, SEED_MAX, "--seed")
+    return between(value, 0, SEED_MAX, "seed")
 
 
 def temperature(value: float) -> float:
     if not math.isfinite(value) or value < 0:
-        raise ValueError("--temperature must be a finite number of at least 0")
+        raise ValueError(f"{flag('temperature')} must be a finite number of at least 0")
     return value
 
 
@@ -231,6 +232,17 @@ def _sentence(err: Any) -> str:
     if isinstance(got, str) and err["type"] != "missing":
         return f'{field} {wording}; got "{got[:40]}"'
     return f"{field} {wording}"
+
+
+def refusal_of(kind: type[BaseModel], valid: dict[str, Any], field: str, value: Any) -> str | None:
+    """The sentence refusing ``value`` for ``field`` in a request that is otherwise ``valid`` (the fields of a
+    request that passes), or None when the value passes: one field checked by the request's own checks, as a
+    form checks a field while the rest of it may still be unfinished."""
+    try:
+        kind.model_validate({**valid, field: value})
+    except ValidationError as exc:
+        return _sentence(exc.errors()[0])
+    return None
 
 
 def build_request(kind: type[R], /, **fields: Any) -> R:

@@ -48,6 +48,7 @@ from ster.engine.protocol.files import (
 )
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.protocol.kinds import CALIBRATION_STUDY
+from ster.engine.protocol.naming import flag
 from ster.engine.protocol.paths import bundled_name, example_path
 from ster.engine.steering.artifact import ArtifactSummary, SteeringArtifact, save_artifact, summarize
 from ster.engine.steering.calibration_record import Calibration, Point, Side, Trial
@@ -250,7 +251,7 @@ def _split(request: CalibrateRequest) -> tuple[Any, list[Any], list[Any]]:
         total = len(pair_set.pairs)
         if total < 4:
             raise Refusal(
-                f"calibrate needs at least 4 pairs to hold some out from fitting, or --holdout FILE; "
+                f"calibrate needs at least 4 pairs to hold some out from fitting, or {flag('holdout')} FILE; "
                 f"pair set {path} has {total}"
             )
         fit_count = (total * 8) // 10
@@ -320,13 +321,13 @@ def _open_study(path: Path, resume: bool, identity: dict[str, Any]) -> list[Tria
     if not resume:
         if exists:
             raise Refusal(
-                f"a calibration study from an interrupted run is at {path}: give --resume to continue it, "
+                f"a calibration study from an interrupted run is at {path}: give {flag('resume')} to continue it, "
                 f"or remove it to start over"
             )
         return []
     if not exists:
         raise Refusal(
-            f"--resume found no calibration study at {path}, which is where a run with this --output leaves one"
+            f"{flag('resume')} found no calibration study at {path}, which is where a run with this {flag('output')} leaves one"
         )
     try:
         study = Study.model_validate(read_json(path, CALIBRATION_STUDY))
@@ -559,7 +560,7 @@ def _judge(ctx: JobContext, request: CalibrateRequest, checkpoint: Any, trait: s
         if checkpoint.codec.decision != "applied":
             ctx.log(
                 "no judge: this model has no chat template, so it is not asked about its own answers; give "
-                "--judge MODEL to name an instruct model"
+                f"{flag('judge')} MODEL to name an instruct model"
             )
             return None, None
         question = question_for(trait, request.judge_question)
@@ -591,7 +592,7 @@ def _stopped(trials: list[Trial], study: Path) -> None:
     if trials:
         raise Cancelled(
             f"cancelled after trial {len(trials)}; the study at {study} continues it when the same "
-            f"command is given with --resume"
+            f"command is given with {flag('resume')}"
         ) from None
     raise Cancelled()
 

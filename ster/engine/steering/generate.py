@@ -11,6 +11,7 @@ from ster.engine.model.context import encode_within, generation_budget
 from ster.engine.model.loading import model_store
 from ster.engine.model.sampling import Sampling, StopReason
 from ster.engine.protocol.jobs import JobContext
+from ster.engine.protocol.naming import flag
 from ster.engine.steering.artifact import SteeringArtifact, open_artifact
 from ster.engine.steering.requests import GenerateRequest
 from ster.engine.steering.strength import DEFAULT_STRENGTH, Strength, Unit, excess_warning
@@ -78,7 +79,9 @@ def given_strength(request: GenerateRequest, ctx: JobContext, artifact: Steering
     one (said in a log line), else ``DEFAULT_STRENGTH``. A strength given without a vector steers nothing, and
     says so."""
     if request.strength is not None and not request.vector:
-        ctx.warn(f"--strength {request.strength} has no effect without --vector: this run is the unsteered baseline")
+        ctx.warn(
+            f"{flag('strength')} {request.strength} has no effect without {flag('vector')}: this run is the unsteered baseline"
+        )
     if request.strength is not None:
         return request.strength
     calibrated = calibrated_strength(artifact, 1)

@@ -14,6 +14,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.naming import flag
 
 if TYPE_CHECKING:
     from ster.engine.model.codec import TextCodec
@@ -28,10 +29,10 @@ def question_for(trait: str, template: str | None) -> str:
     """The question template, checked: it must say where the text goes, and name a trait when it has none."""
     chosen = template or QUESTION
     if "{text}" not in chosen:
-        raise Refusal("--judge-question must hold {text}, where the judged text goes")
+        raise Refusal(f"{flag('judge_question')} must hold {{text}}, where the judged text goes")
     if "{trait}" in chosen and not trait.strip():
         raise Refusal(
-            "the pair set names no trait for the judge's question; give --judge-question with the trait written out"
+            f"the pair set names no trait for the judge's question; give {flag('judge_question')} with the trait written out"
         )
     return chosen
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ster.engine.protocol.errors import Refusal
+from ster.engine.protocol.naming import flag
 
-_SHAPE = "--layers takes all, a comma list such as 2,5, or a half-open range such as 2..6, or a mix such as 1,4..7"
+_SHAPE = "takes all, a comma list such as 2,5, or a half-open range such as 2..6, or a mix such as 1,4..7"
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ def _item(item: str, text: str) -> range:
         start_text, end_text = item.split("..", 1)
         start, end = _layer(start_text), _layer(end_text)
     except ValueError:
-        raise Refusal(f'{_SHAPE}; got "{text}"') from None
+        raise Refusal(f'{flag("layers")} {_SHAPE}; got "{text}"') from None
     if end <= start:
         raise Refusal(f"layer range {item} is empty: a..b selects a up to but not including b")
     return range(start, end)

@@ -11,10 +11,18 @@ from pydantic import field_validator, model_validator
 from ster.engine.model.adapters.artifact import sidecar_path
 from ster.engine.model.requests import ModelRequest, SampledRequest
 from ster.engine.protocol.errors import Refusal
-from ster.engine.protocol.paths import flag, same_file
+from ster.engine.protocol.naming import flag
+from ster.engine.protocol.paths import same_file
 from ster.engine.protocol.requests import Request, at_least_one, seed
 from ster.engine.steering.layers import LayerSpec
-from ster.engine.steering.strength import DEFAULT_KL_BUDGET, DEFAULT_TRIALS, Strength, parse_strengths
+from ster.engine.steering.strength import (
+    DEFAULT_KL_BUDGET,
+    DEFAULT_STRENGTH,
+    DEFAULT_SWEEP,
+    DEFAULT_TRIALS,
+    Strength,
+    parse_strengths,
+)
 
 
 class GenerateRequest(SampledRequest):
@@ -31,6 +39,8 @@ class GenerateRequest(SampledRequest):
     """Most tokens to generate; None means up to ``default_max_new_tokens``, as many as the model's
     context leaves room for (an explicit value that runs past the context is refused)."""
     default_max_new_tokens: ClassVar[int] = 128
+    none_means: ClassVar[dict[str, str]] = {"strength": DEFAULT_STRENGTH}
+    """What a field left None stands for, as a front end shows its default."""
     adapter: Path | None = None
     """A LoRA adapter (or a PEFT adapter directory) attached while generating; combinable with ``vector``."""
 
@@ -53,7 +63,7 @@ class AdaptedRequest(ModelRequest):
             value = getattr(self, name, None)
             if isinstance(value, Path) and same_file(value, side):
                 raise ValueError(
-                    f"{flag(name)} {value} is the sidecar of --adapter {self.adapter}, so writing it "
+                    f"{flag(name)} {value} is the sidecar of {flag('adapter')} {self.adapter}, so writing it "
                     f"would destroy the adapter's description; give {flag(name)} another path"
                 )
         return self
@@ -68,7 +78,7 @@ class LayeredRead(AdaptedRequest):
     """Sequences (prompts, or pairs) read per forward pass; results equal one-at-a-time reads."""
 
     _layers = field_validator("layers")(lambda cls, v: _layer_spec(v))
-    _batch = field_validator("batch_size")(lambda cls, v: at_least_one(v, "--batch-size"))
+    _batch = field_validator("batch_size")(lambda cls, v: at_least_one(v, "batch_size"))
 
 
 class ExtractRequest(LayeredRead):
@@ -99,13 +109,13 @@ class EvaluateRequest(AdaptedRequest):
     vector: Path
     batch_size: int = 8
 
-    _batch = field_validator("batch_size")(lambda cls, v: at_least_one(v, "--batch-size"))
+    _batch = field_validator("batch_size")(lambda cls, v: at_least_one(v, "batch_size"))
 
 
 def kl_budget(value: float) -> float:
     """A KL budget: a finite number above 0."""
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"--kl-budget must be a number above 0 (nats per token); got {value:g}")
+        raise ValueError(f"{flag('kl_budget')} must be a number above 0 (nats per token); got {value:g}")
     return value
 
 
@@ -124,6 +134,9 @@ class SweepRequest(SampledRequest):
     max_new_tokens: int | None = None
     """Most tokens per text; None means up to ``default_max_new_tokens``, as the context allows."""
     default_max_new_tokens: ClassVar[int] = 48
+    none_means: ClassVar[dict[str, str]] = {"strengths": DEFAULT_SWEEP}
+    """What a field left None stands for, as a front end shows its default (a calibrated artifact's walk
+    comes first; the help names it in words)."""
     adapter: Path | None = None
     """A LoRA adapter attached while generating and re-reading the texts."""
 
@@ -138,7 +151,7 @@ class SweepRequest(SampledRequest):
     kl_budget: float = DEFAULT_KL_BUDGET
     """The mean KL a strength may cost to be suggested by the budget."""
 
-    _count = field_validator("neutral_count")(lambda cls, v: at_least_one(v, "--neutral-count"))
+    _count = field_validator("neutral_count")(lambda cls, v: at_least_one(v, "neutral_count"))
     _tokens = field_validator("max_new_tokens")(lambda cls, v: _budget(v))
     _kl_budget = field_validator("kl_budget")(lambda cls, v: kl_budget(v))
 
@@ -156,11 +169,11 @@ class SweepRequest(SampledRequest):
 def sweep_strengths(values: list[Strength]) -> list[Strength]:
     """A sweep's strengths in one unit, ascending, each once, with 0 added."""
     if not values:
-        raise ValueError("--strengths needs at least one strength")
+        raise ValueError(f"{flag('strengths')} needs at least one strength")
     units = {value.unit for value in values if value.value != 0}
     if len(units) > 1:
         raise ValueError(
-            "--strengths mixes absolute and relative strengths; give all of them as numbers "
+            f"{flag('strengths')} mixes absolute and relative strengths; give all of them as numbers "
             "(3) or all as multiples of the activation spread (0.4x)"
         )
     unit = units.pop() if units else "absolute"
@@ -196,8 +209,8 @@ class CalibrateRequest(AdaptedRequest):
     """The judge's question, with ``{text}`` (and optionally ``{trait}``); None is the default question."""
 
     _layers = field_validator("layers")(lambda cls, v: _layer_spec(v))
-    _batch = field_validator("batch_size")(lambda cls, v: at_least_one(v, "--batch-size"))
-    _trials = field_validator("trials")(lambda cls, v: at_least_one(v, "--trials"))
+    _batch = field_validator("batch_size")(lambda cls, v: at_least_one(v, "batch_size"))
+    _trials = field_validator("trials")(lambda cls, v: at_least_one(v, "trials"))
 
     _kl_budget = field_validator("kl_budget")(lambda cls, v: kl_budget(v))
 
@@ -211,7 +224,7 @@ class InspectRequest(Request):
 
 
 def _budget(value: int | None) -> int | None:
-    return value if value is None else at_least_one(value, "--max-new-tokens")
+    return value if value is None else at_least_one(value, "max_new_tokens")
 
 
 def _layer_spec(value: str) -> str:

@@ -52,6 +52,7 @@ from ster.engine.pairs.model import load_pairs
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import first_error, load_document
 from ster.engine.protocol.jobs import JobContext
+from ster.engine.protocol.naming import flag
 from ster.engine.protocol.paths import bundled_name, example_path
 from ster.engine.steering.artifact import SteeringArtifact, open_artifact
 from ster.engine.steering.calibrate import CONTINUATION_TOKENS, NEUTRAL, answered_pairs, load_neutral
@@ -190,7 +191,7 @@ def _prompts(request: SweepRequest) -> list[str]:
         except ValidationError as exc:
             raise Refusal(f"the sweep's prompts are not usable: {first_error(exc)}") from None
     if request.prompts is None:
-        raise Refusal("sweep needs prompts: give --prompts FILE")
+        raise Refusal(f"sweep needs prompts: give {flag('prompts')} FILE")
     return load_document(request.prompts, PromptSet, "prompts").prompts
 
 

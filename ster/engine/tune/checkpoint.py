@@ -31,6 +31,7 @@ from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import write_atomic
 from ster.engine.protocol.kinds import existing
+from ster.engine.protocol.naming import flag
 from ster.engine.tune.checkpoint_values import METADATA, Expected, Saved, check_contents, check_fits, read_saved
 
 NOT_IDENTITY = {"output", "resume", "checkpoint_every", "device", "model", "revision", "examples", "pairs"}
@@ -64,7 +65,7 @@ def check_slot(path: Path) -> None:
         held = "a file that is not a checkpoint of Ster's" if found.file else found.phrase
         raise Refusal(
             f"{path} is where this run keeps its checkpoint, and it holds {held}, which the run would "
-            "destroy; move it or give another --output"
+            f"destroy; move it or give another {flag('output')}"
         )
 
 
@@ -93,7 +94,9 @@ def check_checkpoint(path: Path, identity: dict[str, Any]) -> Saved:
     """Refuse, in one sentence, a missing or unreadable checkpoint, one of another run, or one holding a value no
     run writes; no torch. What it read is returned."""
     if not confine.readable(path).exists():
-        raise Refusal(f"--resume was given, but there is no checkpoint at {path}; run without --resume to start")
+        raise Refusal(
+            f"{flag('resume')} was given, but there is no checkpoint at {path}; run without {flag('resume')} to start"
+        )
     saved = read_saved(path)
     theirs = saved.identity
     named = ["objective", "model_fingerprint", "data"]
@@ -102,7 +105,7 @@ def check_checkpoint(path: Path, identity: dict[str, Any]) -> Saved:
         if identity.get(key) != theirs.get(key):
             raise Refusal(
                 f"the checkpoint at {path} belongs to another run: {_difference(key, theirs, identity)}; "
-                "run without --resume to start over"
+                f"run without {flag('resume')} to start over"
             )
     check_contents(saved, float(identity["alpha"]) / int(identity["rank"]), path)
     return saved

@@ -33,6 +33,7 @@ from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import DuplicateKey, unique_keys
 from ster.engine.protocol.inputs import read_input
+from ster.engine.protocol.naming import flag
 from ster.engine.protocol.tensorfile import Damaged, TensorFile, parse
 
 METADATA = ("identity", "loop", "reference")
@@ -91,7 +92,7 @@ class Expected:
 
 
 def defect(path: Path, phrase: str) -> Refusal:
-    return Refusal(f"the checkpoint at {path} {phrase}; run without --resume to start over")
+    return Refusal(f"the checkpoint at {path} {phrase}; run without {flag('resume')} to start over")
 
 
 def read_saved(path: Path) -> Saved:

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from ster.engine.model.contract import Decoder
 from ster.engine.protocol.jobs import JobContext
+from ster.engine.protocol.naming import flag
 from ster.engine.tune.objectives import Objective, Place, Stats, Unit, rows_of
 from ster.engine.tune.parallel import Parallel
 from ster.engine.tune.rows import fuse
@@ -112,7 +113,7 @@ class Loop:
                 where = save_checkpoint(self)
                 raise Cancelled(
                     f"cancelled after step {self.state.step} of {self.total}; the checkpoint at {where} "
-                    "continues it when the same command is given with --resume",
+                    f"continues it when the same command is given with {flag('resume')}",
                     {"step": self.state.step, "total": self.total, "checkpoint": str(where)},
                 )
             self._step()

@@ -22,6 +22,7 @@ from ster.engine.model.adapters.file import AdapterFile
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import check_output_directory
 from ster.engine.protocol.jobs import JobContext
+from ster.engine.protocol.naming import flag
 from ster.engine.tune.requests import ExportPeftRequest
 
 READS_HIDDEN = ("query", "key", "value", "gate", "up")
@@ -52,7 +53,7 @@ class ExportPeftResult(BaseModel):
 
 
 def export_job(request: ExportPeftRequest, ctx: JobContext) -> ExportPeftResult:
-    check_output_directory(request.output, "--output")
+    check_output_directory(request.output, flag("output"))
     document = open_document(request.adapter)  # read wholly: its bytes, the pair's hash, every value
     sidecar = document.sidecar
     if sidecar.kind == "reward":

@@ -16,11 +16,15 @@ from pydantic import field_validator, model_validator
 from ster.engine.model.adapters.artifact import check_spec, parse_targets, sidecar_path
 from ster.engine.model.requests import Device, ModelRequest
 from ster.engine.protocol.errors import Refusal
-from ster.engine.protocol.paths import flag, same_file
+from ster.engine.protocol.naming import field_name, flag
+from ster.engine.protocol.paths import same_file
 from ster.engine.protocol.requests import Request, not_negative, nucleus, seed
 from ster.engine.steering.layers import LayerSpec
 
-MIN_SEQUENCE_SENTENCE = "max_sequence must be at least two tokens, so that one token can predict another"
+
+def min_sequence_sentence() -> str:
+    """The contract's refusal of a sequence limit under two tokens."""
+    return f"{field_name('max_sequence')} must be at least two tokens, so that one token can predict another"
 
 
 class AdapterSpecRequest(ModelRequest):
@@ -67,8 +71,8 @@ class TuneRequest(AdapterSpecRequest):
     """Continue from the checkpoint beside ``output`` instead of starting over."""
 
     _seed = field_validator("seed")(lambda cls, v: seed(v))
-    _warmup = field_validator("warmup_steps")(lambda cls, v: not_negative(v, "--warmup-steps"))
-    _every = field_validator("checkpoint_every")(lambda cls, v: not_negative(v, "--checkpoint-every"))
+    _warmup = field_validator("warmup_steps")(lambda cls, v: not_negative(v, "warmup_steps"))
+    _every = field_validator("checkpoint_every")(lambda cls, v: not_negative(v, "checkpoint_every"))
 
     @model_validator(mode="after")
     def _schedule(self) -> TuneRequest:
@@ -81,7 +85,7 @@ class TuneRequest(AdapterSpecRequest):
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             raise ValueError(f"{self.subject} requires a finite learning rate above zero")
         if self.max_sequence < 2:
-            raise ValueError(MIN_SEQUENCE_SENTENCE)
+            raise ValueError(min_sequence_sentence())
         _check_sidecar_apart(self)
         return self
 
@@ -97,14 +101,14 @@ def _check_sidecar_apart(request: TuneRequest) -> None:
     side = sidecar_path(output)
     if side == output:
         raise ValueError(
-            f"--output {output} ends in .json, which is where its sidecar goes; give a name such as "
+            f"{flag('output')} {output} ends in .json, which is where its sidecar goes; give a name such as "
             f"{output.with_suffix('.safetensors')}"
         )
     for name, value in request:
         if isinstance(value, Path) and name != "output" and same_file(side, value):
             raise ValueError(
-                f"the sidecar of --output {output} would be {side}, the same file as {flag(name)} "
-                f"{value}; give --output another name"
+                f"the sidecar of {flag('output')} {output} would be {side}, the same file as {flag(name)} "
+                f"{value}; give {flag('output')} another name"
             )
 
 
@@ -191,7 +195,7 @@ class GrpoRequest(TuneRequest):
         if not (math.isfinite(self.beta) and self.beta >= 0):
             raise ValueError(f"{self.subject} requires a finite beta of zero or more")
         if self.max_new_tokens < 1:
-            raise ValueError("max_new_tokens must be greater than zero")
+            raise ValueError(f"{field_name('max_new_tokens')} must be greater than zero")
         if self.iterations < 1:
             raise ValueError(f"{self.subject} requires at least one iteration")
         if self.batch_size != 1:
@@ -199,7 +203,7 @@ class GrpoRequest(TuneRequest):
         source = self.reward_path
         if source is not None and same_file(source, self.output):
             raise ValueError(
-                f"--output {self.output} is the reward model given as --reward; give --output another name"
+                f"{flag('output')} {self.output} is the reward model given as {flag('reward')}; give {flag('output')} another name"
             )
         return self
 
@@ -236,15 +240,15 @@ class TuneEvaluateRequest(ModelRequest):
     def _numbers(self) -> TuneEvaluateRequest:
         if (self.examples is None) == (self.pairs is None):
             raise ValueError(
-                "tune evaluate takes --examples (completion loss) or --pairs (preference accuracy), exactly one of them"
+                f"tune evaluate takes {flag('examples')} (completion loss) or {flag('pairs')} (preference accuracy), exactly one of them"
             )
         if self.pairs is not None and self.adapter is None:
             raise ValueError(
-                "tune evaluate --pairs measures an adapter: give --adapter, a generation adapter "
+                f"tune evaluate {flag('pairs')} measures an adapter: give {flag('adapter')}, a generation adapter "
                 "(implicit-reward accuracy) or a reward model (ranking accuracy)"
             )
         if self.max_sequence < 2:
-            raise ValueError(MIN_SEQUENCE_SENTENCE)
+            raise ValueError(min_sequence_sentence())
         if self.batch_size < 1:
             raise ValueError(f"evaluation requires a batch of at least one {self.unit}")
         if not (math.isfinite(self.beta) and self.beta > 0):

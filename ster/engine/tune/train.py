@@ -25,6 +25,7 @@ from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import check_output_file, load_document
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.protocol.kinds import ADAPTER, ADAPTER_SIDECAR
+from ster.engine.protocol.naming import flag
 from ster.engine.steering.extract import PromptSet
 from ster.engine.steering.layers import LayerSpec
 from ster.engine.tune.checkpoint import check_checkpoint, check_slot, checkpoint_path, run_identity
@@ -159,7 +160,7 @@ def _usable(request: TuneRequest, checkpoint: Checkpoint, units: list[Any], ctx:
 def _check_outputs(request: TuneRequest, ctx: JobContext) -> None:
     """The adapter replaces only an older adapter (a safetensors file with its sidecar), and its sidecar only an
     older sidecar: a model's weights, an artifact, a pair set or a file of the user's is never replaced."""
-    check_output_file(request.output, ADAPTER, ctx.log, what="--output")
+    check_output_file(request.output, ADAPTER, ctx.log, what=flag("output"))
     check_output_file(sidecar_path(request.output), ADAPTER_SIDECAR, ctx.log, what="the adapter's sidecar")
 
 

@@ -51,6 +51,7 @@ from ster.engine.protocol import confine
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.files import atomic_directory, check_output_directory, read_json
 from ster.engine.protocol.inputs import read_input
+from ster.engine.protocol.naming import flag
 from ster.engine.protocol.tensorfile import TensorFile
 
 if TYPE_CHECKING:
@@ -575,7 +576,7 @@ def write_peft_dir(
 
     if sidecar.kind == "reward":
         raise Refusal("adapter artifact is a reward model, not a generation adapter")
-    check_output_directory(output_dir, "--output")
+    check_output_directory(output_dir, flag("output"))
     modules = peft_modules(sidecar.targets, layout)
     config = json.dumps(peft_config(sidecar, base_model, modules), indent=2, sort_keys=True)
     state = {}
