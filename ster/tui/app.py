@@ -182,27 +182,26 @@ class SterApp(App[None]):
     # --- jobs -------------------------------------------------------------------------------------
 
     def start_job(self, job: str, fields: dict[str, Any], owner: Widget) -> JobHandle | None:
-        """Validate a request built from a pane's form and start its job; a bad field is a refusal
-        the pane shows like any other (in the pane's ``engine_words`` when it has them, which name its own
-        fields). The fields travel with the job as given: a remote runner sends them, and the server checks
-        them again, against its own files."""
+        """Validate a request built from a pane's form and start its job; a bad field is a refusal the pane
+        shows like any other. The request is checked, and the job runs, under the pane's ``names`` for the
+        request's fields (its labels; :data:`~ster.tui.words.LABELS` when it has none of its own), so the
+        engine's sentences name the fields as the form does. The fields travel with the job as given: a remote
+        runner sends them, and the server checks them again, against its own files, in its own words."""
         from ster.engine.protocol.errors import SterError
         from ster.engine.protocol.events import Error
         from ster.engine.protocol.jobs import build_job_request
-        from ster.tui.words import in_our_words
+        from ster.engine.protocol.naming import named
+        from ster.tui.words import LABELS, in_our_words
 
-        words = getattr(owner, "engine_words", in_our_words)
+        names = getattr(owner, "names", LABELS)
         try:
-            request = build_job_request(job, **fields)
+            with named(names):
+                request = build_job_request(job, **fields)
         except SterError as exc:
-            owner.post_message(
-                JobFinished(
-                    JobHandle(0, job, None, owner, state="refused"),
-                    Error(kind="refused", message=words(str(exc))),
-                )
-            )
+            refused = Error(kind="refused", message=in_our_words(str(exc)), details=getattr(exc, "details", None))
+            owner.post_message(JobFinished(JobHandle(0, job, None, owner, state="refused"), refused))
             return None
-        handle = self.runner.start(job, request, owner, fields)
+        handle = self.runner.start(job, request, owner, fields, names)
         self.query_one(JobsPane).record(handle)
         self.refresh_status()
         return handle
@@ -222,8 +221,11 @@ class SterApp(App[None]):
             return
         message.handle.last_message = event.message
         loss = (event.data or {}).get("loss") if event.type == "progress" else None
-        if isinstance(loss, int | float):
+        message.handle.trained = None
+        if isinstance(loss, int | float) and event.type == "progress":  # a training step's
             message.handle.loss = float(loss)
+            if event.current is not None and event.total is not None:
+                message.handle.trained = (event.current, event.total)
         if event.type == "log" and event.data and "chat_template" in event.data:
             self.settings.chat_decision = event.data["chat_template"]
         self._record(message.handle, event)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -52,6 +53,8 @@ class JobHandle:
     owner: Widget
     fields: dict[str, Any] = field(default_factory=dict)
     """The form's fields as the pane gave them: what a remote runner sends to the server."""
+    names: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """How the job's sentences name its request's fields: the words of the pane that started it."""
     cancel: threading.Event = field(default_factory=threading.Event)
     state: State = "queued"
     last_message: str = ""
@@ -64,6 +67,8 @@ class JobHandle:
     """The job's progress reader; only its worker thread advances it."""
     loss: float | None = None
     """The loss of the latest step that reported one (a tune run's progress data)."""
+    trained: tuple[int, int] | None = None
+    """The optimizer step the latest event reported, of how many, when that event was a training step's."""
     result: dict[str, Any] | None = field(default=None, repr=False)
     """The result document, once the job ended with one (enter on its Jobs row shows it whole)."""
     details: dict[str, Any] | None = field(default=None, repr=False)
@@ -106,13 +111,21 @@ class JobRunner:
             self._models = ModelStore()
         return self._models
 
-    def start(self, name: str, request: BaseModel, owner: Widget, fields: dict[str, Any] | None = None) -> JobHandle:
+    def start(
+        self,
+        name: str,
+        request: BaseModel,
+        owner: Widget,
+        fields: dict[str, Any] | None = None,
+        names: Mapping[str, str] | None = None,
+    ) -> JobHandle:
         handle = JobHandle(
             next(self._ids),
             name,
             request,
             owner,
             dict(fields or {}),
+            names=names or {},
             track=Track(name, getattr(request, "max_new_tokens", None) if name == "generate" else None),
         )
         self.handles.append(handle)
@@ -129,8 +142,9 @@ class JobRunner:
 
     def _work(self, handle: JobHandle, request: BaseModel) -> None:
         from ster.engine.protocol.events import Error
+        from ster.engine.protocol.naming import named
 
-        with self._turn:
+        with self._turn, named(handle.names):
             if handle.cancel.is_set():
                 final: Outcome = Error(kind="cancelled", message="cancelled before it started; nothing was written")
             else:

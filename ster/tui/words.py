@@ -1,45 +1,60 @@
-"""The app's own words for a bad field, and for engine sentences written for the command line.
+"""The app's own words: its labels for the request fields its forms set, and plain words for the rest.
 
-The engine refuses a bad value in a sentence that names the CLI flag ("--max-new-tokens
-must be at least 1"), and a value the request model cannot parse in the validation
-library's words ("Input should be a valid number"). A person in the app typed into a
-field labelled "max tokens", so the forms check their fields here first, naming each
-field as its label does, and :func:`in_our_words` rewrites whatever engine sentence
-still reaches a pane. The checks parse with the engine's own parsers (strength, layers),
-so the app accepts exactly what the engine does. Nothing here imports textual or torch.
+The engine names a field in its sentences through :func:`ster.engine.protocol.naming.flag`; the app runs
+its checks and its jobs under :func:`~ster.engine.protocol.naming.named` with :data:`LABELS` (or a pane's own
+labels), so a refusal comes out naming the field as the form labels it ("max tokens must be at least 1"),
+composed that way rather than rewritten. What is left to say in the app's words is the validation library's
+phrases ("Input should be a valid number") in a document a job read, and the app's own guidance where an
+error's facts call for it (no pair set: where to get one in the app). Nothing here imports textual or torch.
 """
 
 from __future__ import annotations
 
-import math
 import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ster.engine.protocol.errors import Refusal
 
 if TYPE_CHECKING:
+    from ster.engine.protocol.events import Error
     from ster.engine.steering.strength import Strength
 
-LABELS = {
-    "strength": "strength",
-    "strengths": "sweep",
-    "max-new-tokens": "max tokens",
-    "temperature": "temp (temperature)",
-    "seed": "seed",
-    "top-p": "top p",
-    "layers": "layers",
-    "output": "artifact",
-    "vector": "artifact",
-    "pairs": "pair set",
-    "count": "pairs to keep",
-    "batch-size": "batch size",
-    "prompt": "prompt",
-    "trait": "trait",
-    "model": "model",
-    "prompts": "prompts",
-}
-"""CLI flag (without its dashes) → the label of the form field that sets it."""
+
+class Labels(dict[str, str]):
+    """The app's words for request fields: a field without a label of its own is its name in words."""
+
+    def __missing__(self, field: str) -> str:
+        return field.replace("_", " ")
+
+    def but(self, **labels: str) -> Labels:
+        """These labels, with some fields labelled as one pane's form labels them."""
+        return Labels({**self, **labels})
+
+
+LABELS = Labels(
+    {
+        "strength": "strength",
+        "strengths": "sweep",
+        "max_new_tokens": "max tokens",
+        "temperature": "temp (temperature)",
+        "seed": "seed",
+        "top_p": "top p",
+        "layers": "layers",
+        "output": "artifact",
+        "vector": "artifact",
+        "pairs": "pair set",
+        "count": "pairs to keep",
+        "batch_size": "batch size",
+        "prompt": "prompt",
+        "trait": "trait",
+        "model": "model",
+        "prompts": "prompts",
+    }
+)
+"""Request field → the label of the form field that sets it (the Steering tabs'; the Tune and Adapters tabs
+label some fields their own way)."""
 STRENGTH_SPELLING = "a number such as 3, or a multiple of the layer's activation spread such as 0.4x"
 PHRASES = (
     (re.compile(r"Input should be a valid number.*"), "give a number"),
@@ -56,12 +71,18 @@ NO_PAIRS = (
 
 
 def in_our_words(sentence: str) -> str:
-    """An engine sentence as the app says it: form labels for flags, plain words for the library's phrases."""
-    if sentence.startswith("no pair set is active in the workspace"):
-        return NO_PAIRS
+    """An engine sentence with the validation library's phrases (in a file a job read) in plain words."""
     for pattern, replacement in PHRASES:
         sentence = pattern.sub(replacement, sentence)
-    return re.sub(r"--([a-z][a-z0-9-]*)", lambda m: LABELS.get(m.group(1), m.group(1).replace("-", " ")), sentence)
+    return sentence
+
+
+def said(final: Error) -> str:
+    """What the app says of a job that ended in an error: the engine's sentence, or the app's own guidance
+    where the error's facts call for it (the engine needed a pair set and the workspace has none active)."""
+    if (final.details or {}).get("needs") == "pairs":
+        return NO_PAIRS
+    return in_our_words(final.message)
 
 
 def parse_strength(text: str, label: str = "strength") -> Strength:
@@ -76,17 +97,6 @@ def parse_strength(text: str, label: str = "strength") -> Strength:
         if "finite" in str(exc):
             raise ValueError(f"{label} must be a finite number") from None
         raise ValueError(f'{label} is {STRENGTH_SPELLING}; "{text}" is neither') from None
-
-
-def parse_strengths(text: str) -> list[Strength]:
-    """The sweep field's strengths; they must share one unit (0 goes with either)."""
-    parts = [part.strip() for part in text.split(",") if part.strip()]
-    if not parts:
-        raise ValueError("sweep needs at least one strength, e.g. -0.4x,0.4x")
-    strengths = [parse_strength(part, "each sweep strength") for part in parts]
-    if len({s.unit for s in strengths if s.value}) > 1:
-        raise ValueError("sweep mixes units: write every strength as a number (3) or every one with an x (0.4x)")
-    return strengths
 
 
 def parse_prompt_set(text: str) -> str | None:
@@ -107,35 +117,35 @@ def parse_prompt_set(text: str) -> str | None:
     return str(Path(typed).expanduser())
 
 
-def parse_whole(text: str, label: str, low: int, high: int | None = None) -> int:
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise ValueError(f'{label} is a whole number; "{text}" is not') from None
-    if value < low or (high is not None and value > high):
-        span = f"at least {low}" if high is None else f"between {low} and {high}"
-        raise ValueError(f"{label} must be {span}")
-    return value
+def request_check(
+    job: str, field: str, valid: dict[str, Any], names: Mapping[str, str] = LABELS
+) -> Callable[[str], None]:
+    """A form field's check by the job's own request: the text refused as it would be in a request that is
+    otherwise ``valid``, in the request's sentence naming the field by ``names`` (a ValueError)."""
 
+    def check(text: str) -> None:
+        from ster.engine.protocol.jobs import request_class
+        from ster.engine.protocol.naming import named
+        from ster.engine.protocol.requests import refusal_of
 
-def parse_temperature(text: str) -> float:
-    try:
-        value = float(text.strip())
-    except ValueError:
-        raise ValueError(f'temp (temperature) is a number, 0 to decode greedily; "{text}" is not') from None
-    if not math.isfinite(value) or value < 0:
-        raise ValueError("temp (temperature) must be a finite number of at least 0; 0 decodes greedily")
-    return value
+        with named(names):
+            sentence = refusal_of(request_class(job), valid, field, text)
+        if sentence is not None:
+            raise ValueError(in_our_words(sentence))
+
+    return check
 
 
 def parse_layers(text: str) -> str:
     """The layers field as the engine's selector parses it (the syntax only; the model says how many exist)."""
+    from ster.engine.protocol.naming import named
     from ster.engine.steering.layers import LayerSpec
 
     try:
-        LayerSpec.parse(text)
+        with named(LABELS):
+            LayerSpec.parse(text)
     except Refusal as exc:
-        raise ValueError(in_our_words(str(exc))) from None
+        raise ValueError(str(exc)) from None
     return text
 
 

@@ -409,11 +409,12 @@ def test_a_provenance_warning_shows_in_yellow_and_the_run_goes_on(calm: Path, tm
             "strength is a number such as 3, or a multiple of the layer's activation spread such as "
             '0.4x; "abc" is neither',
         ),
-        ("temperature", "warm", 'temp (temperature) is a number, 0 to decode greedily; "warm" is not'),
+        ("temperature", "warm", 'temp (temperature) must be a number; got "warm"'),
         (
             "strengths",
             "0.4x,3",
-            "sweep mixes units: write every strength as a number (3) or every one with an x (0.4x)",
+            "sweep mixes absolute and relative strengths; give all of them as numbers (3) or all as multiples of "
+            "the activation spread (0.4x)",
         ),
     ],
 )

@@ -24,7 +24,7 @@ from ster.tui.runner import JobHandle
 from ster.tui.settings import Settings
 from ster.tui.widgets.curves import Curves
 from ster.tui.widgets.progress import JobProgress
-from ster.tui.widgets.tune import DEFAULTS, MORE, TunePane, checkpoint_of
+from ster.tui.widgets.tune import FORM, MORE, TunePane, checkpoint_of
 from tests.tui.tui_helpers import screen_text, settle, until
 
 PAIRS = EXAMPLES_DIR / "pairs.json"
@@ -60,30 +60,45 @@ async def fill(pilot: Pilot, pane: TunePane, objective: str = "sft", **values: s
     await pilot.pause()
 
 
-def test_the_form_starts_at_the_contract_defaults_of_each_objective() -> None:
+def test_the_form_starts_at_each_objectives_request_defaults() -> None:
+    """What each field shows, objective by objective, is what its request model holds (read here through the
+    models, the form reading them itself): a default that changes there changes here."""
     requests = {"sft": SftRequest, "dpo": DpoRequest, "ipo": DpoRequest, "reward": RewardRequest, "grpo": GrpoRequest}
-    for objective, request in requests.items():
-        fields = request.model_fields
-        shown = DEFAULTS[objective]
-        passes = "iterations" if objective == "grpo" else "epochs"
-        assert int(shown["epochs"]) == fields[passes].default
-        assert float(shown["learning-rate"]) == fields["learning_rate"].default
-        for name in ("accumulation", "rank"):
-            assert int(shown[name]) == fields[name].default, (objective, name)
-        assert float(shown["alpha"]) == fields["alpha"].default and shown["targets"] == fields["targets"].default
-        if "beta" in fields:
-            assert float(shown["beta"]) == fields["beta"].default, objective
-    assert int(DEFAULTS["grpo"]["group"]) == GrpoRequest.model_fields["group"].default
-    assert DEFAULTS["grpo"]["reward"] == GrpoRequest.model_fields["reward"].default
-    for objective, request in requests.items():  # the more-settings section's
-        fields, shown = request.model_fields, DEFAULTS[objective]
-        for name in ("seed", "warmup-steps", "checkpoint-every", "max-sequence", "batch-size", "max-new-tokens"):
-            if name.replace("-", "_") in fields:
-                assert int(shown[name]) == fields[name.replace("-", "_")].default, (objective, name)
-        assert shown["layers"] == fields["layers"].default
-        if objective == "grpo":
-            assert float(shown["temperature"]) == fields["temperature"].default
-            assert float(shown["top-p"]) == fields["top_p"].default
+
+    async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
+        for objective, request in requests.items():
+            await fill(pilot, pane, objective)
+            fields, checked = request.model_fields, 0
+            for name in (*FORM, *MORE):
+                field = "iterations" if (objective, name) == ("grpo", "epochs") else name.replace("-", "_")
+                if field not in fields:
+                    continue
+                shown, default = pane.query_one(f"#{name}").value, fields[field].default
+                assert (float(shown) if isinstance(default, int | float) else shown) == default, (objective, name)
+                checked += 1
+            assert checked >= 12, objective
+
+    drive(scenario)
+
+
+def test_a_default_changed_in_the_request_model_is_the_forms(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ster.tui.widgets import tune
+
+    monkeypatch.setattr(SftRequest.model_fields["rank"], "default", 5)
+    monkeypatch.setattr(GrpoRequest.model_fields["group"], "default", 6)
+    tune.own_defaults.cache_clear()  # read again from the models now, and once more after the test
+    tune.defaults.cache_clear()
+
+    async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
+        assert pane.query_one("#rank").value == "5"
+        await fill(pilot, pane, "grpo")
+        assert pane.query_one("#group").value == "6" and pane.query_one("#rank").value == "8"
+
+    try:
+        drive(scenario)
+    finally:
+        tune.own_defaults.cache_clear()
+        tune.defaults.cache_clear()
 
 
 MORE_VALUES = {
@@ -246,23 +261,25 @@ def test_a_cancelled_run_leaves_a_checkpoint_and_r_resumes_it_to_the_uninterrupt
 @pytest.mark.parametrize(
     ("field", "value", "sentence"),
     [
-        ("learning-rate", "0", "learning rate must be a finite number above zero"),
-        ("epochs", "two", 'epochs is a whole number; "two" is not'),
+        ("learning-rate", "0", "supervised fine-tuning requires a finite learning rate above zero"),
+        ("epochs", "two", 'epochs must be a whole number; got "two"'),
         ("targets", "qq", 'unknown adapter target "qq"'),
-        ("group", "1", "group must be at least 2"),
+        ("group", "1", "requires a group of at least two completions"),
         ("seed", "-1", "seed must be between 0 and 18446744073709551615"),
-        ("layers", "2-", "layers"),
-        ("warmup-steps", "x", 'warmup steps is a whole number; "x" is not'),
-        ("checkpoint-every", "-2", "checkpoint every must be at least 0"),
-        ("max-sequence", "1", "max sequence must be at least 2"),
-        ("batch-size", "0", "batch must be at least 1"),
-        ("temperature", "0", "temperature must be a finite number above zero"),
+        ("layers", "2-", "layers takes all, a comma list"),
+        ("warmup-steps", "x", 'warmup steps must be a whole number; got "x"'),
+        ("checkpoint-every", "-2", "checkpoint every must be 0 or more"),
+        ("max-sequence", "1", "max sequence must be at least two tokens"),
+        ("batch-size", "0", "supervised fine-tuning requires a batch of at least one example"),
+        ("temperature", "0", "requires a temperature above zero"),
         ("top-p", "1.5", "top-p must be above 0 and at most 1"),
-        ("max-new-tokens", "0", "max new tokens must be at least 1"),
+        ("max-new-tokens", "0", "max new tokens must be greater than zero"),
         ("output", "x.json", "adapter x.json ends in .json, which is where its sidecar goes"),
     ],
 )
-def test_a_bad_value_is_refused_in_the_forms_words_before_anything_runs(field: str, value: str, sentence: str) -> None:
+def test_a_bad_value_is_refused_by_the_requests_check_in_the_forms_words_before_anything_runs(
+    field: str, value: str, sentence: str
+) -> None:
     async def scenario(app: SterApp, pilot: Pilot, pane: TunePane) -> None:
         grpo = field in ("group", "temperature", "top-p", "max-new-tokens")
         objective, data = ("grpo", "ster:grpo-prompts") if grpo else ("sft", "ster:examples")

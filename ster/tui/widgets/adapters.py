@@ -36,7 +36,7 @@ from ster.tui.settings import layer_words
 from ster.tui.widgets.fields import Field, FormRow, MessageLine
 from ster.tui.widgets.progress import JobProgress
 from ster.tui.widgets.wrapped import Wrapped
-from ster.tui.words import in_our_words
+from ster.tui.words import LABELS, in_our_words, said
 
 COLUMNS = (("", 1), ("objective", 9), ("model", 10), ("result", 21))
 """The short columns and their widths; the path takes the rest."""
@@ -382,11 +382,8 @@ class AdaptersPane(MessageLine, Vertical):
         self.query_one(JobProgress).queued(handle, f"{job} {stem(path)}")
         return handle.id
 
-    def engine_words(self, sentence: str) -> str:
-        """An engine sentence as this tab says it."""
-        for flag, label in (("--output", "the directory"), ("--examples", "evaluate on"), ("--artifact", "path")):
-            sentence = sentence.replace(flag, label)
-        return in_our_words(sentence)
+    names = LABELS.but(output="the directory", examples="evaluate on", artifact="path")
+    """How this tab names the request's fields (its form's labels)."""
 
     # --- the jobs' events -----------------------------------------------------------------------------
 
@@ -399,12 +396,12 @@ class AdaptersPane(MessageLine, Vertical):
         if message.step is not None and message.handle.id in self.jobs:
             self.query_one(JobProgress).stepped(message.handle, message.step)
         if message.event.type == "warning":
-            self.add(f"warning: {self.engine_words(message.event.message)}", "yellow")
+            self.add(f"warning: {in_our_words(message.event.message)}", "yellow")
 
     def on_job_finished(self, message: JobFinished) -> None:
         handle, final = message.handle, message.final
-        if handle.id == 0 and final.type == "error":  # refused before it became a job: in our words already
-            self.say(final.message, "red")
+        if handle.id == 0 and final.type == "error":  # refused before it became a job
+            self.say(said(final), "red")
             return
         if handle.id not in self.jobs:
             return
@@ -413,8 +410,7 @@ class AdaptersPane(MessageLine, Vertical):
         self.query_one(JobProgress).ended(handle, final_state(final), getattr(final, "message", ""))
         self._put_back(handle.id, final.type == "result")
         if final.type != "result":
-            sentence, kind = final.message, final.kind
-            self.say(self.engine_words(sentence), "magenta" if kind == "cancelled" else "red")
+            self.say(said(final), "magenta" if final.kind == "cancelled" else "red")
             if role is not None:  # the other half of the comparison says nothing alone
                 runner = self.app.runner
                 for other in [h for h in runner.active() if h.id in self.roles]:

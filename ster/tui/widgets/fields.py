@@ -88,6 +88,17 @@ class Field(Input):
             event.prevent_default()  # the input would type it; unhandled, it bubbles to the pane's bindings
 
 
+def checked_by(job: str, field: str, valid: dict[str, Any], shown: str | None = None, **options: Any) -> Field:
+    """A field for a request field of ``job``: at that request's default (or ``shown``), and checked by that
+    request's own checks beside the otherwise passing ``valid`` (:func:`ster.tui.words.request_check`)."""
+    from ster.engine.protocol.jobs import request_default
+    from ster.tui.words import request_check
+
+    return Field(
+        request_default(job, field) if shown is None else shown, check=request_check(job, field, valid), **options
+    )
+
+
 def labelled(label: str, field: Input | Any, hint: str = "") -> ComposeResult:
     """A label and its field (and an optional dim hint after it), as parts of a form row."""
     yield Label(label, classes="field-label")

@@ -35,9 +35,10 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Label, Static
 
+from ster.engine.protocol.jobs import request_default
 from ster.engine.steering.strength import DEFAULT_STRENGTH, DEFAULT_SWEEP
 from ster.tui.runner import JobHandle
-from ster.tui.widgets.fields import Field, FieldErrors, FormRow, labelled
+from ster.tui.widgets.fields import Field, FieldErrors, FormRow, checked_by, labelled
 from ster.tui.widgets.generate_jobs import GenerateJobs
 from ster.tui.widgets.generate_parts import TextPanel
 from ster.tui.widgets.generate_text import GenerateText
@@ -49,14 +50,16 @@ from ster.tui.words import (
     parse_adapter,
     parse_prompt_set,
     parse_strength,
-    parse_strengths,
-    parse_temperature,
-    parse_whole,
+    request_check,
 )
 
 PROMPT = "question : tell me about the town . answer :"
 """A prompt in the toy model's vocabulary, so the pane shows steering before anything is typed."""
 NO_ARTIFACT = "no artifact: train, optimize or load one in the Train tab"
+CHECKED_BESIDE = {"model": "ster:toy", "prompt": "a prompt"}
+"""A generate request that passes: what the sampling fields are checked beside (each by the request's checks)."""
+SWEEP_BESIDE = {"model": "ster:toy", "vector": "calm.ster.json", "prompt_texts": ["a prompt"]}
+"""A sweep request that passes: what the sweep field is checked beside."""
 STEP_KEYS = frozenset("[]{}")
 STEPS = {"relative": (0.1, 0.01), "absolute": (1.0, 0.1)}
 """Per unit, the coarse (] and [) and fine (} and {) step of the strength keys."""
@@ -156,22 +159,29 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
             )
             yield from labelled(
                 " max tokens",
-                Field("48", check=lambda t: parse_whole(t, "max tokens", 1), width=6, grow=10, id="max-new-tokens"),
+                checked_by(
+                    "generate",
+                    "max_new_tokens",
+                    CHECKED_BESIDE,
+                    shown=request_default("sweep", "max_new_tokens"),  # a sweep's: quick on a CPU, for both
+                    width=6,
+                    grow=10,
+                    id="max-new-tokens",
+                ),
             )
             yield from labelled(
                 " temp",
-                Field(
-                    "0",
-                    check=parse_temperature,
+                checked_by(
+                    "generate",
+                    "temperature",
+                    CHECKED_BESIDE,
                     width=5,
                     grow=10,
                     id="temperature",
                     tooltip="temperature: 0 decodes greedily; above 0 samples by the seed",
                 ),
             )
-            yield from labelled(
-                " seed", Field("42", check=lambda t: parse_whole(t, "seed", 0, 2**64 - 1), width=6, grow=24, id="seed")
-            )
+            yield from labelled(" seed", checked_by("generate", "seed", CHECKED_BESIDE, width=6, grow=24, id="seed"))
         with FormRow():
             yield from labelled(
                 "adapter",
@@ -189,7 +199,7 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
                 "sweep",
                 Field(
                     DEFAULT_SWEEP,
-                    check=parse_strengths,
+                    check=request_check("sweep", "strengths", SWEEP_BESIDE),
                     width=24,
                     grow=44,
                     id="strengths",

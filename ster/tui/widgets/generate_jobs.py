@@ -25,7 +25,7 @@ from ster.tui.widgets.generate_parts import TextPanel, other_unit
 from ster.tui.widgets.progress import JobProgress
 from ster.tui.widgets.sweep_caption import fluent_rule, nothing_moved, sweep_caption
 from ster.tui.widgets.sweep_table import SweepTable
-from ster.tui.words import format_number, in_our_words
+from ster.tui.words import format_number, in_our_words, said
 
 
 class GeneratePart(InApp):
@@ -87,7 +87,7 @@ class GenerateJobs(GeneratePart):
     def on_job_finished(self, message: JobFinished) -> None:
         handle, final = message.handle, message.final
         if handle.id == 0 and final.type == "error":  # a request refused before it became a job
-            self.add(final.message, "red")
+            self.add(said(final), "red")
             return
         role = self._role(handle)
         if role is None:
@@ -99,7 +99,7 @@ class GenerateJobs(GeneratePart):
             self.panel(role).remove_class("running")
             self.panel(role).scroll_home(animate=False)  # streamed, it followed the tail; read, it starts at the top
         if final.type == "error":
-            self._failed(role, final.kind, in_our_words(final.message))
+            self._failed(role, final.kind, said(final))
         elif role == "sweep":
             self._swept(final.data)
         else:

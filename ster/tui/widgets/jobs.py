@@ -13,7 +13,6 @@ it, so the highlighted row (and ``x``) follows the work.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +46,6 @@ COLUMNS = (("#", 4), ("job", 16), ("state", 9), ("took", 7))
 """The short columns and their widths; the last message takes the rest."""
 TUNE_RUNS = ("tune sft", "tune dpo", "tune reward", "tune grpo")
 """The jobs that train an adapter: their rows show the loss and a cancelled run's checkpoint."""
-STEP_LINE = re.compile(r"(epoch|iteration) \d+/\d+ step ")
 
 
 class JobTable(DataTable):
@@ -152,10 +150,9 @@ def _message(handle: JobHandle, width: int) -> str:
     message = in_our_words(handle.last_message)
     if handle.name not in TUNE_RUNS:
         return _fit(message, width)
-    if handle.loss is not None:
-        if STEP_LINE.match(message):
-            message = re.sub(r" loss \S+", "", message, count=1)  # the loss leads the cell instead
-        message = f"loss {handle.loss:.4f} · {message}"
+    if handle.loss is not None:  # the loss leads the cell, then the step (or the latest sentence after the steps)
+        at = f"step {handle.trained[0]}/{handle.trained[1]}" if handle.trained else message
+        message = f"loss {handle.loss:.4f} · {at}"
     checkpoint = _checkpoint(handle)
     if checkpoint is None:
         return _fit(message, width)

@@ -26,7 +26,7 @@ from ster.tui.runner import JobHandle
 from ster.tui.widgets.pair_files import PairFiles
 from ster.tui.widgets.pair_report import detail_text, distinct_parts, flag_cells, summary_text
 from ster.tui.widgets.wrapped import Wrapped
-from ster.tui.words import in_our_words
+from ster.tui.words import in_our_words, said
 
 FIXED_COLUMNS = (("#", 4), ("duplicate", 20), ("refusal", 22), ("ratio", 6))
 NARROW_COLUMNS = (("#", 3), ("duplicate", 12), ("refusal", 14), ("ratio", 5))
@@ -232,7 +232,7 @@ class PairsPane(PairFiles, Vertical):
             if handle is self._inspection:
                 self._inspection = None  # the summary then says the flags are unknown
             self._redraw(self._highlighted())
-            self._say(in_our_words(final.message), "red")
+            self._say(said(final), "red")
             return
         request, data = handle.request, final.data
         {

@@ -26,7 +26,7 @@ from ster.tui.widgets.fields import Field, FieldErrors, FormRow, MessageLine, la
 from ster.tui.widgets.progress import JobProgress
 from ster.tui.widgets.train_results import SORT_BY_COLUMN, TrainResults
 from ster.tui.widgets.wrapped import Wrapped
-from ster.tui.words import in_our_words, parse_layers
+from ster.tui.words import in_our_words, parse_layers, said
 
 METHODS = ("caa", "pca", "logistic")
 
@@ -229,7 +229,7 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
         if final.type == "error":
             self.query_one(TrainResults).mark_old(f"the last {handle.name} was {state}")
             if final.kind != "cancelled":
-                self.say(in_our_words(final.message), "red")
+                self.say(said(final), "red")
             elif handle.name == "calibrate" and _study(output := _calibrated(handle)).exists():
                 self.say(
                     f"cancelled; the study at {shown(_study(output))} keeps the finished trials, and c continues it",
@@ -303,7 +303,7 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
         (handle, row), self.adopting = self.adopting, None
         if final.type == "error":
             if final.kind != "cancelled":
-                self.say(in_our_words(final.message), "red")
+                self.say(said(final), "red")
             else:
                 self.say(f"cancelled: {row.candidate()} was not fitted, nothing adopted", "magenta")
             return

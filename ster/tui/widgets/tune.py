@@ -13,9 +13,9 @@ trait (or the data file), the objective and the model.
 
 from __future__ import annotations
 
-import math
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -30,38 +30,19 @@ from ster.tui.widgets.curves import Curves
 from ster.tui.widgets.fields import Field, FieldErrors, FormRow, MessageLine, labelled
 from ster.tui.widgets.progress import JobProgress
 from ster.tui.widgets.wrapped import Wrapped
-from ster.tui.words import in_our_words, parse_whole
+from ster.tui.words import LABELS, Labels, in_our_words, request_check, said
+
+if TYPE_CHECKING:
+    from ster.engine.tune.requests import TuneRequest
 
 OBJECTIVES = ("sft", "dpo", "ipo", "reward", "grpo")
 JOBS = {"sft": "tune sft", "dpo": "tune dpo", "ipo": "tune dpo", "reward": "tune reward", "grpo": "tune grpo"}
 DATA = {"sft": "examples", "dpo": "pairs", "ipo": "pairs", "reward": "pairs", "grpo": "prompts"}
 """The data field's name (and label) per objective."""
-DEFAULTS: dict[str, dict[str, str]] = {
-    objective: {
-        "epochs": "1",
-        "learning-rate": "0.0001",
-        "accumulation": "1" if objective == "grpo" else "8",
-        "rank": "8",
-        "alpha": "16",
-        "targets": "query,value",
-        "beta": "0.04" if objective == "grpo" else "0.1",
-        "group": "4",
-        "reward": "length",
-        "seed": "42",
-        "layers": "all",
-        "warmup-steps": "0",
-        "batch-size": "1",
-        "checkpoint-every": "0",
-        "max-sequence": "512",
-        "temperature": "0.9",
-        "top-p": "0.95",
-        "max-new-tokens": "64",
-    }
-    for objective in OBJECTIVES
-}
-"""The contract's defaults (the tune requests' own; a test keeps them equal), as the fields show them."""
-BUNDLED = {"examples": "ster:examples", "prompts": "ster:grpo-prompts"}
-NUMBER_FIELDS = ("epochs", "learning-rate", "accumulation", "rank", "alpha", "beta", "group")
+BUNDLED = {"examples": "ster:examples", "pairs": "ster:pairs", "prompts": "ster:grpo-prompts"}
+"""The bundled data of each kind: what the field's placeholder offers, and what a field is checked beside."""
+FORM = ("epochs", "learning-rate", "accumulation", "rank", "alpha", "targets", "beta", "group", "reward")
+"""The form's settings above the fold (ids: the CLI flag without its dashes)."""
 MORE = {
     "seed": "seed",
     "layers": "layers",
@@ -80,100 +61,56 @@ MORE_TITLE = "more settings"
 RESUME_HINT = "r resumes the run from its checkpoint (the same fields), t starts over"
 
 
-def positive(label: str) -> Any:
-    def check(text: str) -> float:
-        try:
-            value = float(text.strip())
-        except ValueError:
-            raise ValueError(f'{label} is a number such as 0.0001 or 1e-4; "{text}" is not') from None
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{label} must be a finite number above zero")
-        return value
-
-    return check
+def request_field(objective: str, name: str) -> str:
+    """The request field a form field sets: its id's words (grpo's epochs are its iterations)."""
+    return "iterations" if name == "epochs" and objective == "grpo" else name.replace("-", "_")
 
 
-def not_negative(label: str) -> Any:
-    def check(text: str) -> float:
-        try:
-            value = float(text.strip())
-        except ValueError:
-            raise ValueError(f'{label} is a number; "{text}" is not') from None
-        if not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"{label} must be a finite number of at least 0")
-        return value
+def request_kind(objective: str) -> type[TuneRequest]:
+    """The request model of an objective's job: the one source of the form's defaults and checks."""
+    from ster.engine.protocol.jobs import request_class
 
-    return check
+    return cast("type[TuneRequest]", request_class(JOBS[objective]))
 
 
-def whole(label: str, low: int, high: int | None = None) -> Any:
-    def check(text: str) -> int:
-        if not text.strip():
-            raise ValueError(f"{label} is empty; give a whole number of at least {low}")
-        return parse_whole(text, label, low, high)
+@cache
+def own_defaults(objective: str) -> dict[str, str]:
+    """The form's fields this objective's request has, at that request's defaults."""
+    from ster.engine.protocol.jobs import request_default
 
-    return check
+    fields = request_kind(objective).model_fields
+    return {
+        name: request_default(JOBS[objective], request_field(objective, name))
+        for name in (*FORM, *MORE)
+        if request_field(objective, name) in fields
+    }
+
+
+@cache
+def defaults(objective: str) -> dict[str, str]:
+    """Every field's default as the form shows it for ``objective``: its request's own, and for a field its
+    request lacks (grpo's group under sft) the first objective's that has it, so a hidden field holds a value
+    that is right once it shows."""
+    shown: dict[str, str] = {}
+    for other in (objective, *OBJECTIVES):
+        shown = {**own_defaults(other), **shown}
+    return shown
+
+
+@cache
+def valid(objective: str) -> dict[str, Any]:
+    """The fields of a request of ``objective`` that passes every check: what one field is checked beside."""
+    data = DATA[objective]
+    return {
+        "model": "ster:toy",
+        "output": Path("adapter.safetensors"),
+        data: BUNDLED[data],
+        **({"loss": objective} if objective in ("dpo", "ipo") else {}),
+    }
 
 
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
-def nucleus(text: str) -> float:
-    try:
-        value = float(text.strip())
-    except ValueError:
-        raise ValueError(f'top-p is a number above 0 and at most 1 (1 keeps every token); "{text}" is not') from None
-    if not 0 < value <= 1:
-        raise ValueError("top-p must be above 0 and at most 1 (1 keeps every token)")
-    return value
-
-
-def check_layers(text: str) -> str:
-    from ster.tui.words import parse_layers
-
-    if not text.strip():
-        raise ValueError("layers is empty; give all, or layers such as 2,5 or 8-15")
-    return parse_layers(text)
-
-
-CHECKS: dict[str, Any] = {
-    "seed": whole("seed", 0, 2**64 - 1),
-    "layers": check_layers,
-    "warmup-steps": whole("warmup steps", 0),
-    "batch-size": whole("batch", 1),
-    "checkpoint-every": whole("checkpoint every", 0),
-    "max-sequence": whole("max sequence", 2),
-    "temperature": positive("temperature"),
-    "top-p": nucleus,
-    "max-new-tokens": whole("max new tokens", 1),
-}
-
-
-def check_targets(text: str) -> str:
-    from ster.engine.model.adapters.artifact import parse_targets
-    from ster.engine.protocol.errors import Refusal
-
-    try:
-        parse_targets(text)
-    except Refusal as exc:
-        raise ValueError(in_our_words(str(exc))) from None
-    return text
-
-
-def tune_words(sentence: str, data: str) -> str:
-    """An engine sentence as the Tune tab says it: its fields' labels for the flags."""
-    for flag, label in (
-        ("--output", "adapter"),
-        ("--epochs", "epochs"),
-        ("--iterations", "epochs"),
-        ("--learning-rate", "learning rate"),
-        ("--pairs", "pairs"),
-        ("--resume", "resume (r)"),
-        *((f"--{name}", label) for name, label in MORE.items()),
-    ):
-        sentence = sentence.replace(flag, label)
-    return in_our_words(sentence.replace(f"--{data}", data))
 
 
 class MoreSettings(Collapsible):
@@ -233,59 +170,34 @@ class TunePane(MessageLine, FieldErrors, Vertical):
                     tooltip="where t writes the adapter (.safetensors) and its sidecar; empty: the default in grey",
                 ),
             )
-        defaults = DEFAULTS["sft"]
         with FormRow():
             yield Label("epochs", classes="field-label", id="epochs-label")
-            yield Field(defaults["epochs"], check=whole("epochs", 1), width=5, grow=8, id="epochs")
+            yield self._setting("epochs", 5, 8)
             yield Label("learning rate", classes="field-label -gap")
-            yield Field(
-                defaults["learning-rate"], check=positive("learning rate"), width=9, grow=14, id="learning-rate"
-            )
+            yield self._setting("learning-rate", 9, 14)
             yield Label("accumulation", classes="field-label -gap")
-            yield Field(
-                defaults["accumulation"],
-                check=whole("accumulation", 1),
-                width=5,
-                grow=8,
-                id="accumulation",
-                tooltip="forwards folded into one optimizer step",
-            )
+            yield self._setting("accumulation", 5, 8, "forwards folded into one optimizer step")
         with FormRow():
-            yield from labelled("rank", Field(defaults["rank"], check=whole("rank", 1), width=5, grow=8, id="rank"))
+            yield from labelled("rank", self._setting("rank", 5, 8))
             yield Label("alpha", classes="field-label -gap")
-            yield Field(defaults["alpha"], check=positive("alpha"), width=6, grow=10, id="alpha")
+            yield self._setting("alpha", 6, 10)
             yield Label("targets", classes="field-label -gap")
-            yield Field(
-                defaults["targets"],
-                check=check_targets,
-                width=14,
-                grow=40,
-                id="targets",
-                tooltip="query, key, value, output, gate, up, down (or q_proj …), comma separated",
+            yield self._setting(
+                "targets", 14, 40, "query, key, value, output, gate, up, down (or q_proj …), comma separated"
             )
             yield Label("beta", classes="field-label -gap beta-only")
-            yield Field(defaults["beta"], check=not_negative("beta"), width=6, grow=10, id="beta", classes="beta-only")
+            yield self._setting("beta", 6, 10, classes="beta-only")
         with FormRow(classes="grpo-only"):
-            yield from labelled(
-                "group",
-                Field(
-                    defaults["group"],
-                    check=whole("group", 2),
-                    width=5,
-                    grow=8,
-                    id="group",
-                    tooltip="completions sampled per prompt",
-                ),
-            )
+            yield from labelled("group", self._setting("group", 5, 8, "completions sampled per prompt"))
             yield Label("reward", classes="field-label -gap")
-            yield Field(
-                "length", id="reward", tooltip="length (tokens emitted), or a reward model written by tune reward"
+            yield self._setting(
+                "reward", None, None, "length (tokens emitted), or a reward model written by tune reward"
             )
         with MoreSettings(title=MORE_TITLE, id="more"):
             with FormRow():
                 yield from labelled(
                     "seed",
-                    self._more(
+                    self._setting(
                         "seed",
                         6,
                         24,
@@ -293,13 +205,13 @@ class TunePane(MessageLine, FieldErrors, Vertical):
                     ),
                 )
                 yield Label("layers", classes="field-label -gap")
-                yield self._more("layers", 6, 24, "layers that carry an adapter: all, or such as 2,5 or 8-15")
+                yield self._setting("layers", 6, 24, "layers that carry an adapter: all, or such as 2,5 or 8-15")
                 yield Label("warmup steps", classes="field-label -gap")
-                yield self._more("warmup-steps", 5, 8, "optimizer steps over which the learning rate ramps up")
+                yield self._setting("warmup-steps", 5, 8, "optimizer steps over which the learning rate ramps up")
             with FormRow():
                 yield from labelled(
                     "checkpoint every",
-                    self._more(
+                    self._setting(
                         "checkpoint-every",
                         5,
                         8,
@@ -307,28 +219,52 @@ class TunePane(MessageLine, FieldErrors, Vertical):
                     ),
                 )
                 yield Label("max sequence", classes="field-label -gap")
-                yield self._more("max-sequence", 6, 8, "tokens; a longer sequence is skipped, never cut")
+                yield self._setting("max-sequence", 6, 8, "tokens; a longer sequence is skipped, never cut")
                 yield Label("batch", classes="field-label -gap no-grpo")
-                yield self._more(
+                yield self._setting(
                     "batch-size", 5, 8, "units per forward (grpo decodes each prompt's group as one)", "no-grpo"
                 )
             with FormRow(classes="grpo-only"):
                 yield from labelled(
                     "temperature",
-                    self._more("temperature", 6, 10, "sampling temperature of the completions, above zero"),
+                    self._setting("temperature", 6, 10, "sampling temperature of the completions, above zero"),
                 )
                 yield Label("top-p", classes="field-label -gap")
-                yield self._more("top-p", 6, 10, "nucleus sampling: 1 keeps every token")
+                yield self._setting("top-p", 6, 10, "nucleus sampling: 1 keeps every token")
                 yield Label("max new tokens", classes="field-label -gap")
-                yield self._more("max-new-tokens", 5, 8, "tokens sampled per completion at most")
+                yield self._setting("max-new-tokens", 5, 8, "tokens sampled per completion at most")
         yield JobProgress("t trains an adapter; ctrl+x cancels and keeps a checkpoint, r resumes it", id="progress")
         yield Wrapped("", id="message")
         yield Curves(id="curves")
 
-    @staticmethod
-    def _more(name: str, width: int, grow: int, tooltip: str, classes: str = "") -> Field:
+    def _setting(self, name: str, width: int | None, grow: int | None, tooltip: str = "", classes: str = "") -> Field:
+        """A setting's field, at the request's default and checked by the request's own checks."""
         return Field(
-            DEFAULTS["sft"][name], check=CHECKS[name], width=width, grow=grow, id=name, tooltip=tooltip, classes=classes
+            defaults(self.objective)[name],
+            check=lambda text: self._check(name, text),
+            width=width,
+            grow=grow,
+            id=name,
+            tooltip=tooltip or None,
+            classes=classes,
+        )
+
+    def _check(self, name: str, text: str) -> None:
+        """Refuse a field's text as the objective's request would, beside a request that passes: in the
+        request's sentence, naming the field as this form labels it (ValueError)."""
+        field, objective = request_field(self.objective, name), self.objective
+        if field in request_kind(objective).model_fields:  # not a field of another objective, hidden under this one
+            request_check(JOBS[objective], field, valid(objective), self.names)(text)
+
+    @property
+    def names(self) -> Labels:
+        """How this tab names the request's fields: its own labels (the data field is named for its kind)."""
+        return LABELS.but(
+            output="adapter",
+            learning_rate="learning rate",
+            resume="resume (r)",
+            **{data: data for data in BUNDLED},  # examples, pairs, prompts: the data field's label
+            **{name.replace("-", "_"): label for name, label in MORE.items()},
         )
 
     def on_mount(self) -> None:
@@ -341,12 +277,14 @@ class TunePane(MessageLine, FieldErrors, Vertical):
             return
         data = self.query_one("#data", Field)
         self._typed[DATA[self.objective]] = data.value  # each kind of data keeps what was typed for it
-        before, self.objective = DEFAULTS[self.objective], str(event.value)
+        before, self.objective = defaults(self.objective), str(event.value)
         data.value = self._typed.get(DATA[self.objective], "")
-        for name, value in DEFAULTS[self.objective].items():
+        for name, value in defaults(self.objective).items():
             field = self.query_one(f"#{name}", Field)
             if field.value.strip() == before[name]:  # a default follows the objective; a typed value stays
                 field.value = value
+            else:
+                field.validate(field.value)  # checked again, by the new objective's request
         if self.shown_error:
             self.say("", "")
         self._show_objective()
@@ -377,7 +315,7 @@ class TunePane(MessageLine, FieldErrors, Vertical):
         changed = [
             f"{MORE[name]} {self.query_one(f'#{name}', Field).value.strip()}"
             for name in self._shown_more()
-            if self.query_one(f"#{name}", Field).value.strip() != DEFAULTS[self.objective][name]
+            if self.query_one(f"#{name}", Field).value.strip() != defaults(self.objective)[name]
         ]
         self.query_one(MoreSettings).title = MORE_TITLE + (": " + ", ".join(changed) if changed else "")
 
@@ -407,29 +345,30 @@ class TunePane(MessageLine, FieldErrors, Vertical):
 
     def fields(self) -> dict[str, Any] | None:
         """The job's fields from the form; None (with the sentence shown) when one is bad."""
-        objective, settings = self.objective, self.app.settings
-        shown_ids = [name for name in NUMBER_FIELDS if name != "group" or objective == "grpo"]
-        shown_ids = [name for name in shown_ids if name != "beta" or objective in ("dpo", "ipo", "grpo")]
-        more = self._shown_more()
-        if self.first_bad(*shown_ids, "targets"):
+        from ster.engine.protocol.errors import Refusal
+        from ster.engine.protocol.naming import named
+        from ster.engine.protocol.requests import build_request
+
+        objective, settings, kind = self.objective, self.app.settings, request_kind(self.objective)
+        own = [name for name in FORM if request_field(objective, name) in kind.model_fields]
+        more = [name for name in self._shown_more() if request_field(objective, name) in kind.model_fields]
+        if self.first_bad(*own):
             return None
         if self.first_bad(*more):
             self.query_one(MoreSettings).collapsed = False  # the bad field in sight
             return None
-        value = {name: self.query_one(f"#{name}", Field).value.strip() for name in (*NUMBER_FIELDS, "targets")}
+        texts = {request_field(objective, name): self.query_one(f"#{name}", Field).value.strip() for name in own + more}
+        try:
+            with named(self.names):  # each passed alone; read back as the request parses them
+                parsed = build_request(kind, **valid(objective), **texts)
+        except Refusal as exc:
+            self.say(in_our_words(str(exc)), "red")
+            return None
         fields: dict[str, Any] = {
             "output": self.output(),
-            "learning_rate": float(value["learning-rate"]),
-            "accumulation": int(value["accumulation"]),
-            "rank": int(value["rank"]),
-            "alpha": float(value["alpha"]),
-            "targets": value["targets"],
+            **{field: getattr(parsed, field) for field in texts},
             **settings.model_fields(),
         }
-        fields["iterations" if objective == "grpo" else "epochs"] = int(value["epochs"])
-        for name in more:
-            typed = self.query_one(f"#{name}", Field).value.strip()
-            fields[name.replace("-", "_")] = typed if name == "layers" else CHECKS[name](typed)
         data, typed = DATA[objective], self.query_one("#data", Field).value.strip()
         if typed:
             fields[data] = typed if typed.startswith("ster:") else Path(typed).expanduser()
@@ -441,13 +380,8 @@ class TunePane(MessageLine, FieldErrors, Vertical):
             self.shown_error = "data"  # typing there clears it
             self.query_one("#data", Field).focus()
             return None
-        if objective in ("dpo", "ipo", "grpo"):
-            fields["beta"] = float(value["beta"])
         if objective in ("dpo", "ipo"):
             fields["loss"] = objective
-        if objective == "grpo":
-            fields["group"] = int(value["group"])
-            fields["reward"] = self.query_one("#reward", Field).value.strip()
         return fields
 
     # --- actions ---------------------------------------------------------------------------------------
@@ -533,11 +467,11 @@ class TunePane(MessageLine, FieldErrors, Vertical):
             elif event.stage == "skip":
                 self._skips += 1
                 if self._skips <= 3:
-                    self.add(self.engine_words(event.message), "yellow")
+                    self.add(in_our_words(event.message), "yellow")
         elif event.type == "warning":
-            self.add(f"warning: {self.engine_words(event.message)}", "yellow")
+            self.add(f"warning: {in_our_words(event.message)}", "yellow")
         elif event.type == "log" and event.data and "checkpoint" in event.data:  # resumed, or started over
-            self.add(self.engine_words(event.message), "dim")
+            self.add(in_our_words(event.message), "dim")
 
     def on_job_finished(self, message: JobFinished) -> None:
         handle, final = message.handle, message.final
@@ -551,16 +485,12 @@ class TunePane(MessageLine, FieldErrors, Vertical):
         elif final.kind == "cancelled":
             self.say(self._cancelled(final.message, final.details), "magenta")
         else:
-            self.say(self.engine_words(final.message), "red")
-
-    def engine_words(self, sentence: str) -> str:
-        """An engine sentence as this tab says it (the app refuses a bad request in these words too)."""
-        return tune_words(sentence, DATA[self.objective])
+            self.say(said(final), "red")
 
     def _cancelled(self, sentence: str, details: dict[str, Any] | None) -> str:
         """A cancelled run in this tab's words: where it stopped and how to go on, from the error's facts."""
         if not details or "checkpoint" not in details:
-            return self.engine_words(sentence)
+            return in_our_words(sentence)
         done, total, where = details["step"], details["total"], details["checkpoint"]
         return f"cancelled after step {done} of {total}; {RESUME_HINT}. The checkpoint:\n{shown(Path(where))}"
 
