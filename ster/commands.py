@@ -120,6 +120,41 @@ def _apply_adapter_flag(parser: argparse.ArgumentParser, what: str = "every forw
     )
 
 
+def _intervention_flags(parser: argparse.ArgumentParser, strength: str) -> None:
+    """``--mode`` and what shapes an ablation or a clamp, as generate and sweep take them; ``strength`` names the
+    flag that gives each mode its amount."""
+    parser.add_argument(
+        "--mode",
+        choices=("add", "ablate", "clamp"),
+        help=f"add steers along the direction at the artifact's layers; ablate removes the component along it "
+        f"(h - w(h.v)v) and clamp sets it to {strength} (h + w(c - h.v)v), at the embedding and after every "
+        f"block; with ablate, {strength} is the weight w (1 removes all of it); default {DEFAULT}",
+    )
+    parser.add_argument(
+        "--layers",
+        metavar="LAYERS",
+        help="narrow where the mode applies to these blocks (all, 2,5, 12..24); default: the artifact's layers "
+        "(add), the embedding and every block (ablate, clamp)",
+    )
+    parser.add_argument(
+        "--direction-layer",
+        metavar="N",
+        help="ablate and clamp with the artifact's direction at layer N everywhere (default: each site takes the "
+        "direction of the artifact's nearest layer)",
+    )
+    parser.add_argument(
+        "--peak-weight", metavar="W", help=f"the weight of an ablation or a clamp at its peak (default {DEFAULT})"
+    )
+    parser.add_argument(
+        "--peak-layer",
+        metavar="L",
+        help="the layer where the weight peaks; with --falloff it falls linearly toward --min-weight and stops "
+        "beyond (default: the peak weight everywhere)",
+    )
+    parser.add_argument("--min-weight", metavar="W", help="the weight --falloff layers from the peak")
+    parser.add_argument("--falloff", metavar="D", help="how many layers either side of --peak-layer are edited")
+
+
 def _layer_flags(parser: argparse.ArgumentParser, unit: str = "sequences") -> None:
     parser.add_argument("--layers", metavar="LAYERS", help=LAYERS_HELP)
     parser.add_argument("--batch-size", metavar="N", help=f"{unit} per forward pass (default {DEFAULT})")
@@ -151,7 +186,8 @@ def _add_generate(commands: Any) -> None:
         "generate text, steered or not",
         "Decode from one prompt with a KV cache: greedy at temperature 0, seeded sampling above "
         "it; with --vector, strength x direction is added after each of the artifact's layers at "
-        "every step. Stops at the tokenizer's end of text or after --max-new-tokens.",
+        "every step (--mode ablate or clamp removes or sets the component along the direction instead). "
+        "Stops at the tokenizer's end of text or after --max-new-tokens.",
     )
     _model_flags(parser)
     parser.add_argument("--prompt", required=True, help="the prompt text")
@@ -161,8 +197,9 @@ def _add_generate(commands: Any) -> None:
         metavar="S",
         help="how far along the direction: a multiple of each layer's activation spread (0.4x), or a "
         "number in the residual stream's units (3); negative steers the other way (write "
-        f"--strength=-0.4x); default {DEFAULT}",
+        f"--strength=-0.4x); with --mode ablate the weight (default 1), with clamp the target; default {DEFAULT}",
     )
+    _intervention_flags(parser, "--strength")
     _apply_adapter_flag(parser, "every generated token; combinable with --vector")
     _sampling_flags(parser)
 
@@ -242,8 +279,10 @@ def _add_sweep(commands: Any) -> None:
         "--strengths",
         metavar="LIST",
         help="comma list, all relative to each layer's activation spread (--strengths=-0.4x,0.4x) or "
-        f"all absolute (--strengths=-8,-4,4,8); write = before a leading minus; default {DEFAULT}",
+        f"all absolute (--strengths=-8,-4,4,8); write = before a leading minus; with --mode ablate, weights "
+        f"(default 0.25,0.5,1); 0 is always the unedited model; default {DEFAULT}",
     )
+    _intervention_flags(parser, "each strength")
     _cost_flags(
         parser,
         "each strength's KL from the unsteered model is measured on (default ster:neutral)",

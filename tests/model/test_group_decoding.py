@@ -10,6 +10,7 @@ from ster.engine.model.group_decoding import decode_group
 from ster.engine.model.loading import model_store
 from ster.engine.model.sampling import Sampling
 from ster.engine.protocol.jobs import JobContext
+from ster.engine.steering.intervention import added
 from ster.engine.steering.requests import GenerateRequest
 from ster.engine.steering.runs import steered_decode, steered_rows_decode
 
@@ -92,8 +93,7 @@ def test_rows_steered_at_their_own_strengths_equal_each_strength_alone() -> None
         rows = steered_rows_decode(
             model,
             prompt,
-            vectors,
-            scales,
+            [added(vectors, scale) for scale in scales],
             max_new_tokens=14,
             sampling=sampling,
             eos_ids=codec.eos_ids,
@@ -104,8 +104,7 @@ def test_rows_steered_at_their_own_strengths_equal_each_strength_alone() -> None
             steered_decode(
                 model,
                 prompt,
-                vectors,
-                scale,
+                added(vectors, scale),
                 max_new_tokens=14,
                 sampling=sampling,
                 eos_ids=codec.eos_ids,

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 from ster.engine.model.config import load_config
 from ster.engine.model.loading import load_decoder
 from ster.engine.model.resolve import TOY_DIR, resolve_model
+from ster.engine.steering.intervention import added
 from ster.engine.steering.measures import (
     Rows,
     behaviour,
@@ -75,7 +76,7 @@ def test_kl_and_behaviour_equal_transformers_with_a_hook(pair_of_models, first: 
     width, count = decoder.config.hidden_size, len(decoder.blocks)
     vectors = {first: direction(width, 1), count - 1: direction(width, 2)}
     scales = [{}, {first: 2.0, count - 1: -1.5}, {first: -4.0, count - 1: 3.0}]  # row 0 unsteered
-    rows = Rows.of(decoder, vectors, scales)
+    rows = Rows.of(decoder, [added(vectors, row) for row in scales])
     prompt, continuation = [1, 14, 20, 33, 41], [52, 60, 71, 2]
 
     cost = kl_cost(decoder, prompt, continuation, rows)
@@ -91,8 +92,8 @@ def test_kl_and_behaviour_equal_transformers_with_a_hook(pair_of_models, first: 
     positive, negative = [1, 14, 20, 33, 41, 52], [1, 14, 20, 60, 71, 80, 90]  # a shared prompt of 3 ids
     gaps = behaviour(decoder, positive, negative, rows)
     for r, row in enumerate(scales):
-        added = {layer: torch.tensor(vectors[layer]) * s for layer, s in row.items()}
-        pos, neg = hf_log_probs(reference, positive, added), hf_log_probs(reference, negative, added)
+        additions = {layer: torch.tensor(vectors[layer]) * s for layer, s in row.items()}
+        pos, neg = hf_log_probs(reference, positive, additions), hf_log_probs(reference, negative, additions)
         want = sum(float(pos[i - 1, positive[i]]) for i in range(3, len(positive))) - sum(
             float(neg[i - 1, negative[i]]) for i in range(3, len(negative))
         )
@@ -103,7 +104,7 @@ def test_packed_prompts_and_pairs_measure_as_each_alone(pair_of_models) -> None:
     """Several prompts (and pairs) in one packed row, sharing their common prefix, give each one's measures."""
     reference, decoder = pair_of_models
     width = decoder.config.hidden_size
-    rows = Rows.of(decoder, {1: direction(width, 3)}, [{}, {1: 2.5}, {1: -3.0}])
+    rows = Rows.of(decoder, [added({1: direction(width, 3)}, row) for row in ({}, {1: 2.5}, {1: -3.0})])
     items = [([1, 14, 20, 33], [41, 52, 2]), ([1, 14, 20, 60, 71], [80]), ([1, 14, 5], [9, 13, 17, 21])]
     together = kl_costs(decoder, items, rows)
     for (prompt, continuation), cost in zip(items, together, strict=True):
@@ -118,7 +119,7 @@ def test_packed_prompts_and_pairs_measure_as_each_alone(pair_of_models) -> None:
 def test_a_pair_with_no_shared_prompt_is_scored_from_each_sides_second_token(pair_of_models) -> None:
     reference, decoder = pair_of_models
     positive, negative = [14, 20, 33], [60, 71, 80, 90]
-    [gap] = behaviour(decoder, positive, negative, Rows({}, 1))
+    [gap] = behaviour(decoder, positive, negative, Rows.unsteered())
     pos, neg = hf_log_probs(reference, positive, {}), hf_log_probs(reference, negative, {})
     want = sum(float(pos[i - 1, positive[i]]) for i in range(1, 3)) - sum(
         float(neg[i - 1, negative[i]]) for i in range(1, 4)

@@ -34,6 +34,7 @@ def test_each_row_measures_its_strength_as_the_measures_do_alone(cli, vector: Pa
     from ster.engine.protocol.jobs import JobContext
     from ster.engine.protocol.paths import example_path
     from ster.engine.steering.calibrate import answered_pairs
+    from ster.engine.steering.intervention import added
     from ster.engine.steering.measures import Rows, behaviours, greedy_continuations, kl_costs
 
     run = cli(
@@ -69,7 +70,9 @@ def test_each_row_measures_its_strength_as_the_measures_do_alone(cli, vector: Pa
     pairs = answered_pairs(codec, load_pairs(Path("ster/data/examples/pairs.json")).pairs, checkpoint.context)[0]
     layer = json.loads(vector.read_text())["vectors"][0]
     for strength in (-0.4, 0.4):
-        alone = Rows.of(model, {2: layer["values"]}, [{2: 0.0}, {2: strength * layer["activation_spread"]}])
+        alone = Rows.of(
+            model, [added({2: layer["values"]}, row) for row in ({2: 0.0}, {2: strength * layer["activation_spread"]})]
+        )
         kl = math.fsum(cost.mean[1] for cost in kl_costs(model, items, alone)) / 4
         first = math.fsum(cost.first[1] for cost in kl_costs(model, items, alone)) / 4
         gaps = behaviours(model, pairs, alone)

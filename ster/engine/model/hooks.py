@@ -19,6 +19,10 @@ from ster.engine.model.contract import Decoder
 
 BlockOutput = Tensor | tuple[Any, ...]
 Hook = Callable[[nn.Module, tuple[Any, ...], Any], Any]
+PreHook = Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]]
+INPUT = -1
+"""The site of :func:`edited` before the first block: the stream the first block receives (the embedding's
+output, scaled as the family scales it)."""
 
 
 def stream(output: BlockOutput) -> Tensor:
@@ -32,12 +36,17 @@ def with_stream(output: BlockOutput, new: Tensor) -> BlockOutput:
 
 
 @contextmanager
-def hooked(modules: list[nn.Module], hooks: list[Hook]) -> Iterator[None]:
-    """Each of ``hooks`` a forward hook on its module for the duration of the block, removed whatever happens."""
+def hooked(
+    modules: list[nn.Module], hooks: list[Hook], entering: dict[nn.Module, PreHook] | None = None
+) -> Iterator[None]:
+    """Each of ``hooks`` a forward hook on its module, and each of ``entering`` a hook on its module's input, for the
+    duration of the block, removed whatever happens."""
     handles = []
     try:
         for module, hook in zip(modules, hooks, strict=True):
             handles.append(module.register_forward_hook(hook))
+        for module, pre in (entering or {}).items():
+            handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         yield
     finally:
         for handle in handles:
@@ -60,14 +69,31 @@ def record_blocks(model: Decoder, layers: list[int]) -> Iterator[dict[int, Tenso
 
 
 @contextmanager
-def added(model: Decoder, layers: list[int], addition: Callable[[int], Tensor]) -> Iterator[None]:
-    """Forward hooks adding ``addition(layer)`` (read at each forward) to each listed block's output."""
+def edited(model: Decoder, sites: list[int], edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
+    """Hooks replacing the stream at each of ``sites`` with ``edit(site, stream)``: after each listed block, and
+    with :data:`INPUT`, the stream entering the first block (its first argument, or ``hidden_states``)."""
 
-    def hook_for(layer: int) -> Hook:
+    def hook_for(site: int) -> Hook:
         def hook(module: nn.Module, args: tuple[Any, ...], output: BlockOutput) -> BlockOutput:
-            return with_stream(output, stream(output) + addition(layer))
+            return with_stream(output, edit(site, stream(output)))
 
         return hook
 
-    with hooked([model.blocks[layer] for layer in layers], [hook_for(layer) for layer in layers]):
+    def entering(
+        module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        if args:
+            return (edit(INPUT, args[0]), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": edit(INPUT, kwargs["hidden_states"])}
+
+    blocks = [site for site in sites if site != INPUT]
+    first: dict[nn.Module, PreHook] | None = {model.blocks[0]: entering} if INPUT in sites else None
+    with hooked([model.blocks[site] for site in blocks], [hook_for(site) for site in blocks], first):
+        yield
+
+
+@contextmanager
+def added(model: Decoder, layers: list[int], addition: Callable[[int], Tensor]) -> Iterator[None]:
+    """Forward hooks adding ``addition(layer)`` (read at each forward) to each listed block's output."""
+    with edited(model, layers, lambda layer, hidden: hidden + addition(layer)):
         yield

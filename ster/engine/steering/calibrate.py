@@ -53,6 +53,7 @@ from ster.engine.protocol.paths import bundled_name, example_path
 from ster.engine.steering.artifact import ArtifactSummary, SteeringArtifact, save_artifact, summarize
 from ster.engine.steering.calibration_record import Calibration, Point, Side, Trial
 from ster.engine.steering.extract import PromptSet
+from ster.engine.steering.intervention import added
 from ster.engine.steering.judge import question_for
 from ster.engine.steering.layers import LayerSpec
 from ster.engine.steering.requests import CalibrateRequest
@@ -439,14 +440,14 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
             ]
             heads = [head for head, _, _ in asked]
             by_strength: dict[float, list[list[int]]] = {s: [] for s in chosen}
-            scales = [{v.layer: s * calibration.unit_of(v) for v in vectors} for s in chosen]
+            chosen_directions = {v.layer: v.vector for v in vectors}
+            plans = [added(chosen_directions, {v.layer: s * calibration.unit_of(v) for v in vectors}) for s in chosen]
             for ids in heads:
                 ctx.check_cancelled()
                 generations = steered_rows_decode(
                     model,
                     ids,
-                    {v.layer: v.vector for v in vectors},
-                    scales,
+                    plans,
                     max_new_tokens=FLUENCY_TOKENS,
                     sampling=Sampling(0.0, None, 0),
                     eos_ids=codec.eos_ids,

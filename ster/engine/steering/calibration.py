@@ -17,6 +17,7 @@ from ster.engine.steering.artifact import LayerVector
 from ster.engine.steering.calibration_record import Point
 from ster.engine.steering.directions import Method
 from ster.engine.steering.fitting import layer_vector
+from ster.engine.steering.intervention import Plan, added
 from ster.engine.steering.measures import Rows, behaviours, kl_costs, perplexity
 
 
@@ -59,22 +60,21 @@ def measure(
     every forward: mean KL over the neutral prompts (over the continuation and at its first position) and
     behaviour over the pairs."""
     directions = {v.layer: v.vector for v in vectors}
-    scales = [{v.layer: s * unit_of(v) for v in vectors} for s in strengths]
-    return measure_scales(model, directions, scales, strengths, probes, check_cancelled)
+    plans = [added(directions, {v.layer: s * unit_of(v) for v in vectors}) for s in strengths]
+    return measure_plans(model, plans, strengths, probes, check_cancelled)
 
 
-def measure_scales(
+def measure_plans(
     model: Decoder,
-    directions: dict[int, list[float]],
-    scales: list[dict[int, float]],
+    plans: list[Plan],
     strengths: list[float],
     probes: Probes,
     check_cancelled: Callable[[], None],
 ) -> list[Point]:
-    """:func:`measure` with each row's scale per layer given (in the residual stream's units), ``strengths``
-    naming the rows; row 0 is unsteered."""
-    rows = Rows.of(model, directions, scales)
-    assert not any(scales[0].values()), "a ladder starts at 0: the row every KL is measured from"
+    """:func:`measure` with each row's plan given (steering, ablation or clamping), ``strengths`` naming the rows;
+    row 0 is the unsteered model, which every KL is measured from."""
+    assert not plans[0], "a ladder starts unedited: the row every KL is measured from"
+    rows = Rows.of(model, plans)
     kl = [0.0] * len(strengths)
     first = [0.0] * len(strengths)
     for cost in kl_costs(model, probes.neutral, rows, check_cancelled):

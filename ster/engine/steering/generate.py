@@ -10,10 +10,13 @@ from ster.engine.model.adapters.apply import adapted, check_adapter
 from ster.engine.model.context import encode_within, generation_budget
 from ster.engine.model.loading import model_store
 from ster.engine.model.sampling import Sampling, StopReason
+from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.protocol.naming import flag
 from ster.engine.steering.artifact import SteeringArtifact, open_artifact
-from ster.engine.steering.requests import GenerateRequest
+from ster.engine.steering.intervention import EMBEDDING, Mode, Plan, added, projecting, sites
+from ster.engine.steering.layers import LayerSpec
+from ster.engine.steering.requests import GenerateRequest, InterventionFields
 from ster.engine.steering.strength import DEFAULT_STRENGTH, Strength, Unit, excess_warning
 
 
@@ -46,6 +49,30 @@ class GenerateResult(BaseModel):
     relative_strength: dict[str, float] | None
     """Per steered layer, the strength over that layer's activation norm: how large the push is
     against the residual stream it is added to."""
+    mode: Mode = "add"
+    """``add`` (steering), ``ablate`` or ``clamp``."""
+    edits: dict[str, SiteEdit] | None = None
+    """With ``ablate`` or ``clamp``: per site (``embedding`` or a block's index) the weight, the target and the
+    artifact layer whose direction was used; null when steering or unsteered."""
+
+
+class SiteEdit(BaseModel):
+    """What an ablation or a clamp did at one site."""
+
+    weight: float
+    target: float
+    direction_layer: int
+
+
+def edits_shown(plan: Plan, directions: dict[int, list[float]]) -> dict[str, SiteEdit]:
+    """A projecting plan as a result document shows it."""
+    layer_of = {tuple(vector): layer for layer, vector in directions.items()}
+    return {
+        "embedding" if site == EMBEDDING else str(site): SiteEdit(
+            weight=edit.weight, target=edit.target, direction_layer=layer_of[edit.direction]
+        )
+        for site, edit in sorted(plan.items())
+    }
 
 
 class Scales(BaseModel):
@@ -74,6 +101,33 @@ def scales_for(artifact: SteeringArtifact, strength: Strength, ctx: JobContext |
     return scales
 
 
+def row_plan(
+    artifact: SteeringArtifact,
+    request: InterventionFields,
+    strength: Strength,
+    block_count: int,
+    ctx: JobContext | None = None,
+) -> Plan:
+    """One row's edits: the artifact's directions added at ``strength`` (steering), or ablated with ``strength`` as
+    the weight, or clamped with ``strength`` as the target (a multiple of each layer's unit with ``x``), at the
+    sites of the request's mode, narrowed by its ``layers`` and weighted by its profile."""
+    directions = artifact.by_layer()
+    if request.direction_layer is not None and request.direction_layer not in directions:
+        raise Refusal(
+            f"{flag('direction_layer')} {request.direction_layer} names a layer the artifact has no direction for "
+            f"(it has layers {', '.join(map(str, sorted(directions)))})"
+        )
+    narrowed = LayerSpec.parse(request.layers).resolve(block_count) if request.layers is not None else None
+    where = sites(request.mode, narrowed, list(directions), block_count)
+    if request.mode == "add":
+        scales = scales_for(artifact, strength, ctx)
+        return added(directions, {layer: scales.absolute[layer] for layer in where})
+    if request.mode == "ablate":
+        return projecting(directions, where, request.profile, request.direction_layer, weight=strength.value)
+    targets = strength.per_layer(artifact.unit_scales(), artifact.unit)
+    return projecting(directions, where, request.profile, request.direction_layer, targets=targets)
+
+
 def given_strength(request: GenerateRequest, ctx: JobContext, artifact: SteeringArtifact | None = None) -> Strength:
     """The request's strength; when none was given, the artifact's calibrated positive strength where it has
     one (said in a log line), else ``DEFAULT_STRENGTH``. A strength given without a vector steers nothing, and
@@ -84,7 +138,9 @@ def given_strength(request: GenerateRequest, ctx: JobContext, artifact: Steering
         )
     if request.strength is not None:
         return request.strength
-    calibrated = calibrated_strength(artifact, 1)
+    if request.mode == "ablate":
+        return Strength(value=1.0, unit="absolute")  # the whole component
+    calibrated = calibrated_strength(artifact, 1) if request.mode == "add" else None
     if calibrated is not None and artifact is not None and artifact.calibration is not None:
         side = artifact.calibration.positive
         assert side is not None
@@ -109,7 +165,9 @@ def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
     checkpoint = model_store(ctx).open(request, ctx)
     artifact = open_artifact(ctx, request.vector, checkpoint) if request.vector else None
     strength = given_strength(request, ctx, artifact)
-    scales = scales_for(artifact, strength, ctx) if artifact else None
+    blocks = checkpoint.config.num_hidden_layers
+    plan = row_plan(artifact, request, strength, blocks, ctx) if artifact else {}
+    scales = scales_for(artifact, strength) if artifact and request.mode == "add" else None
     adapter = check_adapter(ctx, request.adapter, checkpoint)
     codec = checkpoint.codec
     prompt_ids = encode_within(codec, request.prompt, checkpoint.context, "the prompt")
@@ -126,7 +184,7 @@ def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
         if delta:
             ctx.token(delta, index)
 
-    what = f"steered at strength {strength}" if artifact else "unsteered"
+    what = _what(request.mode, strength, plan) if artifact else "unsteered"
     through = f" through adapter {request.adapter}" if adapter else ""
     ctx.progress(
         "generate", f"generating up to {max_new_tokens} tokens from a {len(prompt_ids)}-token prompt, {what}{through}"
@@ -136,8 +194,7 @@ def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
         generation = steered_decode(
             decoder,
             prompt_ids,
-            artifact.by_layer() if artifact else None,
-            scales.absolute if scales else None,
+            plan,
             max_new_tokens=max_new_tokens,
             sampling=Sampling(request.temperature, request.top_p, request.seed),
             eos_ids=codec.eos_ids,
@@ -167,4 +224,16 @@ def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
         strength_unit=strength.unit if artifact else None,
         absolute_strength=scales.labelled(scales.absolute) if scales else None,
         relative_strength=scales.labelled(scales.relative) if scales else None,
+        mode=request.mode,
+        edits=edits_shown(plan, artifact.by_layer()) if artifact and request.mode != "add" else None,
     )
+
+
+def _what(mode: Mode, strength: Strength, plan: Plan) -> str:
+    """How the progress line says what the run does to the stream."""
+    if mode == "add":
+        return f"steered at strength {strength}"
+    where = f"{len(plan)} site{'' if len(plan) == 1 else 's'}"
+    if mode == "ablate":
+        return f"the direction ablated at {where} (weight {strength.value:g})"
+    return f"the direction clamped to {strength} at {where}"

@@ -32,33 +32,28 @@ from torch import Tensor
 
 from ster.engine.model.contract import Decoder, Layout
 from ster.engine.steering.activations import shared_prefix
-from ster.engine.steering.apply import RowSteering
+from ster.engine.steering.apply import RowEdits
+from ster.engine.steering.intervention import Plan
 
 LOGIT_BYTES = 64 * 2**20
 """Most bytes of f32 logits one projection call holds (a 262,144-token vocabulary is 1 MiB a position)."""
 
 
-def row_additions(model: Decoder, vectors: dict[int, list[float]], scales: list[dict[int, float]]) -> dict[int, Tensor]:
-    """Per layer, [R, D]: row ``r`` is ``scales[r][layer] × vectors[layer]`` in the model's dtype and device."""
-    weight = model.lm_head.weight
-    layers = sorted(vectors)
-    stacked = torch.tensor([vectors[layer] for layer in layers], dtype=torch.float32)  # [L, D]
-    by_row = torch.tensor([[row.get(layer, 0.0) for layer in layers] for row in scales], dtype=torch.float32)  # [R, L]
-    return {layer: (by_row[:, i, None] * stacked[i]).to(weight.device, weight.dtype) for i, layer in enumerate(layers)}
-
-
 @dataclass(frozen=True)
 class Rows:
-    """A ladder of interventions: the rows every text runs as, each steered by its own additions."""
+    """A ladder of interventions: the rows every text runs as, each edited by its own plan."""
 
-    additions: dict[int, Tensor]
-    """Per layer [R, D]; empty when no row is steered."""
+    edits: RowEdits | None
+    """Every row's edits; None when no row edits anything."""
     count: int
 
     @staticmethod
-    def of(model: Decoder, vectors: dict[int, list[float]], scales: list[dict[int, float]]) -> Rows:
-        steered = any(any(row.values()) for row in scales)
-        return Rows(row_additions(model, vectors, scales) if steered else {}, len(scales))
+    def of(model: Decoder, plans: list[Plan]) -> Rows:
+        return Rows(RowEdits.of(model, plans), len(plans))
+
+    @staticmethod
+    def unsteered(count: int = 1) -> Rows:
+        return Rows(None, count)
 
 
 PACK_TOKENS = 768
@@ -150,15 +145,15 @@ def _hidden(model: Decoder, tree: Tree, rows: Rows) -> Tensor:
     device = model.lm_head.weight.device
     layout = tree.layout(device)
     one = torch.tensor([tree.ids], device=device)
-    if not rows.additions:
+    if rows.edits is None:
         return model(one, vocab="none", layout=layout).hidden.expand(rows.count, -1, -1)
     wide = Layout(layout.positions.expand(rows.count, -1), layout.mask.expand(rows.count, -1, -1, -1))
-    first = min(rows.additions)
+    first = min(rows.edits.full)  # the embedding's site (-1) edits the first block's input: nothing shared
     start = None
     if first > 0:
         shared = model(one, vocab="none", depth=first, layout=layout).hidden
         start = (first, shared.expand(rows.count, -1, -1))
-    with RowSteering(rows.additions).applied(model):
+    with rows.edits.applied(model):
         return model(one.expand(rows.count, -1), vocab="none", layout=wide, start=start).hidden
 
 
@@ -324,5 +319,7 @@ def perplexity(model: Decoder, prompt: list[int], text: list[int]) -> float | No
     ids = prompt + text
     tree = Tree([[ids]])
     with torch.inference_mode():
-        scored = _scored(model, _hidden(model, tree, Rows({}, 1)), list(range(len(prompt) - 1, len(ids) - 1)), text)
+        scored = _scored(
+            model, _hidden(model, tree, Rows.unsteered()), list(range(len(prompt) - 1, len(ids) - 1)), text
+        )
     return float(torch.exp(-scored[0].mean()))

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import BaseModel, field_validator, model_validator
 
 from ster.engine.model.adapters.artifact import sidecar_path
 from ster.engine.model.requests import ModelRequest, SampledRequest
@@ -14,6 +14,7 @@ from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.naming import flag
 from ster.engine.protocol.paths import same_file
 from ster.engine.protocol.requests import Request, at_least_one, seed
+from ster.engine.steering.intervention import Mode, Profile
 from ster.engine.steering.layers import LayerSpec
 from ster.engine.steering.strength import (
     DEFAULT_KL_BUDGET,
@@ -25,7 +26,49 @@ from ster.engine.steering.strength import (
 )
 
 
-class GenerateRequest(SampledRequest):
+class InterventionFields(BaseModel):
+    """How an artifact's direction is applied: added (steering), ablated or clamped, where, and how strongly
+    at each site (see :mod:`ster.engine.steering.intervention`)."""
+
+    mode: Mode = "add"
+    """``add`` steers at the artifact's layers; ``ablate`` removes the component along the direction and
+    ``clamp`` sets it to the strength, at the embedding and after every block."""
+    layers: str | None = None
+    """Narrows where the mode applies to these blocks (``all``, ``2,5``, ``2..6``); None: the mode's default."""
+    direction_layer: int | None = None
+    """Ablate and clamp with the artifact's direction at this layer at every site (default: each site takes
+    the direction of the artifact's nearest layer)."""
+    peak_weight: float = 1.0
+    """The weight of an ablation or a clamp at its peak (everywhere, without ``peak_layer``)."""
+    peak_layer: float | None = None
+    """Where the weight peaks; with ``falloff`` it falls linearly to ``min_weight`` and stops beyond."""
+    min_weight: float | None = None
+    falloff: float | None = None
+    """Layers either side of the peak that are edited."""
+
+    @model_validator(mode="after")
+    def _intervention(self) -> InterventionFields:
+        self.profile  # noqa: B018  (checks the profile's fields, in their sentences)
+        if self.layers is not None:
+            LayerSpec.parse(self.layers)
+        if self.direction_layer is not None and self.direction_layer < 0:
+            raise ValueError(f"{flag('direction_layer')} must be a layer index, 0 or more")
+        if self.mode == "add" and (self.direction_layer is not None or self.profile.shaped):
+            raise ValueError(
+                f"{flag('direction_layer')} and the weight profile ({flag('peak_weight')}, {flag('peak_layer')}, "
+                f"{flag('min_weight')}, {flag('falloff')}) shape an ablation or a clamp; give {flag('mode')} "
+                "ablate or clamp"
+            )
+        return self
+
+    @property
+    def profile(self) -> Profile:
+        return Profile(
+            peak_weight=self.peak_weight, peak_layer=self.peak_layer, min_weight=self.min_weight, falloff=self.falloff
+        )
+
+
+class GenerateRequest(SampledRequest, InterventionFields):
     """``ster generate``: autoregressive decoding from one prompt, steered when given a vector."""
 
     prompt: str
@@ -45,6 +88,25 @@ class GenerateRequest(SampledRequest):
     """A LoRA adapter (or a PEFT adapter directory) attached while generating; combinable with ``vector``."""
 
     _tokens = field_validator("max_new_tokens")(lambda cls, v: _budget(v))
+
+    @model_validator(mode="after")
+    def _mode_strength(self) -> GenerateRequest:
+        if self.strength is not None:
+            mode_strengths(self.mode, [self.strength], "strength")
+        return self
+
+
+def mode_strengths(mode: Mode, strengths: list[Strength], field: str) -> list[Strength]:
+    """An ablation's strength is the weight of the projection removed: a plain number of at least 0 (1 removes
+    the whole component), never a multiple of a layer's unit."""
+    if mode == "ablate":
+        for strength in strengths:
+            if strength.value and (strength.unit == "relative" or strength.value < 0):  # 0 is 0 in either unit
+                raise ValueError(
+                    f"{flag(field)} {strength} is not a weight: with {flag('mode')} ablate a strength is the share of "
+                    "the component removed, a number of at least 0 (1 removes all of it)"
+                )
+    return strengths
 
 
 class AdaptedRequest(ModelRequest):
@@ -119,7 +181,7 @@ def kl_budget(value: float) -> float:
     return value
 
 
-class SweepRequest(SampledRequest):
+class SweepRequest(SampledRequest, InterventionFields):
     """``ster sweep``: steered text, effect and degeneracy at each strength."""
 
     vector: Path
@@ -164,6 +226,12 @@ class SweepRequest(SampledRequest):
     @classmethod
     def _strengths(cls, values: list[Strength] | None) -> list[Strength] | None:
         return None if values is None else sweep_strengths(values)
+
+    @model_validator(mode="after")
+    def _mode_strengths(self) -> SweepRequest:
+        if self.strengths is not None:
+            mode_strengths(self.mode, self.strengths, "strengths")
+        return self
 
 
 def sweep_strengths(values: list[Strength]) -> list[Strength]:

@@ -8,7 +8,7 @@ a bad input is refused in a fraction of a second rather than after torch's impor
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 
 import torch
 
@@ -17,15 +17,14 @@ from ster.engine.model.decoding import decode
 from ster.engine.model.group_decoding import decode_group
 from ster.engine.model.sampling import Generation, Sampling
 from ster.engine.steering.activations import read_last_states
-from ster.engine.steering.apply import RowSteering, plan, steer
-from ster.engine.steering.measures import row_additions
+from ster.engine.steering.apply import RowEdits
+from ster.engine.steering.intervention import Plan
 
 
 def steered_decode(
     model: Decoder,
     prompt_ids: list[int],
-    vectors: dict[int, list[float]] | None,
-    scales: dict[int, float] | None,
+    plan: Plan,
     *,
     max_new_tokens: int,
     sampling: Sampling,
@@ -33,12 +32,10 @@ def steered_decode(
     on_token: Callable[[int, int], None],
     check_cancelled: Callable[[], None],
 ) -> Generation:
-    """Decode after ``prompt_ids`` with ``scales[layer] × vectors[layer]`` added after each listed block;
-    unsteered when either is None or every scale is 0 (so strength 0 is the baseline exactly)."""
-    steering: AbstractContextManager[None] = nullcontext()
-    if vectors is not None and scales is not None and any(scales.values()):
-        steering = steer(model, plan(model, vectors, scales))
-    with steering:
+    """Decode after ``prompt_ids`` with ``plan``'s edits at its sites; unsteered for an empty plan (so strength 0
+    is the baseline exactly)."""
+    edits = RowEdits.of(model, [plan])
+    with edits.applied(model) if edits is not None else nullcontext():
         return decode(
             model,
             prompt_ids,
@@ -53,8 +50,7 @@ def steered_decode(
 def steered_rows_decode(
     model: Decoder,
     prompt_ids: list[int],
-    vectors: dict[int, list[float]],
-    scales: list[dict[int, float]],
+    plans: list[Plan],
     *,
     max_new_tokens: int,
     sampling: Sampling,
@@ -62,22 +58,20 @@ def steered_rows_decode(
     on_token: Callable[[int, int, int], None],
     check_cancelled: Callable[[], None],
 ) -> list[Generation]:
-    """One generation per entry of ``scales`` (row ``i`` steered at ``scales[i][layer] × vectors[layer]``),
-    decoded as one batch; a row whose scales are all 0 is the unsteered baseline."""
-    steering = None
-    if any(any(row.values()) for row in scales):  # each [B, D], scaled as plan() scales
-        steering = RowSteering(row_additions(model, vectors, scales))
-    with steering.applied(model) if steering is not None else nullcontext():
+    """One generation per plan (row ``i`` edited by ``plans[i]``: steered, ablated or clamped), decoded as one
+    batch; a row with an empty plan is the unsteered baseline."""
+    edits = RowEdits.of(model, plans)
+    with edits.applied(model) if edits is not None else nullcontext():
         return decode_group(
             model,
             prompt_ids,
-            [sampling] * len(scales),
+            [sampling] * len(plans),
             max_new_tokens=max_new_tokens,
             eos_ids=eos_ids,
             check_cancelled=check_cancelled,
             on_token=on_token,
-            shared_prefill=steering is None,  # rows steered apart differ from the first block on
-            select_rows=steering.select if steering is not None else None,
+            shared_prefill=edits is None,  # rows edited apart differ from the first edited site on
+            select_rows=edits.select if edits is not None else None,
         )
 
 

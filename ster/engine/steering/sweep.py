@@ -58,7 +58,8 @@ from ster.engine.steering.artifact import SteeringArtifact, open_artifact
 from ster.engine.steering.calibrate import CONTINUATION_TOKENS, NEUTRAL, answered_pairs, load_neutral
 from ster.engine.steering.effect import Judged, judge, paired, stillness, suggest
 from ster.engine.steering.extract import PromptSet
-from ster.engine.steering.generate import calibrated_strength, scales_for
+from ster.engine.steering.generate import Scales, calibrated_strength, row_plan, scales_for
+from ster.engine.steering.intervention import Plan
 from ster.engine.steering.requests import SweepRequest, sweep_strengths
 from ster.engine.steering.strength import DEFAULT_SWEEP, Strength, Unit, parse_strengths
 
@@ -201,12 +202,19 @@ def _swept(request: SweepRequest) -> list[Strength]:
     return request.strengths
 
 
+ABLATION_SWEEP = "0.25,0.5,1"
+"""What a sweep of ablation walks without ``--strengths``: a quarter, half and all of the component removed."""
+
+
 def _default_strengths(request: SweepRequest, artifact: SteeringArtifact, ctx: JobContext) -> list[Strength]:
     """The given strengths; else half, once and twice each calibrated strength (said in a log line); else
     ``DEFAULT_SWEEP``."""
     if request.strengths is not None:
         return request.strengths
+    if request.mode == "ablate":
+        return sweep_strengths(parse_strengths(ABLATION_SWEEP))
     calibrated = [s for s in (calibrated_strength(artifact, 1), calibrated_strength(artifact, -1)) if s is not None]
+    calibrated = calibrated if request.mode == "add" else []
     if not calibrated:
         return sweep_strengths(parse_strengths(DEFAULT_SWEEP))
     budget = artifact.calibration.kl_budget if artifact.calibration else request.kl_budget
@@ -233,7 +241,11 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
     checkpoint = model_store(ctx).open(request, ctx)
     artifact = open_artifact(ctx, request.vector, checkpoint)
     request = request.model_copy(update={"strengths": _default_strengths(request, artifact, ctx)})
-    scales_for(artifact, max(_swept(request), key=lambda s: abs(s.value)), ctx)  # refuses or warns before loading
+    blocks = checkpoint.config.num_hidden_layers
+    strongest = max(_swept(request), key=lambda s: abs(s.value))
+    row_plan(artifact, request, strongest, blocks, ctx)  # refuses or warns before loading
+    # 0 is the unedited model in every mode (a clamp to 0 is an ablation: ask for that with --mode ablate)
+    plans = [row_plan(artifact, request, s, blocks) if s.value else {} for s in _swept(request)]
     adapter = check_adapter(ctx, request.adapter, checkpoint)
     codec = checkpoint.codec
     encoded = encode_each(codec, prompts, checkpoint.context, "sweep prompt")
@@ -253,7 +265,7 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
     model = model_store(ctx).decoder(checkpoint, ctx)
     directions = artifact.by_layer()
     with adapted(ctx, model, adapter, checkpoint):
-        generated = _generate(ctx, model, codec, artifact, request, encoded, directions)
+        generated = _generate(ctx, model, codec, request, encoded, plans)
         rows = [
             _measure(
                 model,
@@ -268,7 +280,7 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
             for step in range(len(_swept(request)))
         ]
         rows = _costs(
-            ctx, model, codec, artifact, request, rows, generated, encoded, neutral_ids, held_ids if held else None
+            ctx, model, codec, plans, request, rows, generated, encoded, neutral_ids, held_ids if held else None
         )
     rows = _judge(rows, _mean_norm(artifact))
     verdicts = [
@@ -328,18 +340,16 @@ def _generate(
     ctx: JobContext,
     model: Decoder,
     codec: TextCodec,
-    artifact: SteeringArtifact,
     request: SweepRequest,
     encoded: list[list[int]],
-    directions: dict[int, list[float]],
+    plans: list[Plan],
 ) -> list[list[Generation]]:
-    """Per prompt, the text at every strength, decoded as one batch (each row steered at its own strength)."""
+    """Per prompt, the text at every strength, decoded as one batch (each row edited by its own plan)."""
     from ster.engine.steering.runs import (
         steered_rows_decode,  # torch, once every input has been checked
     )
 
     strengths = _swept(request)
-    scales = [scales_for(artifact, strength).absolute for strength in strengths]
     generated = []
     for index, ids in enumerate(encoded):
         ctx.progress(
@@ -359,8 +369,7 @@ def _generate(
             steered_rows_decode(
                 model,
                 ids,
-                directions,
-                scales,
+                plans,
                 max_new_tokens=_budget(request),
                 sampling=Sampling(request.temperature, request.top_p, request.seed),
                 eos_ids=codec.eos_ids,
@@ -383,7 +392,7 @@ def _measure(
 ) -> SweepRow:
     """One strength's row: the texts re-read unsteered, their projections and degeneracy."""
     strength = _swept(request)[step]
-    scales = scales_for(artifact, strength)
+    scales = scales_for(artifact, strength) if request.mode == "add" else Scales(absolute={}, relative={})
     generated = [generation.ids for generation in generations]
     texts = [codec.decode(ids) for ids in generated]
     readings = _readings(model, codec, texts, directions)
@@ -416,7 +425,7 @@ def _costs(
     ctx: JobContext,
     model: Decoder,
     codec: TextCodec,
-    artifact: SteeringArtifact,
+    plans: list[Plan],
     request: SweepRequest,
     rows: list[SweepRow],
     generated: list[list[Generation]],
@@ -426,7 +435,7 @@ def _costs(
 ) -> list[SweepRow]:
     """Every row's KL on the neutral prompts, behaviour on the held-out pairs (with ``--holdout``) and fluency,
     all strengths as the rows of one forward per packed group of texts."""
-    from ster.engine.steering.calibration import Probes, fluency, measure_scales
+    from ster.engine.steering.calibration import Probes, fluency, measure_plans
     from ster.engine.steering.measures import greedy_continuations
 
     what = f" and {len(held)} held-out pairs" if held else ""
@@ -436,11 +445,9 @@ def _costs(
     )
     values = [strength.value for strength in _swept(request)]
     order = sorted(range(len(values)), key=lambda i: values[i] != 0)  # the unsteered row first: KL is from it
-    scales = [scales_for(artifact, _swept(request)[i]).absolute for i in order]
-    measured = measure_scales(
+    measured = measure_plans(
         model,
-        artifact.by_layer(),
-        scales,
+        [plans[i] for i in order],
         [values[i] for i in order],
         Probes(list(zip(neutral, continuations)), held or []),
         ctx.check_cancelled,
