@@ -358,6 +358,52 @@ def _add_calibrate(commands: Any) -> None:
     _layer_flags(parser, "pairs")
 
 
+def _add_bake(commands: Any) -> None:
+    parser = _command(
+        commands,
+        "bake",
+        "write a direction in the form another engine runs",
+        "Fold an artifact's direction, added or ablated, into a standalone checkpoint (the family's own layout), "
+        "a rank-1 PEFT LoRA, a llama.cpp control vector (GGUF), or lm-evaluation-harness's steering file. An "
+        "ablation at the embedding and after every block bakes exactly into checkpoint and lora; steering into "
+        "a checkpoint needs a bias on the MLP down projection, which transformers gives Llama only.",
+    )
+    _model_flags(parser)
+    parser.add_argument("--vector", required=True, metavar="FILE", help="the steering artifact")
+    parser.add_argument(
+        "--format",
+        choices=("checkpoint", "lora", "llama-cpp", "lm-eval"),
+        help="checkpoint (a directory; add or ablate), lora (a PEFT directory; ablate), llama-cpp (a control "
+        f"vector GGUF; add), lm-eval (a .pt steering file; add, ablate, clamp); default {DEFAULT}",
+    )
+    parser.add_argument(
+        "--strength",
+        metavar="S",
+        help="as generate takes it: the weight of an ablation (1 when not given: all of it), the target of a "
+        "clamp, or what is added (0.4x or 3; a calibrated artifact's own strength when not given); "
+        f"default {DEFAULT}",
+    )
+    parser.add_argument("--output", required=True, metavar="PATH", help="the directory or file to write")
+    _intervention_flags(parser, "--strength")
+
+
+def _add_vector_import(commands: Any) -> None:
+    parser = _command(
+        commands,
+        "import",
+        "read a llama.cpp or repeng control vector into a steering artifact",
+        "Read a control-vector GGUF (llama.cpp's cvector-generator, repeng, or ster bake --format llama-cpp; "
+        "controlvector.* or steeringvector.* keys) into a steering artifact bound to --model: each direction at "
+        "unit length, its length kept so that --strength 1x adds the vector as it was. The file records no "
+        "fingerprint of its model, so only its width and blocks are checked, and a warning says so.",
+        job="vector import",
+    )
+    parser.add_argument("control_vector", metavar="FILE", help="the control-vector GGUF")
+    _model_flags(parser)
+    parser.add_argument("--output", required=True, metavar="FILE", help="where to write the steering artifact")
+    parser.add_argument("--trait-name", metavar="NAME", help="the artifact's trait (default: the file's name)")
+
+
 def _add_inspect(commands: Any) -> None:
     parser = _command(
         commands,
@@ -802,6 +848,7 @@ STEERING = (
     _add_extract,
     _add_sweep,
     _add_calibrate,
+    _add_bake,
     _add_inspect,
 )
 
@@ -824,6 +871,7 @@ def build_parser() -> argparse.ArgumentParser:
     vector_commands = vector.add_subparsers(dest="vector_command", metavar="<command>", required=True)
     for add in STEERING:
         add(vector_commands)
+    _add_vector_import(vector_commands)
     tui = commands.add_parser(
         "tui",
         help="open the full-screen app (also: ster with no arguments on a terminal)",

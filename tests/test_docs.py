@@ -39,8 +39,11 @@ def shown_flags(parser: argparse.ArgumentParser) -> list[str]:
 
 
 TREE = list(command_tree(build_parser()))
-COMMANDS = [(path, parser) for path, parser in TREE if path[:1] != ("vector",)]
-ALIASES = [(path, parser) for path, parser in TREE if path[:1] == ("vector",) and path[1:]]
+TOP = {path for path, _ in TREE if path[:1] != ("vector",)}
+COMMANDS = [(path, parser) for path, parser in TREE if path[:1] != ("vector",) or (path[1:] and path[1:] not in TOP)]
+"""Every command, once: the top-level ones, and those only ``ster vector`` has (``ster vector import``)."""
+ALIASES = [(path, parser) for path, parser in TREE if path[:1] == ("vector",) and path[1:] and path[1:] in TOP]
+"""``ster vector <command>`` for each steering command, another name for ``ster <command>``."""
 
 
 def name(path: tuple[str, ...]) -> str:

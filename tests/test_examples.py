@@ -147,3 +147,17 @@ def test_an_unknown_reserved_name_is_refused_listing_the_names(tmp_path: Path) -
     assert run.err.strip() == (
         "error: --pairs ster:pair is not a bundled example; the bundled examples are " + ", ".join(EXAMPLES)
     )
+
+
+def test_the_readme_ablation_and_bake_commands_run_verbatim_after_the_quick_start(tmp_path: Path) -> None:
+    _, line = quick_start()
+    assert ster(*ster_parts(line)[0], cwd=tmp_path).code == 0  # the direction the section uses
+    text = (REPO / "README.md").read_text()
+    block = text.split("## Ablating, and directions for other engines", 1)[1].split("```bash\n", 1)[1]
+    lines = [shlex.split(row) for row in block.split("\n```", 1)[0].splitlines()]
+    assert [words[1:3] for words in lines] == [["generate", "--model"], ["bake", "--model"], ["bake", "--model"]]
+    runs = [ster(*words[1:], cwd=tmp_path) for words in lines]
+    assert [r.code for r in runs] == [0, 0, 0], [r.err for r in runs]
+    assert runs[0].json["mode"] == "ablate" and runs[0].json["edits"]["embedding"]["weight"] == 1.0
+    assert (tmp_path / "runs" / "calm-ablated" / "model.safetensors").is_file()
+    assert (tmp_path / "runs" / "calm.gguf").read_bytes()[:4] == b"GGUF"

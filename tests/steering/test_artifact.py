@@ -164,6 +164,7 @@ def test_inspect_summarises_without_vectors_or_torch(tmp_path: Path, artifact: d
         "train_margin",
         "activation_norm",
         "activation_spread",
+        "vector_norm",
     ]
     assert all(abs(layer["norm"] - 1.0) < 1e-6 for layer in summary["layers"])
 

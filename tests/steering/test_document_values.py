@@ -82,7 +82,7 @@ CASES = [
     (lambda a: {**a, "hidden_size": "64"}, "steering artifact {path} is not in the expected shape: hidden_size"),
     (
         lambda a: {**a, "method": "svm"},
-        "steering artifact {path} is not in the expected shape: method: Input should be 'caa', 'pca' or 'logistic'",
+        "steering artifact {path} is not in the expected shape: method: Input should be 'caa', 'pca', 'logistic' or 'imported'",
     ),
     (lambda a: {**a, "precision": "f64"}, "steering artifact {path} is not in the expected shape: precision"),
     (lambda a: {**a, "model": " "}, "{path} names no model"),

@@ -1,7 +1,8 @@
 """Ablation and clamping, checked against what they promise and against an independent computation.
 
-What they promise: after an ablation the stream has no component along the direction at any ablated site,
-and after a clamp the component is the target, at every position. The independent computation is
+What they promise: after an ablation the stream has no component along the direction at any ablated site
+(an ablation inside a block edits the block's writes, so the stream after it carries none), and after a
+clamp the component is the target, at every position. The independent computation is
 transformers' own model with forward hooks written here (the stream edited by the formula, not by Ster's
 hooks), whose logits Ster's edited forward must give. A batch whose rows steer, ablate and clamp at once gives
 each row the text it gets alone.
@@ -78,7 +79,9 @@ def test_each_mode_has_its_sites_and_layers_narrow_them() -> None:
         7: (0.0, 1.0),
     }
     assert {edit.weight for edit in plan.values()} == {0.5} and {edit.target for edit in plan.values()} == {0.0}
-    assert set(projecting(directions, [0, 7], Profile(), direction_layer=5).values()) == {Edit((0.0, 1.0), weight=1.0)}
+    assert set(projecting(directions, [0, 7], Profile(), direction_layer=5).values()) == {
+        Edit((0.0, 1.0), weight=1.0, on_writes=True)  # inside a block, an ablation edits the block's writes
+    }
     assert added(directions, {2: 3.0, 5: 0.0}) == {2: Edit((1.0, 0.0), add=3.0)}  # strength 0: no edit at all
 
 
@@ -128,7 +131,10 @@ def test_ablation_leaves_no_component_and_a_clamp_its_target_at_every_site(pair_
 
 
 def _hf_logits(model, plan: Plan) -> torch.Tensor:
-    """transformers' logits [T, V] of IDS with each site edited by hooks written from the formula."""
+    """transformers' logits [T, V] of IDS with each site edited by hooks written from the formula: the stream at a
+    block's output or the first block's input; for an ablation inside a block, each writer's output (the
+    attention's ``o_proj``, the MLP's ``down_proj``) against the direction as the stream sees it (``g ⊙ v``
+    normalised behind a norm of scale ``1 + w``, as Gemma's are)."""
 
     def edit(stream: torch.Tensor, change: Edit) -> torch.Tensor:
         v = torch.tensor(change.direction, dtype=stream.dtype)
@@ -151,10 +157,32 @@ def _hf_logits(model, plan: Plan) -> torch.Tensor:
 
         return hook
 
+    def written(change: Edit, norm):
+        v = torch.tensor(change.direction)
+        if norm is not None:
+            v = (1 + norm.weight.detach().float()) * v
+            v = v / v.norm()
+
+        def hook(module, args, output):
+            return output - change.weight * (output * v).sum(-1, keepdim=True) * v
+
+        return hook
+
     layers = text_layers(model)
-    handles = [layers[site].register_forward_hook(after(change)) for site, change in plan.items() if site != EMBEDDING]
-    if EMBEDDING in plan:
-        handles.append(layers[0].register_forward_pre_hook(before(plan[EMBEDDING]), with_kwargs=True))
+    handles = []
+    for site, change in plan.items():
+        if site == EMBEDDING:
+            handles.append(layers[0].register_forward_pre_hook(before(change), with_kwargs=True))
+        elif change.on_writes:
+            layer = layers[site]
+            sandwich = hasattr(layer, "post_feedforward_layernorm")
+            for module, norm in (
+                (layer.self_attn.o_proj, layer.post_attention_layernorm if sandwich else None),
+                (layer.mlp.down_proj, layer.post_feedforward_layernorm if sandwich else None),
+            ):
+                handles.append(module.register_forward_hook(written(change, norm)))
+        else:
+            handles.append(layers[site].register_forward_hook(after(change)))
     try:
         with torch.no_grad():
             return model(torch.tensor([IDS])).logits[0].float()

@@ -9,7 +9,8 @@ transformers loads. The value types a forward takes and gives (:class:`Layout`,
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -119,6 +120,16 @@ class Decoder(Protocol):
 
     def project(self, h: Tensor) -> Tensor:
         """f32 logits [..., V] of residual states taken before the final norm."""
+
+    def write_gains(self, layer: int) -> tuple[Tensor | None, Tensor | None]:
+        """The scale each write of a block (the attention's, the MLP's) is multiplied by after its norm, before it
+        is added (Gemma's sandwich norms); None where a write is added as it is."""
+
+    def edited_writes(
+        self, layers: list[int], edit: Callable[[int, int, Tensor], Tensor]
+    ) -> AbstractContextManager[None]:
+        """Each write of the listed blocks passes ``edit(layer, which, write)`` (0 the attention's, 1 the MLP's)
+        before it is normalised and added to the stream, for the duration of the block."""
 
     def lora_module(self, layer: int, projection: str) -> FactorHost:
         """The module of ``layer`` that holds ``projection`` and its attached LoRA factors."""

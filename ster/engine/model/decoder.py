@@ -33,8 +33,10 @@ The jobs see it through :class:`ster.engine.model.contract.Decoder`, which trans
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import cast
 
 import torch
@@ -292,17 +294,21 @@ class Block(nn.Module):
             self.pre_feedforward_layernorm = Norm(width, eps, offset)
             self.post_feedforward_layernorm = Norm(width, eps, offset)
         self.mlp = MLP(config)
+        self.write_edit: Callable[[int, Tensor], Tensor] | None = None
+        """Set while an ablation edits this block's writes (see :meth:`SterDecoder.edited_writes`): called on the
+        attention's (0) and the MLP's (1) output before it is normalised (sandwich) and added to the stream."""
 
     def forward(self, h: Tensor, step: StepInputs) -> Tensor:
+        edit = self.write_edit
         if self.sandwich:
-            h = h + norm(
-                self.self_attn.attend(norm(h, self.input_layernorm), step, self.index), self.post_attention_layernorm
-            )
-            return h + norm(
-                self.mlp.feed(norm(h, self.pre_feedforward_layernorm), step), self.post_feedforward_layernorm
-            )
-        h = h + self.self_attn.attend(norm(h, self.input_layernorm), step, self.index)
-        return h + self.mlp.feed(norm(h, self.post_attention_layernorm), step)
+            attended = self.self_attn.attend(norm(h, self.input_layernorm), step, self.index)
+            h = h + norm(attended if edit is None else edit(0, attended), self.post_attention_layernorm)
+            fed = self.mlp.feed(norm(h, self.pre_feedforward_layernorm), step)
+            return h + norm(fed if edit is None else edit(1, fed), self.post_feedforward_layernorm)
+        attended = self.self_attn.attend(norm(h, self.input_layernorm), step, self.index)
+        h = h + (attended if edit is None else edit(0, attended))
+        fed = self.mlp.feed(norm(h, self.post_attention_layernorm), step)
+        return h + (fed if edit is None else edit(1, fed))
 
 
 class Trunk(nn.Module):
@@ -370,6 +376,27 @@ class SterDecoder(nn.Module):
         """The module of ``layer`` that holds ``projection`` and its attached LoRA factors."""
         block = self.layer(layer)
         return block.self_attn if projection in ATTENTION_PROJECTIONS else block.mlp
+
+    def write_gains(self, layer: int) -> tuple[Tensor | None, Tensor | None]:
+        """The scale ``g`` each write of block ``layer`` (the attention's, the MLP's) is multiplied by after its
+        norm before it is added (Gemma's sandwich norms, offset included); None for writes added as they are."""
+        block = self.layer(layer)
+        if not block.sandwich:
+            return None, None
+        after = (block.post_attention_layernorm, block.post_feedforward_layernorm)
+        return cast(tuple[Tensor, Tensor], tuple(module.weight.detach().float() + module.offset for module in after))
+
+    @contextmanager
+    def edited_writes(self, layers: list[int], edit: Callable[[int, int, Tensor], Tensor]) -> Iterator[None]:
+        """While the block runs, each write of the listed blocks is ``edit(layer, which, write)`` (``which``: 0 the
+        attention's, 1 the MLP's) before it is normalised and added."""
+        try:
+            for layer in layers:
+                self.layer(layer).write_edit = partial(edit, layer)
+            yield
+        finally:
+            for layer in layers:
+                self.layer(layer).write_edit = None
 
     def layer(self, index: int) -> Block:
         """Block ``index``, typed (``blocks`` is the ModuleList hooks and checkpoints see)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 LORA_MODULES = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
+WRITE_MODULES = (("self_attn", "o_proj"), ("mlp", "down_proj"))
+"""Where a layer's two writes into the residual stream come from: the attention's output and the MLP's."""
 """Where a LoRA target lives in a transformers decoder layer (PEFT's names for Llama-like layers)."""
 FINAL_NORMS = ("norm", "final_layernorm", "ln_f", "final_layer_norm", "norm_f")
 
@@ -143,6 +145,46 @@ class GenericDecoder(nn.Module):
                 "projection, so an adapter cannot target it here"
             )
         return cast(FactorHost, module)
+
+    def _writers(self, layer: int) -> tuple[nn.Module, nn.Module]:
+        """A layer's two writes into the stream, as transformers' layers name them; refused for a model whose
+        layers have other names (GPT-2's ``c_proj``)."""
+        block = self.layers[layer]
+        found = [getattr(getattr(block, part, None), name, None) for part, name in WRITE_MODULES]
+        if not all(isinstance(module, nn.Module) for module in found):
+            raise Refusal(
+                f"ablation edits what each block writes into the residual stream, and this {self.config.model_type} "
+                "model's layers have no self_attn.o_proj and mlp.down_proj to edit"
+            )
+        return cast(tuple[nn.Module, nn.Module], tuple(found))
+
+    def write_gains(self, layer: int) -> tuple[Tensor | None, Tensor | None]:
+        """As :meth:`ster.engine.model.decoder.SterDecoder.write_gains`: a layer with norms on its writes (Gemma 2's
+        and 3's ``post_attention_layernorm`` and ``post_feedforward_layernorm``, which scale by ``1 + w``)."""
+        block = self.layers[layer]
+        after = getattr(block, "post_feedforward_layernorm", None)
+        if after is None:
+            return None, None
+        norms: tuple[Any, Any] = (block.post_attention_layernorm, after)
+        return norms[0].weight.detach().float() + 1.0, norms[1].weight.detach().float() + 1.0
+
+    @contextmanager
+    def edited_writes(self, layers: list[int], edit: Callable[[int, int, Tensor], Tensor]) -> Iterator[None]:
+        """As :meth:`ster.engine.model.decoder.SterDecoder.edited_writes`, by forward hooks on the writing
+        projections (after any adapter's hook, so the adapted write is what is edited)."""
+
+        def hook_for(layer: int, which: int) -> Hook:
+            def hook(module: nn.Module, args: tuple[Any, ...], output: Tensor) -> Tensor:
+                return edit(layer, which, output)
+
+            return hook
+
+        modules = [(self._writers(layer), layer) for layer in layers]
+        with hooked(
+            [module for pair, _ in modules for module in pair],
+            [hook_for(layer, which) for _, layer in modules for which in (0, 1)],
+        ):
+            yield
 
     def forward(
         self,

@@ -33,6 +33,11 @@ JOBS: dict[str, tuple[str, str]] = {
     "inspect": ("ster.engine.steering.artifact:inspect_job", "ster.engine.steering.requests:InspectRequest"),
     "sweep": ("ster.engine.steering.sweep:sweep_job", "ster.engine.steering.requests:SweepRequest"),
     "calibrate": ("ster.engine.steering.calibrate:calibrate_job", "ster.engine.steering.requests:CalibrateRequest"),
+    "bake": ("ster.engine.steering.bake:bake_job", "ster.engine.steering.requests:BakeRequest"),
+    "vector import": (
+        "ster.engine.steering.vector_import:import_job",
+        "ster.engine.steering.requests:VectorImportRequest",
+    ),
     "pairs inspect": ("ster.engine.pairs.inspect:inspect_job", "ster.engine.pairs.requests:PairsInspectRequest"),
     "pairs add": ("ster.engine.pairs.edit:add_job", "ster.engine.pairs.requests:PairsAddRequest"),
     "pairs remove": ("ster.engine.pairs.edit:remove_job", "ster.engine.pairs.requests:PairsRemoveRequest"),

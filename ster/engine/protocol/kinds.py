@@ -25,6 +25,8 @@ PROMPT_SET = "prompt set"
 ADAPTER_SIDECAR = "LoRA adapter sidecar"
 CALIBRATION_STUDY = "calibration study"
 """The trials ``ster calibrate`` has finished, kept beside its output so an interrupted run can be resumed."""
+CONTROL_VECTOR = "llama.cpp control vector"
+"""A GGUF of the ``controlvector`` architecture: what ``bake --format llama-cpp`` writes."""
 ADAPTER = "LoRA adapter"
 """A safetensors file with an adapter sidecar beside it (the same path with ``.json``): what ``tune`` writes."""
 
@@ -88,6 +90,17 @@ def _safetensors(path: Path, size: int) -> bool:
         return False
 
 
+def _control_vector(path: Path) -> bool:
+    """Whether a file begins as a control-vector GGUF does: the magic, then its architecture key and value among
+    the first metadata (llama.cpp's and Ster's writers put ``general.architecture`` first)."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(512)
+    except OSError:
+        return False
+    return head.startswith(b"GGUF") and b"general.architecture" in head and b"controlvector" in head
+
+
 def special_file(mode: int) -> str | None:
     """ "a FIFO", "a socket" or "a device" for a mode that is one of those; None otherwise."""
     return next((name for test, name in SPECIAL if test(mode)), None)
@@ -132,6 +145,8 @@ def existing(path: Path) -> Existing | None:
     if status.st_size == 0:
         return Existing("an empty file", file=True, empty=True)
     kind = file_kind(path)
+    if kind is None and _control_vector(path):
+        kind = CONTROL_VECTOR
     if kind is None and _safetensors(path, status.st_size):
         side = adapter_sidecar_of(path)
         if side == path or file_kind(side) != ADAPTER_SIDECAR:

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from types import MappingProxyType
 
-POSITIONAL = {"gguf": "FILE.gguf", "source": "SRC", "artifact": "ARTIFACT"}
+POSITIONAL = {"gguf": "FILE.gguf", "source": "SRC", "artifact": "ARTIFACT", "control_vector": "FILE"}
 """Path fields the CLI takes as positional arguments, named as its usage line names them."""
 
 _NAMES: ContextVar[Mapping[str, str]] = ContextVar("ster_field_names", default=MappingProxyType({}))

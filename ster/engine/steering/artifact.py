@@ -64,14 +64,18 @@ class LayerVector(BaseModel):
     model_config = ConfigDict(extra="forbid")
     layer: int
     vector: list[float]
-    train_accuracy: float
-    train_margin: float
+    train_accuracy: float | None = None
+    """What the direction scored on the pairs it was fitted on; null for one not fitted on pairs (imported)."""
+    train_margin: float | None = None
     activation_norm: float | None = None
     """Mean norm of the residual states at this layer over the fitting pairs (both sides); null where not
     recorded."""
     activation_spread: float | None = None
     """RMS spread of the states at this layer about their mean, over every position of the fitting texts but
     each text's first (see :class:`ster.engine.steering.activations.Spread`); absent from older files."""
+    vector_norm: float | None = None
+    """The length the direction had where it came from (an imported control vector, its strength folded in):
+    with ``strength_unit: "vector"``, ``1x`` adds the vector as it was. Absent from fitted directions."""
 
     @model_validator(mode="before")
     @classmethod
@@ -86,6 +90,8 @@ class LayerVector(BaseModel):
     @model_serializer(mode="wrap")
     def _written_as_values(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
+        if data.get("vector_norm") is None:  # a fitted direction is written as it always was
+            data.pop("vector_norm", None)
         return {("values" if key == "vector" else key): value for key, value in data.items()}
 
 
@@ -100,7 +106,8 @@ class SteeringArtifact(BaseModel):
     model_fingerprint: str | None = None
     """What the checkpoint was (see :mod:`ster.engine.model.fingerprint`); null in older files."""
     trait_name: str
-    method: Literal["caa", "pca", "logistic"]
+    method: Literal["caa", "pca", "logistic", "imported"]
+    """How the direction was fitted; ``imported`` for one read from another tool's file (``ster vector import``)."""
     hidden_size: int
     precision: Literal["f32", "f16", "bf16", "int8"] | None = None
     """The dtype the base weights were held at when the direction was fitted (null: not recorded)."""
@@ -112,9 +119,10 @@ class SteeringArtifact(BaseModel):
     vectors: list[LayerVector]
     calibration: Calibration | None = None
     """What ``ster calibrate`` chose and measured; absent from the file for an uncalibrated direction."""
-    strength_unit: Literal["norm", "spread"] | None = None
-    """What a relative strength (``0.4x``) multiplies at each layer: ``spread`` (``activation_spread``), or
-    ``norm`` (``activation_norm``), which is also what a file without the field means."""
+    strength_unit: Literal["norm", "spread", "vector"] | None = None
+    """What a relative strength (``0.4x``) multiplies at each layer: ``spread`` (``activation_spread``),
+    ``vector`` (``vector_norm``: an imported vector as it was), or ``norm`` (``activation_norm``), which is
+    also what a file without the field means."""
 
     @model_serializer(mode="wrap")
     def _no_adapter_no_key(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -147,7 +155,7 @@ class SteeringArtifact(BaseModel):
     @property
     def unit(self) -> str:
         """The quantity a relative strength multiplies: ``activation_spread`` or ``activation_norm``."""
-        return "activation_spread" if self.strength_unit == "spread" else "activation_norm"
+        return {"spread": "activation_spread", "vector": "vector_norm"}.get(self.strength_unit or "", "activation_norm")
 
     def unit_scales(self) -> dict[int, float | None]:
         """Per layer, what ``1x`` is in the residual stream's units (None where the artifact records none)."""
@@ -159,10 +167,11 @@ class LayerSummary(BaseModel):
     width: int
     norm: float
     """Euclidean length of the direction, summed in f64; 1.0 for anything Ster wrote."""
-    train_accuracy: float
-    train_margin: float
+    train_accuracy: float | None
+    train_margin: float | None
     activation_norm: float | None
     activation_spread: float | None = None
+    vector_norm: float | None = None
 
 
 class ArtifactSummary(BaseModel):
@@ -200,6 +209,7 @@ def summarize(artifact: SteeringArtifact) -> ArtifactSummary:
             train_margin=v.train_margin,
             activation_norm=v.activation_norm,
             activation_spread=v.activation_spread,
+            vector_norm=v.vector_norm,
         )
         for v in artifact.vectors
     ]
@@ -278,10 +288,14 @@ def _check_layer(entry: LayerVector, path: Path | str) -> None:
 def _check_scores(entry: LayerVector, path: Path | str) -> None:
     """The scores the direction was fitted with: an accuracy in [0, 1], a finite margin, a positive norm."""
     where = f"{path}: layer {entry.layer}'s"
-    if not (math.isfinite(entry.train_accuracy) and 0 <= entry.train_accuracy <= 1):
-        raise Refusal(f"{where} train_accuracy is {entry.train_accuracy}; an accuracy lies between 0 and 1")
-    if not math.isfinite(entry.train_margin):
-        raise Refusal(f"{where} train_margin is {entry.train_margin}; a margin is a finite number")
+    accuracy, margin = entry.train_accuracy, entry.train_margin
+    if accuracy is not None and not (math.isfinite(accuracy) and 0 <= accuracy <= 1):
+        raise Refusal(f"{where} train_accuracy is {accuracy}; an accuracy lies between 0 and 1")
+    if margin is not None and not math.isfinite(margin):
+        raise Refusal(f"{where} train_margin is {margin}; a margin is a finite number")
+    length = entry.vector_norm
+    if length is not None and not (math.isfinite(length) and length > 0):
+        raise Refusal(f"{where} vector_norm is {length}; it is a length, a finite number above 0")
     norm = entry.activation_norm
     if norm is not None and not (math.isfinite(norm) and norm > 0):
         raise Refusal(

@@ -144,7 +144,7 @@ def read_control_vector(path: Path) -> ControlVector:
     architecture = _string(fields, "general.architecture")
     if architecture is not None and architecture not in ARCHITECTURES:
         raise Refusal(f"{path} is a GGUF of architecture {architecture}, not a control vector")
-    prefixes = (architecture,) if architecture is not None else ARCHITECTURES
+    prefixes = (architecture, *ARCHITECTURES) if architecture is not None else ARCHITECTURES  # its own first
     hint = next(
         (_string(fields, f"{prefix}.model_hint") for prefix in prefixes if f"{prefix}.model_hint" in fields), None
     )

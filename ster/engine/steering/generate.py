@@ -16,7 +16,7 @@ from ster.engine.protocol.naming import flag
 from ster.engine.steering.artifact import SteeringArtifact, open_artifact
 from ster.engine.steering.intervention import EMBEDDING, Mode, Plan, added, projecting, sites
 from ster.engine.steering.layers import LayerSpec
-from ster.engine.steering.requests import GenerateRequest, InterventionFields
+from ster.engine.steering.requests import BakeRequest, GenerateRequest, InterventionFields
 from ster.engine.steering.strength import DEFAULT_STRENGTH, Strength, Unit, excess_warning
 
 
@@ -128,7 +128,9 @@ def row_plan(
     return projecting(directions, where, request.profile, request.direction_layer, targets=targets)
 
 
-def given_strength(request: GenerateRequest, ctx: JobContext, artifact: SteeringArtifact | None = None) -> Strength:
+def given_strength(
+    request: GenerateRequest | BakeRequest, ctx: JobContext, artifact: SteeringArtifact | None = None
+) -> Strength:
     """The request's strength; when none was given, the artifact's calibrated positive strength where it has
     one (said in a log line), else ``DEFAULT_STRENGTH``. A strength given without a vector steers nothing, and
     says so."""
@@ -140,6 +142,8 @@ def given_strength(request: GenerateRequest, ctx: JobContext, artifact: Steering
         return request.strength
     if request.mode == "ablate":
         return Strength(value=1.0, unit="absolute")  # the whole component
+    if artifact is not None and artifact.strength_unit == "vector" and request.mode == "add":
+        return Strength(value=1.0, unit="relative")  # an imported vector as it was
     calibrated = calibrated_strength(artifact, 1) if request.mode == "add" else None
     if calibrated is not None and artifact is not None and artifact.calibration is not None:
         side = artifact.calibration.positive

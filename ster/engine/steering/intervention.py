@@ -4,7 +4,12 @@ Three modes act along a unit direction ``v`` of an artifact:
 
 * ``add`` (steering): ``h ← h + s·v``, at the artifact's layers, ``s`` the strength at that layer;
 * ``ablate`` (directional ablation): ``h ← h − w·(h·v)·v``, removing the component along ``v`` (all of it at
-  weight ``w = 1``), by default at the embedding and after every block, as directional ablation does;
+  weight ``w = 1``), by default at the embedding and in every block, as directional ablation does. Inside a
+  block it is each *write* into the stream that loses its component (the attention's output and the MLP's,
+  as they are added), so that with weight 1 the stream carries none of ``v`` before, inside and after every
+  block, and the edit is exactly the change of weights ``W ← W − w·v·(vᵀW)`` of those writers (what ``bake``
+  writes). A family that normalises each write before adding it (Gemma's sandwich norms, scale ``g``) has the
+  write made orthogonal to ``g ⊙ v`` instead, so that the normalised write carries none of ``v``;
 * ``clamp``: ``h ← h + w·(c − h·v)·v``, setting that component to the target ``c`` (moving it a fraction ``w``
   of the way there).
 
@@ -47,6 +52,10 @@ class Edit:
     """The fraction of the way the component along the direction moves to ``target`` (``ablate``, ``clamp``)."""
     target: float = 0.0
     """What the component along the direction is set to (0 for ``ablate``)."""
+    on_writes: bool = False
+    """Edit the block's writes rather than the stream after it: each of its two writes into the stream (the
+    attention's and the MLP's) loses ``weight`` of its component along the direction, which is what an ablation
+    does at a block (see the module's text)."""
 
     @property
     def projects(self) -> bool:
@@ -159,5 +168,6 @@ def projecting(
         amount = profile.weight(site) * weight
         if amount != 0.0:
             target = 0.0 if targets is None else targets[layer]
-            plan[site] = Edit(tuple(directions[layer]), weight=amount, target=target)
+            writes = targets is None and site != EMBEDDING  # an ablation inside a block edits its writes
+            plan[site] = Edit(tuple(directions[layer]), weight=amount, target=target, on_writes=writes)
     return plan

@@ -148,7 +148,7 @@ def _hidden(model: Decoder, tree: Tree, rows: Rows) -> Tensor:
     if rows.edits is None:
         return model(one, vocab="none", layout=layout).hidden.expand(rows.count, -1, -1)
     wide = Layout(layout.positions.expand(rows.count, -1), layout.mask.expand(rows.count, -1, -1, -1))
-    first = min(rows.edits.full)  # the embedding's site (-1) edits the first block's input: nothing shared
+    first = rows.edits.first  # the embedding's site (-1) edits the first block's input: nothing shared
     start = None
     if first > 0:
         shared = model(one, vocab="none", depth=first, layout=layout).hidden

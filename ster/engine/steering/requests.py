@@ -285,6 +285,55 @@ class CalibrateRequest(AdaptedRequest):
     _seed = field_validator("seed")(lambda cls, v: seed(v))
 
 
+Format = Literal["checkpoint", "lora", "llama-cpp", "lm-eval"]
+FORMAT_MODES: dict[str, tuple[Mode, ...]] = {
+    "checkpoint": ("add", "ablate"),
+    "lora": ("ablate",),
+    "llama-cpp": ("add",),
+    "lm-eval": ("add", "ablate", "clamp"),
+}
+"""What each bake format can carry: llama.cpp's control vectors only add; a LoRA is a change of weights, which
+holds an ablation but no constant; lm-eval's steered model adds and clamps."""
+
+
+class BakeRequest(ModelRequest, InterventionFields):
+    """``ster bake``: an artifact's direction, added or ablated, written as a checkpoint, a LoRA, a llama.cpp
+    control vector or lm-eval's steering file."""
+
+    directory_outputs: ClassVar[tuple[str, ...]] = ("output",)
+    """A directory for checkpoint and lora, a file for the others: the job checks which."""
+    vector: Path
+    strength: Strength | None = None
+    """As generate takes it: the strength added (default: calibrated, else ``DEFAULT_STRENGTH``), the weight of
+    an ablation (default 1), the target of a clamp."""
+    format: Format = "checkpoint"
+    output: Path
+    none_means: ClassVar[dict[str, str]] = {"strength": DEFAULT_STRENGTH}
+
+    @model_validator(mode="after")
+    def _bake(self) -> BakeRequest:
+        carried = FORMAT_MODES[self.format]
+        if self.mode not in carried:
+            others = [name for name, modes in FORMAT_MODES.items() if self.mode in modes]
+            raise ValueError(
+                f"{flag('format')} {self.format} carries {' and '.join(carried)} only, not {self.mode}; "
+                f"{' or '.join(others)} carries it"
+            )
+        if self.strength is not None:
+            mode_strengths(self.mode, [self.strength], "strength")
+        return self
+
+
+class VectorImportRequest(ModelRequest):
+    """``ster vector import``: a llama.cpp or repeng control-vector GGUF read into a steering artifact for
+    ``model``."""
+
+    control_vector: Path
+    output: Path
+    trait_name: str | None = None
+    """The artifact's trait (default: the file's name)."""
+
+
 class InspectRequest(Request):
     """``ster inspect``: validate and summarise an artifact without loading a model."""
 

@@ -15,9 +15,6 @@ and the model and width it was trained for), and the output directory (new, or e
 
 from __future__ import annotations
 
-import json
-import shutil
-import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +30,7 @@ from ster.engine.model.adapters.artifact import (
     factor_names,
     projection_shape,
 )
+from ster.engine.model.checkpoint_files import WEIGHTS, copy_checkpoint_files, shard_headers
 from ster.engine.model.config import DecoderConfig, decoder_name, fused_rows, load_config
 from ster.engine.model.fingerprint import checkpoint_fingerprint
 from ster.engine.model.resolve import ModelSource, resolve_model
@@ -44,8 +42,6 @@ from ster.engine.tune.requests import MergeRequest
 
 if TYPE_CHECKING:
     from ster.engine.model.adapters.lora import Adapter
-
-WEIGHTS = "model.safetensors"
 
 
 class MergeReport(BaseModel):
@@ -109,7 +105,7 @@ def merge_job(request: MergeRequest, ctx: JobContext) -> MergeResult:
         ctx.warn(source.warning)
     config = load_config(source.config)
     fingerprint = checkpoint_fingerprint(config, source.weights)
-    shards = _shard_headers(source.weights)
+    shards = shard_headers(source.weights)
     sidecar = None
     if not confine.readable(request.adapter).is_dir():  # a PEFT directory is checked once it is read, below
         sidecar, header = read_document(request.adapter)
@@ -124,7 +120,7 @@ def merge_job(request: MergeRequest, ctx: JobContext) -> MergeResult:
     sidecar, adapter = _read_adapter(ctx, request.adapter, sidecar, source, config, device, shards)
     with atomic_directory(request.output) as staging:
         merged, dtypes, parameters = _write_weights(ctx, source, shards, adapter, staging / WEIGHTS, device, config)
-        files = [WEIGHTS, *_copy_files(source, staging)]
+        files = [WEIGHTS, *copy_checkpoint_files(source, staging)]
     ctx.log(f"merged {len(merged)} projections into {request.output}")
     return MergeResult(
         report=MergeReport(
@@ -154,33 +150,6 @@ def _check_adapter(
     note = check_for_model(sidecar, source.model, fingerprint, config.hidden_size, config.num_hidden_layers)
     if note is not None:
         ctx.log(note)
-
-
-def _shard_headers(weights: tuple[Path, ...]) -> dict[str, tuple[Path, dict[str, Any]]]:
-    """Tensor name → (its shard, its header entry) across every shard, refusing a name two shards both hold."""
-    found: dict[str, tuple[Path, dict[str, Any]]] = {}
-    for path in weights:
-        for name, entry in _header(path).items():
-            if name in found:
-                raise Refusal(
-                    f"tensor {name} is in both {found[name][0].name} and {path.name}; a checkpoint names "
-                    "each tensor once, so this one is refused rather than half-merged"
-                )
-            found[name] = (path, entry)
-    return found
-
-
-def _header(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(min(length, 100_000_000)))
-    except (OSError, struct.error, ValueError):
-        raise Refusal(f"weights file {path} could not be read") from None
-    if not isinstance(header, dict):
-        raise Refusal(f"weights file {path} could not be read")
-    header.pop("__metadata__", None)
-    return header
 
 
 def _check_weights(
@@ -261,25 +230,3 @@ def _write_weights(
                 state[name] = tensor.contiguous()
     save_file(state, str(target), metadata={"format": "pt"})
     return merged, dtypes, sum(t.numel() for t in state.values())
-
-
-def _copy_files(source: ModelSource, staging: Path) -> list[str]:
-    """The source's config, tokenizer, chat template and generation config, under their usual names."""
-    files = {
-        "config.json": source.config,
-        "tokenizer.json": source.tokenizer,
-        "tokenizer_config.json": source.tokenizer_config,
-        "chat_template.jinja": source.chat_template_file,
-        "generation_config.json": source.generation_config,
-        "special_tokens_map.json": _optional(source.root / "special_tokens_map.json"),
-    }
-    copied = []
-    for name, path in files.items():
-        if path is not None:
-            shutil.copyfile(path, staging / name)
-            copied.append(name)
-    return copied
-
-
-def _optional(path: Path) -> Path | None:
-    return path if path.is_file() else None
