@@ -354,6 +354,20 @@ def _add_calibrate(commands: Any) -> None:
         help="the judge's question, with {text} where the answer goes and {trait} for the pair "
         "set's trait (default: asks whether the reply is {trait})",
     )
+    parser.add_argument(
+        "--mode",
+        choices=("add", "ablate"),
+        help="add calibrates steering (layers, method and strength per sign, against held-out behaviour); "
+        "ablate calibrates an ablation of the direction (its layer and weight profile, against the share of the "
+        "held-out pairs' positive prompts refused, and first-token KL); "
+        f"default {DEFAULT}",
+    )
+    parser.add_argument(
+        "--refusal-markers",
+        metavar="FILE",
+        help="with --mode ablate: a JSON list of the phrases that mark an answer as a refusal (default: the "
+        "built-in list the README prints)",
+    )
     _apply_adapter_flag(parser, "reading and steering")
     _layer_flags(parser, "pairs")
 

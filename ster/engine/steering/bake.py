@@ -51,7 +51,7 @@ from ster.engine.protocol.jobs import JobContext
 from ster.engine.protocol.kinds import CONTROL_VECTOR
 from ster.engine.protocol.naming import flag
 from ster.engine.steering.artifact import SteeringArtifact, check_against_model, load_artifact
-from ster.engine.steering.generate import given_strength, row_plan
+from ster.engine.steering.generate import as_calibrated, given_strength, row_plan
 from ster.engine.steering.intervention import EMBEDDING, Edit, Mode, Plan
 from ster.engine.steering.requests import FORMAT_MODES, BakeRequest
 
@@ -126,6 +126,12 @@ def bake_job(request: BakeRequest, ctx: JobContext) -> BakeResult:
     note = check_against_model(artifact, source.model, fingerprint, config.hidden_size, config.num_hidden_layers)
     if note is not None:
         ctx.log(note)
+    request = as_calibrated(request, artifact, ctx)
+    if request.mode not in FORMAT_MODES[request.format]:  # the artifact's calibrated mode, which the format lacks
+        raise Refusal(
+            f"{flag('format')} {request.format} carries {' and '.join(FORMAT_MODES[request.format])} only, and the "
+            f"artifact is calibrated to {request.mode}; give {flag('mode')} to bake another"
+        )
     strength = given_strength(request, ctx, artifact)
     plan = row_plan(artifact, request, strength, config.num_hidden_layers, ctx)
     if not plan:

@@ -27,7 +27,7 @@ import itertools
 import math
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -88,6 +88,9 @@ RANGES = ((0, 1), (-1, 0), (-1, 1), (-2, 2))
 """Layer ranges tried around the best layer, as offsets of their first and last layer."""
 
 
+S = TypeVar("S", bound="StudyFile")
+
+
 class FrontPoint(BaseModel):
     layers: list[int]
     method: str
@@ -101,9 +104,14 @@ class CalibrateResult(ArtifactSummary):
     """Every measured point no other point beats on both behaviour moved (its sign's way) and KL, per sign."""
 
 
-class Study(BaseModel):
+class StudyFile(BaseModel):
+    """What a calibration study holds beside its trials: what it was started with."""
+
     product: str = "ster"
     identity: dict[str, Any]
+
+
+class Study(StudyFile):
     trials: list[Trial]
 
 
@@ -243,7 +251,7 @@ def load_neutral(given: Path | None) -> tuple[list[str], str]:
     return prompts, digest
 
 
-def _split(request: CalibrateRequest) -> tuple[Any, list[Any], list[Any]]:
+def split(request: CalibrateRequest) -> tuple[Any, list[Any], list[Any]]:
     path, pair_set = load_pairs_or_active(request.pairs)
     if request.holdout is not None:
         held = load_pairs(request.holdout).pairs
@@ -317,7 +325,7 @@ def _identity(request: CalibrateRequest, fingerprint: str | None, digest: str) -
     }
 
 
-def _open_study(path: Path, resume: bool, identity: dict[str, Any]) -> list[Trial]:
+def open_study(path: Path, resume: bool, identity: dict[str, Any], kind: type[S]) -> S | None:
     exists = path.exists() or path.is_symlink()
     if not resume:
         if exists:
@@ -325,13 +333,13 @@ def _open_study(path: Path, resume: bool, identity: dict[str, Any]) -> list[Tria
                 f"a calibration study from an interrupted run is at {path}: give {flag('resume')} to continue it, "
                 f"or remove it to start over"
             )
-        return []
+        return None
     if not exists:
         raise Refusal(
             f"{flag('resume')} found no calibration study at {path}, which is where a run with this {flag('output')} leaves one"
         )
     try:
-        study = Study.model_validate(read_json(path, CALIBRATION_STUDY))
+        study = kind.model_validate(read_json(path, CALIBRATION_STUDY))
     except ValidationError as exc:
         raise Refusal(f"calibration study {path} is not in the expected shape: {first_error(exc)}") from None
     for key, value in identity.items():
@@ -340,11 +348,19 @@ def _open_study(path: Path, resume: bool, identity: dict[str, Any]) -> list[Tria
                 f"calibration study {path} was started with {key} {study.identity.get(key)!r}, not "
                 f"{value!r}; resume it with the same inputs, or remove it to start over"
             )
-    return study.trials
+    return study
 
 
-def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult:
-    pair_set, fit, held = _split(request)
+def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> BaseModel:
+    if request.mode == "ablate":
+        from ster.engine.steering.ablation_search import calibrate_ablation
+
+        return calibrate_ablation(request, ctx)
+    return calibrate_steering(request, ctx)
+
+
+def calibrate_steering(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult:
+    pair_set, fit, held = split(request)
     prompts, digest = load_neutral(request.neutral)
     check_output_file(request.output, ARTIFACT, ctx.log)
     study = study_path(request.output)
@@ -352,7 +368,8 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
     checkpoint = model_store(ctx).open(request, ctx)
     layers = LayerSpec.parse(request.layers).resolve(checkpoint.config.num_hidden_layers)
     identity = _identity(request, checkpoint.fingerprint, digest)
-    trials = _open_study(study, request.resume, identity)
+    resumed = open_study(study, request.resume, identity, Study)
+    trials = resumed.trials if resumed is not None else []
     codec = checkpoint.codec
     fit_ids = encode_pairs(codec, [(p.positive, p.negative) for p in fit], checkpoint.context)
     held_ids, questions = answered_pairs(codec, held, checkpoint.context)
@@ -403,13 +420,13 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
                 trials.append(
                     Trial(layers=span, method=method, points=points, positive=positive, negative=negative, score=value)
                 )
-                _save_study(study, Study(identity=identity, trials=trials))
+                save_study(study, Study(identity=identity, trials=trials))
                 ctx.log(
                     f"trial {len(trials)}: {method} at {_layers(span)}: score {value:.3g}, strength "
                     f"{_shown(positive)} / {_shown(negative)} at KL budget {request.kl_budget:g}"
                 )
         except Cancelled:
-            _stopped(trials, study)
+            stopped(trials, study)
         best = max(trials, key=lambda t: _rank(t, trials))
         vectors = [directions.of(layer, best.method) for layer in best.layers]
         chosen = [0.0, *([best.positive] if best.positive else []), *([best.negative] if best.negative else [])]
@@ -459,7 +476,7 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
             ratios = calibration.fluency(model, heads, by_strength) if heads else {}
             texts = {s: [codec.decode(ids) for ids in generated] for s, generated in by_strength.items()}
         except Cancelled:
-            _stopped(trials, study)
+            stopped(trials, study)
     judged: dict[float, float | None] = {s: None for s in chosen}
     agreement = None
     if judge_checkpoint is not None and question is not None and asked:
@@ -484,7 +501,7 @@ def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> CalibrateResult
             )
             agreement = sum(a > b for a, b in zip(judged_positive, judged_negative)) / len(known)
         except Cancelled:
-            _stopped(trials, study)
+            stopped(trials, study)
     base = final[0]
 
     def side(point: Point | None) -> Side | None:
@@ -581,14 +598,14 @@ def _first(values: list[str] | None) -> str | None:
     return values[0] if values else None
 
 
-def _save_study(path: Path, study: Study) -> None:
+def save_study(path: Path, study: BaseModel) -> None:
     """Write the study atomically; it does not count as the job's output, so Ctrl-C still cancels the run after it
     (a run that stops leaves it on purpose, as a training run leaves its checkpoint)."""
-    Study.model_validate(study.model_dump())
+    type(study).model_validate(study.model_dump())
     write_atomic(path, dumps_pretty(study.model_dump(mode="json")), keep=True)
 
 
-def _stopped(trials: list[Trial], study: Path) -> None:
+def stopped(trials: list[Any], study: Path) -> None:
     """Re-raise a cancellation, naming the study when trials are saved in it."""
     if trials:
         raise Cancelled(

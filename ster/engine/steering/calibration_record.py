@@ -15,6 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from ster.engine.steering.intervention import Profile
+
 
 class Point(BaseModel):
     """One strength of one candidate, measured."""
@@ -66,6 +68,48 @@ class Side(BaseModel):
     """The steered answer to the first generation prompt."""
 
 
+class AblationTrial(BaseModel):
+    """One candidate ablation, measured on the screening sets: the layer whose direction is ablated, its weight
+    profile (the minimum as a share of the peak), the share of trait prompts still refused, and the first-token
+    KL on the neutral prompts."""
+
+    model_config = ConfigDict(extra="forbid")
+    direction_layer: int
+    peak_weight: float
+    peak_layer: float
+    min_share: float
+    falloff: float
+    trait_rate: float
+    kl_first: float
+
+
+class Ablation(BaseModel):
+    """What ``calibrate --mode ablate`` chose and measured on every held-out prompt and neutral prompt."""
+
+    model_config = ConfigDict(extra="forbid")
+    direction_layer: int
+    profile: Profile
+    markers: list[str]
+    """The refusal judge's markers (an answer holding one is a refusal)."""
+    trait_prompts: int
+    trait_rate_before: float
+    """Share of the held-out trait prompts the unedited model's answers refuse."""
+    trait_rate: float
+    """The same, ablated."""
+    answered_rate_before: float
+    """Share of the held-out pairs' other prompts (answered ones) refused, unedited: what the ablation must not
+    raise."""
+    answered_rate: float
+    kl_first: float
+    """Mean first-token KL from the unedited model over every neutral prompt."""
+    kl: float
+    """Mean KL over the unedited model's own continuation of each neutral prompt."""
+    examples_before: list[str]
+    examples: list[str]
+    """The first held-out trait prompts' answers, unedited and ablated."""
+    trials: list[AblationTrial]
+
+
 class Calibration(BaseModel):
     """The record a calibrated artifact carries: what was chosen, how it measured, and every trial."""
 
@@ -95,3 +139,5 @@ class Calibration(BaseModel):
     positive: Side | None
     negative: Side | None
     trials: list[Trial]
+    ablation: Ablation | None = None
+    """What ``calibrate --mode ablate`` chose (then the artifact ablates by default); absent for steering."""

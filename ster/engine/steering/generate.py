@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import TypeVar
 
 from pydantic import BaseModel
 
@@ -101,6 +102,24 @@ def scales_for(artifact: SteeringArtifact, strength: Strength, ctx: JobContext |
     return scales
 
 
+F = TypeVar("F", bound=InterventionFields)
+
+
+def as_calibrated(request: F, artifact: SteeringArtifact | None, ctx: JobContext) -> F:
+    """The request with an ablation-calibrated artifact's mode and weight profile where the request gives none
+    of its own (``mode`` and the profile's fields not given); said in a log line. Otherwise as it is."""
+    record = artifact.calibration.ablation if artifact is not None and artifact.calibration else None
+    if record is None or "mode" in request.model_fields_set:
+        return request
+    calibrated = {"mode": "ablate", "direction_layer": record.direction_layer, **record.profile.model_dump()}
+    update = {name: value for name, value in calibrated.items() if name not in request.model_fields_set}
+    ctx.log(
+        f"ablating as the artifact was calibrated: {record.trait_rate:.0%} of its held-out trait prompts refused "
+        f"(from {record.trait_rate_before:.0%}) at first-token KL {record.kl_first:.3g}"
+    )
+    return request.model_copy(update=update)
+
+
 def row_plan(
     artifact: SteeringArtifact,
     request: InterventionFields,
@@ -168,6 +187,7 @@ def calibrated_strength(artifact: SteeringArtifact | None, sign: int) -> Strengt
 def generate_job(request: GenerateRequest, ctx: JobContext) -> GenerateResult:
     checkpoint = model_store(ctx).open(request, ctx)
     artifact = open_artifact(ctx, request.vector, checkpoint) if request.vector else None
+    request = as_calibrated(request, artifact, ctx)
     strength = given_strength(request, ctx, artifact)
     blocks = checkpoint.config.num_hidden_layers
     plan = row_plan(artifact, request, strength, blocks, ctx) if artifact else {}

@@ -25,6 +25,7 @@ measure reads reach the vocabulary projection, a slice of positions at a time.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -170,9 +171,11 @@ def greedy_continuations(
     *,
     batch_size: int = 16,
     check_cancelled: Callable[[], None] = lambda: None,
+    plans: list[Plan] | None = None,
 ) -> list[list[int]]:
-    """The unsteered model's greedy continuation of each prompt: ``tokens`` ids, or fewer when it chooses an
-    end-of-text id (kept, as the last id). Prompts are decoded in left-padded batches over one KV cache."""
+    """The greedy continuation of each prompt, unsteered or (with ``plans``, one per prompt) edited by its own
+    plan: ``tokens`` ids, or fewer when it chooses an end-of-text id (kept, as the last id). Prompts are decoded
+    in left-padded batches over one KV cache, each row under its own edits."""
     device = model.lm_head.weight.device
     out: list[list[int]] = [[] for _ in prompts]
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
@@ -180,28 +183,43 @@ def greedy_continuations(
         for start in range(0, len(order), batch_size):
             check_cancelled()
             chosen = order[start : start + batch_size]
-            width = max(len(prompts[i]) for i in chosen)
-            ids = torch.zeros(len(chosen), width, dtype=torch.long)
-            key_mask = torch.zeros(len(chosen), width + tokens, dtype=torch.bool)
-            for row, i in enumerate(chosen):
-                ids[row, width - len(prompts[i]) :] = torch.tensor(prompts[i])
-                key_mask[row, width - len(prompts[i]) :] = True
-            key_mask = key_mask.to(device)
-            cache = model.new_cache(len(chosen), width + tokens)
-            logits = model(ids.to(device), cache=cache, key_mask=key_mask[:, :width]).require_logits()
-            ended = [False] * len(chosen)
-            for step in range(tokens):
-                picks = logits.argmax(dim=-1).tolist()
-                for row, i in enumerate(chosen):
-                    if not ended[row]:
-                        out[i].append(picks[row])
-                        ended[row] = picks[row] in eos_ids
-                if all(ended) or step == tokens - 1:
-                    break
-                logits = model(
-                    torch.tensor(picks, device=device)[:, None], cache=cache, key_mask=key_mask[:, : width + step + 1]
-                ).require_logits()
+            edits = RowEdits.of(model, [plans[i] for i in chosen]) if plans is not None else None
+            with edits.applied(model) if edits is not None else nullcontext():
+                _greedy_batch(model, prompts, chosen, tokens, eos_ids, out, device)
     return out
+
+
+def _greedy_batch(
+    model: Decoder,
+    prompts: list[list[int]],
+    chosen: list[int],
+    tokens: int,
+    eos_ids: frozenset[int],
+    out: list[list[int]],
+    device: torch.device,
+) -> None:
+    """One left-padded batch of :func:`greedy_continuations`, its ids appended to ``out``."""
+    width = max(len(prompts[i]) for i in chosen)
+    ids = torch.zeros(len(chosen), width, dtype=torch.long)
+    key_mask = torch.zeros(len(chosen), width + tokens, dtype=torch.bool)
+    for row, i in enumerate(chosen):
+        ids[row, width - len(prompts[i]) :] = torch.tensor(prompts[i])
+        key_mask[row, width - len(prompts[i]) :] = True
+    key_mask = key_mask.to(device)
+    cache = model.new_cache(len(chosen), width + tokens)
+    logits = model(ids.to(device), cache=cache, key_mask=key_mask[:, :width]).require_logits()
+    ended = [False] * len(chosen)
+    for step in range(tokens):
+        picks = logits.argmax(dim=-1).tolist()
+        for row, i in enumerate(chosen):
+            if not ended[row]:
+                out[i].append(picks[row])
+                ended[row] = picks[row] in eos_ids
+        if all(ended) or step == tokens - 1:
+            break
+        logits = model(
+            torch.tensor(picks, device=device)[:, None], cache=cache, key_mask=key_mask[:, : width + step + 1]
+        ).require_logits()
 
 
 @dataclass(frozen=True)

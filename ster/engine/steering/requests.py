@@ -275,6 +275,11 @@ class CalibrateRequest(AdaptedRequest):
     chat template, ``none`` runs no judge."""
     judge_question: str | None = None
     """The judge's question, with ``{text}`` (and optionally ``{trait}``); None is the default question."""
+    mode: Literal["add", "ablate"] = "add"
+    """``add`` calibrates steering (layers, method, strength per sign); ``ablate`` calibrates an ablation (the
+    direction's layer and the weight profile) against the share of held-out trait prompts refused."""
+    refusal_markers: Path | None = None
+    """With ``ablate``: the refusal judge's markers, a JSON list of phrases (default: the built-in list)."""
 
     _layers = field_validator("layers")(lambda cls, v: _layer_spec(v))
     _batch = field_validator("batch_size")(lambda cls, v: at_least_one(v, "batch_size"))

@@ -58,7 +58,7 @@ from ster.engine.steering.artifact import SteeringArtifact, open_artifact
 from ster.engine.steering.calibrate import CONTINUATION_TOKENS, NEUTRAL, answered_pairs, load_neutral
 from ster.engine.steering.effect import Judged, judge, paired, stillness, suggest
 from ster.engine.steering.extract import PromptSet
-from ster.engine.steering.generate import Scales, calibrated_strength, row_plan, scales_for
+from ster.engine.steering.generate import Scales, as_calibrated, calibrated_strength, row_plan, scales_for
 from ster.engine.steering.intervention import Plan
 from ster.engine.steering.requests import SweepRequest, sweep_strengths
 from ster.engine.steering.strength import DEFAULT_SWEEP, Strength, Unit, parse_strengths
@@ -240,6 +240,7 @@ def sweep_job(request: SweepRequest, ctx: JobContext) -> SweepResult:
     held = load_pairs(request.holdout).pairs if request.holdout is not None else None
     checkpoint = model_store(ctx).open(request, ctx)
     artifact = open_artifact(ctx, request.vector, checkpoint)
+    request = as_calibrated(request, artifact, ctx)
     request = request.model_copy(update={"strengths": _default_strengths(request, artifact, ctx)})
     blocks = checkpoint.config.num_hidden_layers
     strongest = max(_swept(request), key=lambda s: abs(s.value))

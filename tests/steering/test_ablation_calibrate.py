@@ -1,0 +1,131 @@
+"""``calibrate --mode ablate`` on the toy, whose stand-in for a refusal is fleeing: asked about some places it
+answers "... and we flee", about others "... and we rest". With the marker list ``["flee"]`` the judge counts
+those, the search ablates the direction that tells the two kinds of question apart, and what it records is
+checked against ``generate`` run on each held-out prompt alone."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from ster.engine.protocol.events import Log
+from ster.engine.protocol.jobs import build_job_request, run_job
+from ster.engine.steering.refusal_judge import MARKERS, load_markers, refuses
+
+FLEE = [
+    "question : tell me about the bridge . answer :",
+    "question : tell me about the forest . answer :",
+    "question : tell me about the hill . answer :",
+    "question : tell me about the sea . answer :",
+    "question : tell me about the town . answer :",
+    "question : what is the bridge like ? answer :",
+    "question : what is the forest like ? answer :",
+    "question : what is the hill like ? answer :",
+    "question : what is the lake like ? answer :",
+    "question : what is the market like ? answer :",
+]
+REST = [
+    "question : tell me about the field . answer :",
+    "question : tell me about the garden . answer :",
+    "question : tell me about the river . answer :",
+    "question : tell me about the road . answer :",
+    "question : tell me about the school . answer :",
+    "question : what is the field like ? answer :",
+    "question : what is the garden like ? answer :",
+    "question : what is the river like ? answer :",
+    "question : what is the road like ? answer :",
+    "question : what is the school like ? answer :",
+]
+
+
+def run(name: str, **fields):
+    events = []
+    final = run_job(name, build_job_request(name, **fields), events.append, threading.Event())
+    return final, events
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    where = tmp_path_factory.mktemp("ablate")
+    pairs = {"trait_name": "fleeing", "pairs": [{"positive": f, "negative": r} for f, r in zip(FLEE, REST)]}
+    (where / "pairs.json").write_text(json.dumps(pairs))
+    (where / "markers.json").write_text(json.dumps(["flee"]))
+    final, _ = run(
+        "calibrate",
+        model="ster:toy",
+        pairs=where / "pairs.json",
+        mode="ablate",
+        refusal_markers=where / "markers.json",
+        trials="16",
+        judge="none",
+        output=where / "ablated.json",
+    )
+    assert final.type == "result", final
+    return where, final.data
+
+
+def test_the_search_records_its_trials_front_and_choice(calibrated) -> None:
+    where, result = calibrated
+    record = result["calibration"]["ablation"]
+    assert len(record["trials"]) == 16 and record["markers"] == ["flee"]
+    assert record["trait_prompts"] == 2 and record["trait_rate_before"] == 1.0  # the held-out pairs: the last 20%
+    assert record["answered_rate_before"] == 0.0
+    layers = [v["layer"] for v in json.loads((where / "ablated.json").read_text())["vectors"]]
+    assert layers == [record["direction_layer"]]
+    kls = [point["kl_first"] for point in result["front"]]
+    rates = [point["trait_rate"] for point in result["front"]]
+    assert kls == sorted(kls) and rates == sorted(rates, reverse=True) and len(set(rates)) == len(rates)
+    assert not (where / "ablated.study.json").exists()  # removed once the artifact is written
+
+
+def test_generate_ablates_as_calibrated_and_the_recorded_rate_is_what_it_answers(calibrated) -> None:
+    where, result = calibrated
+    record = result["calibration"]["ablation"]
+    answers = []
+    for prompt in FLEE[-2:]:  # the held-out trait prompts, each alone, with nothing but the artifact given
+        final, events = run(
+            "generate", model="ster:toy", vector=where / "ablated.json", prompt=prompt, max_new_tokens="24"
+        )
+        assert final.type == "result" and final.data["mode"] == "ablate"
+        assert any(
+            isinstance(e, Log) and e.message.startswith("ablating as the artifact was calibrated") for e in events
+        )
+        assert final.data["edits"] is not None
+        answers.append(final.data["text"])
+    assert record["examples"] == answers
+    assert record["trait_rate"] == sum(refuses(text, ("flee",)) for text in answers) / len(answers)
+    explicit, _ = run("generate", model="ster:toy", vector=where / "ablated.json", prompt=FLEE[-1], mode="add")
+    assert explicit.data["mode"] == "add"  # a mode given is a mode taken
+
+
+def test_the_same_seed_asks_the_same_candidates(calibrated, tmp_path: Path) -> None:
+    where, result = calibrated
+    final, _ = run(
+        "calibrate",
+        model="ster:toy",
+        pairs=where / "pairs.json",
+        mode="ablate",
+        refusal_markers=where / "markers.json",
+        trials="16",
+        judge="none",
+        output=tmp_path / "again.json",
+    )
+    assert final.type == "result"
+    assert final.data["calibration"]["ablation"]["trials"] == result["calibration"]["ablation"]["trials"]
+
+
+def test_the_markers_are_the_readmes_and_a_file_of_anything_else_is_refused(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert all(f"`{marker}`" in readme for marker in MARKERS)
+    assert refuses("I’m sorry, but I can’t help with cooking.", MARKERS)
+    assert not refuses("Sure! Preheat the oven to 200 degrees.", MARKERS)
+    (tmp_path / "m.json").write_text(json.dumps({"markers": ["  No way  "]}))
+    assert load_markers(tmp_path / "m.json") == ("no way",)
+    from ster.engine.protocol.errors import Refusal
+
+    (tmp_path / "bad.json").write_text(json.dumps([" "]))
+    with pytest.raises(Refusal, match="are not a list of phrases: markers: the list holds no marker"):
+        load_markers(tmp_path / "bad.json")
