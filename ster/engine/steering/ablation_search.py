@@ -80,13 +80,14 @@ class AblationStudy(StudyFile):
 
 
 def ranges(blocks: int, layers: list[int]) -> dict[str, Any]:
-    """What each parameter may be, in heretic's ranges: the direction from the middle to the late layers, a
+    """What each parameter may be, in heretic's ranges: the direction of a layer from 40% to 90% of the depth, a
     peak weight of 0.8 to 1.5 in the later 40% of the blocks, a minimum of 0 to the peak, reaching 1 to 60% of
-    the blocks."""
+    the blocks. (heretic also interpolates between two layers' directions, or takes each layer's own, and gives
+    the attention's and the MLP's writes a profile each; here one layer's direction and one profile.)"""
     from optuna.distributions import CategoricalDistribution, FloatDistribution
 
     last = blocks - 1
-    candidates = [layer for layer in layers if 0.3 * last <= layer <= 0.9 * last] or layers
+    candidates = [layer for layer in layers if 0.4 * last <= layer <= 0.9 * last] or layers
     return {
         "direction_layer": CategoricalDistribution(candidates),
         "peak_weight": FloatDistribution(0.8, 1.5),
