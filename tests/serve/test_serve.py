@@ -171,6 +171,30 @@ def test_steering_endpoints_equal_the_cli(server: Server, cli, tmp_path: Path) -
     ).json["text"]
     assert result_of(lines)["json"] == {"text": steered}
 
+    body = {"model": TOY, "prompt": RIVER, "vector": str(artifact), "mode": "ablate", "peakLayer": 2, "falloff": 1}
+    lines = server.post_lines("/v1/generate", {**body, "maxNewTokens": 6})[1]
+    ablated = cli(
+        "generate",
+        "--model",
+        TOY,
+        "--prompt",
+        RIVER,
+        "--vector",
+        str(artifact),
+        "--mode",
+        "ablate",
+        "--peak-layer",
+        "2",
+        "--falloff",
+        "1",
+        "--max-new-tokens",
+        "6",
+    ).json
+    assert ablated["mode"] == "ablate" and set(ablated["edits"]) == {"1", "2", "3"}
+    assert result_of(lines)["json"] == {"text": ablated["text"]}
+    status, refused = server.post_lines("/v1/generate", {**body, "strength": "0.4x"})
+    assert status == 400 and "is not a weight: with --mode ablate" in str(refused), refused
+
 
 def test_pair_endpoints(server: Server, tmp_path: Path) -> None:
     saved = tmp_path / "mine.json"
