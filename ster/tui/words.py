@@ -51,6 +51,7 @@ LABELS = Labels(
         "trait": "trait",
         "model": "model",
         "prompts": "prompts",
+        "mode": "mode",
     }
 )
 """Request field → the label of the form field that sets it (the Steering tabs'; the Tune and Adapters tabs

@@ -307,9 +307,9 @@ def test_pairs_pane_with_the_example_set(snap_compare, monkeypatch, size: tuple[
 def test_generate_pane_side_by_side_and_a_sweep(
     snap_compare, tmp_path: Path, monkeypatch, size: tuple[int, int]
 ) -> None:
-    """You should see the Generate tab: steered 'the town is gentle and we rest.' (titled 'steered
-    0.4x · calm (logistic, layer 2)', at 80 columns 'steered 0.4x · calm') beside unsteered 'the town is flooding and we flee.', the prompts
-    field naming alarmed.json, then the sweep of five strengths over its six prompts: +0.4x suggested
+    """You should see the Generate tab ('mode add' at the right of the prompt row): steered 'the town is gentle
+    and we rest.' (titled 'steered 0.4x · calm (logistic, layer 2)', at 80 columns 'steered 0.4x · calm') beside
+    unsteered 'the town is flooding and we flee.', the prompts field naming alarmed.json, then the sweep of five strengths over its six prompts: +0.4x suggested
     (bold green, 'fluent ◀', effect '+0.467 ±0.25 ✓'), -0.8x marked ↺ (beyond its noise, against the push),
     -0.4x with no mark, +0.8x not fluent; and the caption saying what was swept, that +0.4x is suggested,
     and what effect, ± and the marks mean (residual-stream units, + toward calm)."""
@@ -333,6 +333,33 @@ def test_generate_pane_side_by_side_and_a_sweep(
         await settled(pilot)
 
     assert snap_compare(SterApp(Settings(vector=vector)), terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", [SMALL, (120, 34)], ids=["80x24", "120x34"])
+def test_generate_pane_ablating(snap_compare, tmp_path: Path, monkeypatch, size: tuple[int, int]) -> None:
+    """You should see the Generate tab in ablate mode: 'mode ablate' at the right of the prompt row (the hill
+    prompt), strength 1 and sweep 0.25,0.5,1 (the mode's defaults), the steered panel titled 'ablated (weight 1) ·
+    calm' (at 120 columns with '(logistic, layer 2)') with 'the hill is calm and we rest.' beside unsteered 'the
+    hill is burning and we flee.', its subtitle beginning 'embedding + blocks 0–3, layer 2's direction'; the
+    sweep table's empty header names its first column 'weight' and its second 'no push'."""
+    from ster.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert (
+        main(["optimize", "--model", "ster:toy", "--pairs", str(EXAMPLES / "pairs.json"), "--output", "calm.json"]) == 0
+    )
+
+    async def run_before(pilot: Pilot) -> None:
+        await pilot.pause()  # the app shows the Pairs tab once mounted; switch after that
+        await pilot.press("3")
+        await pilot.pause()
+        pilot.app.query_one("#prompt").value = "question : tell me about the hill . answer :"
+        pilot.app.query_one("#mode").value = "ablate"
+        await pilot.pause()
+        await pilot.press("g")
+        await settled(pilot)
+
+    assert snap_compare(SterApp(Settings(vector=Path("calm.json"))), terminal_size=size, run_before=run_before)
 
 
 @pytest.mark.parametrize("objective", ["sft", "grpo"])
@@ -571,7 +598,7 @@ def canned_compare(app: SterApp, vector: Path, adapter: Path) -> None:
     from ster.engine.protocol.events import Token, Warning
 
     pane: Any = app.query_one("#generate-pane")
-    pane.ran, pane.prompt_used = {"adapter": adapter, "on": "quiet.sft"}, PROMPT
+    pane.ran, pane.prompt_used = {"adapter": adapter, "on": "quiet.sft", "mode": "add"}, PROMPT
     pane._show_adapted(True)
     for job_id, (role, steered, adapted, text) in enumerate(COMPARED, 4):
         fields = {

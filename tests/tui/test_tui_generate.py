@@ -406,8 +406,8 @@ def test_a_provenance_warning_shows_in_yellow_and_the_run_goes_on(calm: Path, tm
         (
             "strength",
             "abc",
-            "strength is a number such as 3, or a multiple of the layer's activation spread such as "
-            '0.4x; "abc" is neither',
+            "strength must be a number such as 3 or a multiple of each layer's activation spread such as "
+            '0.4x; got "abc"',  # the request's own sentence
         ),
         ("temperature", "warm", 'temp (temperature) must be a number; got "warm"'),
         (

@@ -53,6 +53,7 @@ VISIBLE = {
     "train": ("#layers", "#method", "#output", "#eval-pairs", "#progress", "#candidates"),
     "generate": (
         "#prompt",
+        "#mode",
         "#strength",
         "#max-new-tokens",
         "#temperature",

@@ -20,6 +20,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from ster.tui.widgets.footer import KeyBar
+from ster.tui.widgets.generate_parts import NOUNS
 from ster.tui.widgets.sweep_table import number, row_text, verdict
 
 Answer = str | None
@@ -27,7 +28,8 @@ Answer = str | None
 
 
 class SweepRowDialog(ModalScreen[Answer]):
-    """One sweep row; ``row`` is the result's row, or None while the sweep still runs (then ``streamed``)."""
+    """One sweep row; ``row`` is the result's row, or None while the sweep still runs (then ``streamed``);
+    ``mode`` is what the sweep did with the direction (its strength a push, a weight or a target)."""
 
     DEFAULT_CSS = """
     SweepRowDialog { align: center middle; }
@@ -40,18 +42,18 @@ class SweepRowDialog(ModalScreen[Answer]):
         Binding("escape,q,enter", "close", "Close"),
     ]
 
-    def __init__(self, strength: str, row: dict[str, Any] | None, streamed: str, trait: str) -> None:
+    def __init__(self, strength: str, row: dict[str, Any] | None, streamed: str, trait: str, mode: str = "add") -> None:
         super().__init__()
-        self.strength, self.row, self.streamed, self.trait = strength, row, streamed, trait
+        self.strength, self.row, self.streamed, self.trait, self.mode = strength, row, streamed, trait, mode
 
     def compose(self) -> ComposeResult:
         with VerticalScroll() as box:
-            box.border_title = f"sweep row at strength {self.strength}"
+            box.border_title = f"sweep row at {NOUNS[self.mode]} {self.strength}"
             if self.row is None:
                 yield Static(Text("still running; what has streamed so far:", style="dim"))
                 yield Static(Text(self.streamed))
             else:
-                yield Static(measures(self.row, self.trait))
+                yield Static(measures(self.row, self.trait, self.mode, self.strength))
                 for index, output in enumerate(self.row["outputs"]):
                     yield Static(Text.assemble((f"\nprompt {index + 1}: ", "bold"), output["prompt"]))
                     yield Static(Text(output["text"] or "(empty: the model ended the text at once)"))
@@ -80,15 +82,27 @@ class SweepRowDialog(ModalScreen[Answer]):
         self.dismiss(None)
 
 
-def measures(row: dict[str, Any], trait: str) -> Table:
+EDITS = {
+    "ablate": "that share of the component along the direction removed at each site (1: all of it)",
+    "clamp": "the component along the direction set to it at each site (x: times the spread of the layer whose "
+    "direction is used)",
+}
+"""What an ablation's weight and a clamp's target do, as the row's dialog says it."""
+
+
+def measures(row: dict[str, Any], trait: str, mode: str = "add", strength: str = "") -> Table:
     """The row's numbers, each with what it means."""
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold", no_wrap=True)
     table.add_column()
-    per_layer = ", ".join(f"layer {layer}: {value:.4g}" for layer, value in row["absolute_strength"].items())
-    relative = ", ".join(f"layer {layer}: {value:.3g}x" for layer, value in row["relative_strength"].items())
-    table.add_row("absolute", f"{per_layer} (the push added to the residual stream)")
-    table.add_row("relative", f"{relative or '—'} (the push over the layer's activation norm)")
+    if mode in EDITS:
+        edit = "unedited: the baseline" if row["strength"] == 0 else f"{strength}: {EDITS[mode]}"
+        table.add_row(NOUNS[mode], edit)
+    else:
+        per_layer = ", ".join(f"layer {layer}: {value:.4g}" for layer, value in row["absolute_strength"].items())
+        relative = ", ".join(f"layer {layer}: {value:.3g}x" for layer, value in row["relative_strength"].items())
+        table.add_row("absolute", f"{per_layer} (the push added to the residual stream)")
+        table.add_row("relative", f"{relative or '—'} (the push over the layer's activation norm)")
     table.add_row("effect", effect_words(row, trait))
     if row["strength"] != 0:
         table.add_row("noise", noise_words(row))

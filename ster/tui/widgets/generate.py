@@ -8,7 +8,7 @@ first because it is the one that can be refused (an artifact for another model, 
 strength on an artifact without norms, an adapter trained for another model), and it is
 refused before it decodes a token, so nothing is generated for a run that cannot happen;
 a run that fails or is cancelled leaves the ones after it "not run". The unsteered requests
-carry no strength, since they apply no artifact. With an adapter, the steered run applies
+carry no strength and no mode, since they apply no artifact. With an adapter, the steered run applies
 the artifact on the adapted model by default; ``o`` switches it to the base model and back,
 and the steered panel's title says which ran. Without an adapter the pane shows two panels,
 unsteered and steered. ``w`` sweeps the listed strengths (0 is always added) into a table
@@ -16,8 +16,10 @@ of effect and degeneracy, on the model the steered text runs on (adapted or not)
 prompt above or on the prompt set named under "prompts": only several prompts give an
 effect a noise to be told apart from, so only they can suggest a strength. Enter on a row
 shows its outputs whole. Strengths are relative to each layer's activation spread by default
-(``0.4x``); the step keys move in the field's own unit. ``c`` copies and ``s`` saves what
-the pane shows.
+(``0.4x``); the step keys move in the field's own unit. The mode says what the steered run and
+the sweep do with the direction: add it, ablate it (the strength a weight) or clamp it (the
+strength a target); see :mod:`ster.tui.widgets.generate_mode`. ``c`` copies and ``s`` saves
+what the pane shows.
 
 The adapter field starts at the app's current adapter and follows it when another tab
 chooses one; typed here, it changes what this pane runs only. Empty (or ``none``) runs no
@@ -33,44 +35,37 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Label, Static
+from textual.widgets import Label, Select, Static
 
 from ster.engine.protocol.jobs import request_default
+from ster.engine.steering.intervention import MODES
 from ster.engine.steering.strength import DEFAULT_STRENGTH, DEFAULT_SWEEP
 from ster.tui.runner import JobHandle
 from ster.tui.widgets.fields import Field, FieldErrors, FormRow, checked_by, labelled
 from ster.tui.widgets.generate_jobs import GenerateJobs
-from ster.tui.widgets.generate_parts import TextPanel
+from ster.tui.widgets.generate_mode import (
+    CHECKED_BESIDE,
+    MODE_TIP,
+    STRENGTH_TIPS,
+    SWEEP_HINTS,
+    GenerateMode,
+    untyped_strength,
+)
+from ster.tui.widgets.generate_parts import NOUNS, TextPanel, applied, mode_words
 from ster.tui.widgets.generate_text import GenerateText
 from ster.tui.widgets.progress import JobProgress
 from ster.tui.widgets.sweep_table import SweepTable
 from ster.tui.widgets.wrapped import Wrapped
-from ster.tui.words import (
-    format_number,
-    parse_adapter,
-    parse_prompt_set,
-    parse_strength,
-    request_check,
-)
+from ster.tui.words import parse_adapter, parse_prompt_set, parse_strength
 
 PROMPT = "question : tell me about the town . answer :"
 """A prompt in the toy model's vocabulary, so the pane shows steering before anything is typed."""
 NO_ARTIFACT = "no artifact: train, optimize or load one in the Train tab"
-CHECKED_BESIDE = {"model": "ster:toy", "prompt": "a prompt"}
-"""A generate request that passes: what the sampling fields are checked beside (each by the request's checks)."""
-SWEEP_BESIDE = {"model": "ster:toy", "vector": "calm.ster.json", "prompt_texts": ["a prompt"]}
-"""A sweep request that passes: what the sweep field is checked beside."""
 STEP_KEYS = frozenset("[]{}")
-STEPS = {"relative": (0.1, 0.01), "absolute": (1.0, 0.1)}
-"""Per unit, the coarse (] and [) and fine (} and {) step of the strength keys."""
 FIELDS = ("prompt", "strength", "max-new-tokens", "temperature", "seed", "adapter")
 PROMPTS_TIP = (
     "a prompt-set file, or ster:prompts; empty: the prompt above alone. Several prompts give the "
     "effect a noise to be judged against, so only they can suggest a strength"
-)
-STRENGTH_TIP = (
-    "0.4x: 0.4 × each layer's activation spread (its norm, for an artifact older than the spread); 3: absolute; "
-    "empty: the artifact's calibrated strength, else 0.4x"
 )
 ADAPTER_TIP = (
     "a: a LoRA adapter (.safetensors, its .json sidecar beside it) or a PEFT adapter directory, shown "
@@ -78,11 +73,12 @@ ADAPTER_TIP = (
 )
 
 
-class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
+class GeneratePane(GenerateJobs, GenerateText, GenerateMode, FieldErrors, Vertical):
     """Steered against unsteered text, and which strength to use."""
 
     DEFAULT_CSS = """
     GeneratePane #prompt { width: 1fr; }
+    GeneratePane #mode { width: 10; }
     GeneratePane #adapter { width: 1fr; min-width: 12; }
     GeneratePane #steer-hint { padding: 0 0 0 1; color: $text-muted; }
     GeneratePane #message { height: auto; padding: 0 1; display: none; }
@@ -91,10 +87,15 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
     """
     BINDINGS = [
         Binding("g", "generate", "Generate", tooltip="The prompt steered and unsteered, side by side"),
-        Binding("]", "step(1, False)", "Stronger", tooltip="Raise the strength a step (0.1x; 1 if absolute)"),
+        Binding(
+            "]",
+            "step(1, False)",
+            "Stronger",
+            tooltip="Raise the strength a step (0.1x; 1 if absolute; 0.1 for a weight)",
+        ),
         Binding("[", "step(-1, False)", "Weaker", tooltip="Lower the strength a step (negative steers the other way)"),
-        Binding("}", "step(1, True)", "Stronger, fine", show=False, tooltip="Raise it a small step (0.01x; 0.1)"),
-        Binding("{", "step(-1, True)", "Weaker, fine", show=False, tooltip="Lower it a small step (0.01x; 0.1)"),
+        Binding("}", "step(1, True)", "Stronger, fine", show=False, tooltip="Raise it a small step (0.01x; 0.1; 0.01)"),
+        Binding("{", "step(-1, True)", "Weaker, fine", show=False, tooltip="Lower it a small step (0.01x; 0.1; 0.01)"),
         Binding(
             "o",
             "steer_on",
@@ -126,9 +127,12 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         """The runs (role, request fields) still to start, each once the one before it has succeeded."""
         self.steer_on_adapter = True
         """Whether the steered run applies the artifact on the adapter (when one is named) or on the base."""
-        self.ran: dict[str, Any] = {"adapter": None, "on": None}
-        """What the last ``g`` ran: its adapter (None: none) and what the steered text was steered on (the
-        adapter's name, ``the base``, or None without an adapter), so titles say what ran, not what is typed."""
+        self.mode = request_default("generate", "mode")
+        """What the steered run and the sweep do with the direction: add, ablate or clamp (the form's selector)."""
+        self.ran: dict[str, Any] = {"adapter": None, "on": None, "mode": self.mode}
+        """What the last ``g`` ran: its adapter (None: none), what the steered text was steered on (the
+        adapter's name, ``the base``, or None without an adapter) and in which mode, so titles say what ran, not
+        what is typed."""
         self.caption = Text()
         self.prompt_used = ""
         """The prompt of the texts the panels show (the field may have changed since)."""
@@ -144,17 +148,28 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
     def compose(self) -> ComposeResult:
         with FormRow():
             yield from labelled("prompt", Field(PROMPT, id="prompt", tooltip="p types here; enter generates"))
+            yield from labelled(
+                " mode",
+                Select(
+                    [(mode, mode) for mode in MODES],
+                    value=self.mode,
+                    allow_blank=False,
+                    compact=True,
+                    id="mode",
+                    tooltip=MODE_TIP,
+                ),
+            )
         with FormRow():
             yield from labelled(
                 "strength",
                 Field(
                     DEFAULT_STRENGTH,
-                    check=parse_typed_strength,
+                    check=self.check_strength,
                     width=8,
                     grow=20,
                     passthrough=STEP_KEYS,
                     id="strength",
-                    tooltip=STRENGTH_TIP,
+                    tooltip=STRENGTH_TIPS[self.mode],
                 ),
             )
             yield from labelled(
@@ -199,7 +214,7 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
                 "sweep",
                 Field(
                     DEFAULT_SWEEP,
-                    check=request_check("sweep", "strengths", SWEEP_BESIDE),
+                    check=self.check_sweep,
                     width=24,
                     grow=44,
                     id="strengths",
@@ -216,8 +231,8 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
                     placeholder="this prompt only",
                     tooltip=PROMPTS_TIP,
                 ),
-                "x: × activation spread; 0 is always added",
             )
+            yield Label(SWEEP_HINTS[self.mode], classes="field-hint", id="sweep-hint")
         yield JobProgress("g generates, w sweeps", id="progress")
         yield Wrapped("", id="message")
         with Horizontal(id="panels"):
@@ -244,20 +259,6 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         self._hint_steered()
         self.follow_strength(adopted=self.app.settings.strength is not None)
 
-    def follow_strength(self, adopted: bool = False) -> None:
-        """The strength field for the app's artifact: a calibrated one's field is left empty, so that ``g`` sends
-        no strength and the engine steers at the calibrated strength, which the placeholder names; an adopted
-        point's strength (``adopted``) is put in the field. A strength the person typed stays."""
-        settings = self.app.settings
-        field, calibrated = self.query_one("#strength", Field), settings.calibrated()
-        field.placeholder = f"calibrated {calibrated}" if calibrated else DEFAULT_STRENGTH
-        if adopted or field.value.strip() in (self.auto_strength, ""):  # not typed by the person
-            wanted = settings.strength or ("" if calibrated else DEFAULT_STRENGTH)
-            field.value = self.auto_strength = wanted
-        sweep = self.query_one("#strengths", Field)
-        if sweep.value.strip() in (self.auto_sweep, ""):  # the sweep walks around a calibrated strength too
-            sweep.value = self.auto_sweep = settings.calibrated_sweep() or DEFAULT_SWEEP
-
     def on_input_changed(self, event: Field.Changed) -> None:
         """A fixed field's sentence leaves the message line (as ``FieldErrors`` does: Textual calls each class's
         handler, so this one adds to it); a new adapter shows its panel while none holds a text."""
@@ -273,7 +274,7 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         settings = self.app.settings
         fields, adapter = self._generate_fields(), self._adapter()
         on = self._steered_on(adapter)
-        self.ran = {"adapter": adapter, "on": on}
+        self.ran = {"adapter": adapter, "on": on, "mode": self.mode}
         self.prompt_used = fields["prompt"]
         if adapter is None:  # the adapter's panel goes with its older text: this run has none
             self.panel("adapted").reset("adapter", "")
@@ -285,7 +286,7 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         else:
             on_adapter = {"adapter": adapter} if adapter is not None and self.steer_on_adapter else {}
             strength = {"strength": self._value("strength")} if self._value("strength") else {}  # empty: calibrated
-            runs.append(("steered", {**fields, "vector": settings.vector, **strength, **on_adapter}))
+            runs.append(("steered", {**fields, "vector": settings.vector, "mode": self.mode, **strength, **on_adapter}))
         if adapter is not None:
             runs.append(("adapted", {**fields, "adapter": adapter}))
         runs.append(("baseline", fields))
@@ -309,6 +310,7 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         fields = {
             **self._generate_fields(),
             "vector": settings.vector,
+            "mode": self.mode,
             "strengths": self._value("strengths"),
             **({"adapter": adapter} if adapter is not None else {}),
         }
@@ -321,12 +323,14 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
             from ster.engine.steering.requests import SweepRequest
 
             strengths = list(handle.requested(SweepRequest).strengths or ())  # the field refuses to be empty
-            self.query_one(SweepTable).begin(strengths, self.sweep_adapter)
+            self.query_one(SweepTable).begin(strengths, self.sweep_adapter, self.mode)
             self.remove_class("-unswept")
             where = f"the prompts of {self.sweep_source}" if self.sweep_source else "the prompt above"
             through = f" through the adapter {self.sweep_adapter}" if adapter is not None else ""
+            noun = NOUNS[self.mode]
             self.query_one("#caption", Static).update(
-                f"sweeping {settings.artifact_label()}{through} at {len(strengths)} strengths (0 included) on {where}…"
+                f"sweeping {settings.artifact_label()}{mode_words(self.mode)}{through} at {len(strengths)} {noun}s "
+                f"(0 included) on {where}…"
             )
             self.query_one("#fluent-rule", Static).update("")
 
@@ -347,18 +351,6 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         self.say(f"g now steers on {self._steered_on(adapter)} (o: on {other})", "green")
         self._hint_steered()
 
-    def action_step(self, direction: int, fine: bool) -> None:
-        """Nudge the strength in the form by a step of its own unit (the next ``g`` uses it)."""
-        field = self.query_one("#strength", Field)
-        try:
-            strength: Any = parse_strength(field.value.strip() or self._untyped_strength())
-        except ValueError as exc:
-            self.say(str(exc), "red")
-            self.shown_error = "strength"
-            return
-        value = format_number(strength.value + direction * STEPS[strength.unit][fine])
-        field.value = f"{value}x" if strength.relative else value
-
     def action_edit_prompt(self) -> None:
         self.query_one("#prompt", Field).focus()
 
@@ -378,19 +370,23 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
         if key is None or key not in table.strengths:
             return
         trait = (self.app.settings.artifact or {}).get("trait_name", "the trait")
-        strength = table.strengths[key]
+        strength, mode = table.strengths[key], table.mode
         self.app.push_screen(
-            SweepRowDialog(strength, table.rows_data.get(key), table.streamed(key), trait),
-            lambda answer: self._use_strength(strength) if answer == "use" else None,
+            SweepRowDialog(strength, table.rows_data.get(key), table.streamed(key), trait, mode),
+            lambda answer: self._use_strength(strength, mode) if answer == "use" else None,
         )
 
-    def _use_strength(self, strength: str) -> None:
+    def _use_strength(self, strength: str, mode: str) -> None:
+        """A sweep row's strength into the form, in the sweep's mode (a weight is no push)."""
+        switched = mode != self.mode
+        self.set_mode(mode)
         self.query_one("#strength", Field).value = strength
-        self.say(f"strength set to {strength}; g generates at it", "green")
+        self.say(f"strength set to {strength}{f', mode {mode}' if switched else ''}; g generates at it", "green")
 
     def _generate_fields(self) -> dict[str, Any]:
-        """The form as typed (checked already), less the strength, which only a steered request carries (the
-        engine warns that a strength without an artifact has no effect); the request model parses the numbers."""
+        """The form as typed (checked already), less the strength and the mode, which only a steered request
+        carries (the engine warns that a strength without an artifact has no effect); the request model parses the
+        numbers."""
         return {
             "prompt": self._value("prompt"),
             "max_new_tokens": self._value("max-new-tokens"),
@@ -463,20 +459,10 @@ class GeneratePane(GenerateJobs, GenerateText, FieldErrors, Vertical):
             return "unsteered" if self.ran["adapter"] is None else f"base · {model_name(settings.model)}"
         if role == "adapted":
             return f"adapter · {adapter_name(self.ran['adapter'])}"
-        typed = self._value("strength")
-        title = (
-            f"steered {strength or (shown_strength(typed) if typed else self._untyped_strength(True))} · "
-            f"{settings.artifact_label()}"
-        )
+        typed, mode = self._value("strength"), self.ran["mode"]
+        strength = strength or (shown_strength(typed) if typed else untyped_strength(mode, settings, named=True))
+        title = f"{applied(mode, strength)} · {settings.artifact_label()}"
         return title if self.ran["on"] is None else f"{title} on {self.ran['on']}"
-
-    def _untyped_strength(self, named: bool = False) -> str:
-        """What an empty strength field steers at: the artifact's calibrated strength (``named``: as
-        ``calibrated +0.25x``), else the engine's default."""
-        calibrated = self.app.settings.calibrated()
-        if calibrated is None:
-            return DEFAULT_STRENGTH
-        return f"calibrated {calibrated}" if named else calibrated
 
     def _busy(self, *roles: str) -> bool:
         """Whether one of these roles still runs; a second press would only queue behind it."""
@@ -528,11 +514,6 @@ def adapter_name(path: Path | None) -> str:
 def model_name(model: str) -> str:
     """A model as the base panel's title names it: the last part of its path or Hub id (the status line has all)."""
     return model.rstrip("/").rsplit("/", 1)[-1] or model
-
-
-def parse_typed_strength(text: str) -> object | None:
-    """The strength field: empty is no strength (the artifact's calibrated one, else the default)."""
-    return parse_strength(text) if text.strip() else None
 
 
 def shown_strength(typed: str) -> str:

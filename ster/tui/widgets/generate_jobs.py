@@ -21,7 +21,7 @@ from ster.tui.messages import JobEvent, JobFinished, JobStarted, SettingsChanged
 from ster.tui.runner import ENDED, JobHandle, final_state
 from ster.tui.typed import InApp
 from ster.tui.widgets.fields import Field
-from ster.tui.widgets.generate_parts import TextPanel, other_unit
+from ster.tui.widgets.generate_parts import TextPanel, edit_words, other_unit
 from ster.tui.widgets.progress import JobProgress
 from ster.tui.widgets.sweep_caption import fluent_rule, nothing_moved, sweep_caption
 from ster.tui.widgets.sweep_table import SweepTable
@@ -135,7 +135,8 @@ class GenerateJobs(GeneratePart):
         if role == "steered":
             unit = "x" if data["strength_unit"] == "relative" else ""
             panel.retitle(self.title("steered", f"{format_number(data['strength'])}{unit}"))
-            panel.border_subtitle = f"{other_unit(data)} · {tokens}"
+            details = edit_words(data) or other_unit(data)  # an ablation's or a clamp's sites; steering's push
+            panel.border_subtitle = f"{details} · {tokens}" if details else tokens
         else:
             panel.border_subtitle = tokens
         if self.queued:
@@ -152,7 +153,8 @@ class GenerateJobs(GeneratePart):
         still = nothing_moved(data)
         if still:
             self.drop(f"warning: {in_our_words(still)}", "yellow")
-        self.caption = sweep_caption(data, settings.artifact_label(), self.sweep_source, self.sweep_adapter)
+        table = self.query_one(SweepTable)
+        self.caption = sweep_caption(data, settings.artifact_label(), self.sweep_source, self.sweep_adapter, table.mode)
         self.query_one("#caption", Static).update(self.caption)
         self.query_one("#fluent-rule", Static).update(fluent_rule(data))
 

@@ -1,4 +1,5 @@
-"""The Generate pane's parts: the streaming text panels and the small formatters the sweep table shares."""
+"""The Generate pane's parts: the streaming text panels and the small formatters its titles, captions and sweep
+table share."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
+
+from ster.tui.settings import layer_words
+from ster.tui.words import format_number
+
+NOUNS = {"add": "strength", "ablate": "weight", "clamp": "target"}
+"""What a strength is in each mode, as the sweep table's column and its row dialog name it."""
 
 
 def mean(values: dict[str, float] | None) -> float | None:
@@ -23,6 +30,49 @@ def other_unit(data: dict[str, Any]) -> str:
         return "" if value is None else f"= {value:.3g} absolute"
     value = mean(data.get("relative_strength"))
     return "" if value is None else f"= {value:.2g}x"
+
+
+def applied(mode: str, strength: str) -> str:
+    """What a steered run did, as its panel's title says it: ``steered 0.4x``, ``ablated (weight 1)``,
+    ``clamped to 0.4x``."""
+    return {"add": f"steered {strength}", "ablate": f"ablated (weight {strength})", "clamp": f"clamped to {strength}"}[
+        mode
+    ]
+
+
+def mode_words(mode: str) -> str:
+    """How the sweep's caption says what its strengths were: nothing for steering (what a sweep is)."""
+    return {"add": "", "ablate": ", ablated at each weight,", "clamp": ", clamped to each target,"}[mode]
+
+
+def shown_value(value: float, unit: str, mode: str, signed: bool = True) -> str:
+    """A strength of a result (a sweep's suggestion, a row) as the pane writes it: ``+0.4x``, ``-3``; an
+    ablation's weight unsigned (``0.5``), since it has no direction."""
+    text = f"{value:{'+' if signed and mode != 'ablate' else ''}g}"
+    return f"{text}x" if unit == "relative" else text
+
+
+def edit_words(data: dict[str, Any]) -> str:
+    """Where an ablation or a clamp edited the stream, from a generate result's ``edits``, short: ``embedding
+    + blocks 0–3, layer 2's direction``, a clamp's target in the residual stream's units first (``= 2.2
+    absolute at …``), and the weights where a profile made them differ; empty for steering."""
+    edits: dict[str, dict[str, Any]] = data.get("edits") or {}
+    if not edits:
+        return ""
+    blocks = sorted(int(site) for site in edits if site != "embedding")
+    where = ["embedding"] if "embedding" in edits else []
+    where += ["block" + layer_words(blocks).removeprefix("layer")] if blocks else []
+    layers = sorted({edit["direction_layer"] for edit in edits.values()})
+    whose = f"{layer_words(layers)}'s direction" if len(layers) == 1 else f"{layer_words(layers)}' directions"
+    said = f"{' + '.join(where)}, {whose}"
+    weights = sorted({edit["weight"] for edit in edits.values()})
+    if len(weights) > 1:
+        said += f", weights {format_number(weights[0])}–{format_number(weights[-1])}"
+    if data.get("mode") == "clamp":
+        targets = sorted({edit["target"] for edit in edits.values()})
+        span = f"{targets[0]:.3g}" if len(targets) == 1 else f"{targets[0]:.3g}–{targets[-1]:.3g}"
+        said = f"= {span} absolute at {said}"
+    return said
 
 
 def one_line(text: str, width: int) -> str:

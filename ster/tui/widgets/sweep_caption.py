@@ -14,6 +14,7 @@ from typing import Any
 
 from rich.text import Text
 
+from ster.tui.widgets.generate_parts import mode_words, shown_value
 from ster.tui.widgets.sweep_table import AGAINST, TOWARD, verdict
 from ster.tui.words import in_our_words
 
@@ -59,15 +60,20 @@ def nothing_moved(data: dict[str, Any]) -> str | None:
     return stillness(verdicts, prompt_count(data))
 
 
-def sweep_caption(data: dict[str, Any], artifact: str, source: str | None, adapter: str | None = None) -> Text:
-    """What was swept (on the model, through ``adapter`` when one was attached) and on which prompts, what it
-    suggests (or why nothing), and what effect means: its unit, which sign is the trait's, and the marks beside it."""
+def sweep_caption(
+    data: dict[str, Any], artifact: str, source: str | None, adapter: str | None = None, mode: str = "add"
+) -> Text:
+    """What was swept (in ``mode``, on the model, through ``adapter`` when one was attached) and on which prompts,
+    what it suggests (or why nothing), and what effect means: its unit, which sign is the trait's, and the marks
+    beside it."""
     count = prompt_count(data)
     model = data["model"] if adapter is None else f"{data['model']} through the adapter {adapter}"
-    caption = Text.assemble((f"swept {artifact} on {model}, {source_words(count, source)}: ", "bold"))
-    suggested = data["suggested"]
-    unit = "x" if data["strength_unit"] == "relative" else ""
-    picks = [f"{suggested[sign]:+g}{unit}" for sign in ("positive", "negative") if suggested[sign] is not None]
+    swept = f"swept {artifact}{mode_words(mode)} on {model}, {source_words(count, source)}: "
+    caption = Text.assemble((swept, "bold"))
+    suggested, unit = data["suggested"], data["strength_unit"]
+    picks = [
+        shown_value(suggested[sign], unit, mode) for sign in ("positive", "negative") if suggested[sign] is not None
+    ]
     still = nothing_moved(data)
     if picks:
         caption.append_text(Text.assemble("suggested ", (", ".join(picks), "bold green"), ". "))
@@ -86,17 +92,18 @@ def sweep_caption(data: dict[str, Any], artifact: str, source: str | None, adapt
         if any(verdict(row) == "against" for row in data["rows"]):
             caption.append(f", {AGAINST} beyond it against the push")
     caption.append(". ")
-    caption.append_text(budget_words(data, unit))
+    caption.append_text(budget_words(data, mode))
     caption.rstrip()
     return caption
 
 
-def budget_words(data: dict[str, Any], unit: str) -> Text:
+def budget_words(data: dict[str, Any], mode: str = "add") -> Text:
     """``within KL 0.25 on 16 neutral prompts: +0.4x, -0.4x.`` from the result's ``within_budget`` (nothing for an older result)."""
     reach = data.get("within_budget")
     if reach is None:
         return Text()
-    picks = [f"{reach[sign]:+g}{unit}" for sign in ("positive", "negative") if reach[sign] is not None]
+    unit = data["strength_unit"]
+    picks = [shown_value(reach[sign], unit, mode) for sign in ("positive", "negative") if reach[sign] is not None]
     return Text.assemble(
         f"within KL {data['kl_budget']:g} on {data['neutral_prompts']} neutral prompts: ",
         (", ".join(picks) or "none", "bold"),

@@ -15,7 +15,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey
 
-from ster.tui.widgets.generate_parts import cell, mean, one_line
+from ster.tui.widgets.generate_parts import NOUNS, cell, mean, one_line, shown_value
 
 SWEEP_COLUMNS = (
     ("strength", 8),
@@ -28,8 +28,9 @@ SWEEP_COLUMNS = (
     ("tokens", 6),
     ("judged", 10),
 )
-"""The sweep table's short columns and widths; "other" is the strength in the other unit, KL the mean KL from the
-unsteered model on the neutral prompts (over budget in yellow); the output takes the rest."""
+"""The sweep table's short columns and widths; "other" is the strength in the other unit (steering's; an ablation
+or a clamp pushes nothing), KL the mean KL from the unsteered model on the neutral prompts (over budget in yellow);
+the output takes the rest."""
 NARROW_COLUMNS = ("strength", "other", "effect", "KL", "judged")
 """The short columns kept below 100 cells, so the output stays readable (the row's dialog has every measure)."""
 OUTPUT = "output (enter: all of it)"
@@ -91,6 +92,9 @@ class SweepTable(DataTable):
         self.result: dict[str, Any] | None = None
         self.adapter: str | None = None
         """The adapter the sweep's texts were generated through (its name), named in the output column's header."""
+        self.mode = "add"
+        """What the sweep did with the direction at each strength (add, ablate, clamp): the strength column is
+        named for it (strength, weight, target)."""
 
     def on_mount(self) -> None:
         self._columns()
@@ -105,29 +109,40 @@ class SweepTable(DataTable):
     def _columns(self) -> None:
         self.clear(columns=True)
         other = "absolute" if self.unit == "relative" else "relative"
+        other = other if self.mode == "add" else "no push"  # an ablation or a clamp adds nothing along the direction
         shown = [(label, width) for label, width in SWEEP_COLUMNS if self.size.width >= 100 or label in NARROW_COLUMNS]
         rest = max(10, self.size.width - sum(width + 2 for _, width in shown) - 4)
         for label, width in (*shown, (OUTPUT, rest)):
             self.add_column(other if label == "other" else self._header(label, width), width=width, key=label)
 
     def _header(self, label: str, width: int) -> str:
-        """A column's header; the output's names the adapter the texts came through, whole where it fits."""
+        """A column's header; the strength's says what a strength is in the sweep's mode, the output's names the
+        adapter the texts came through, whole where it fits."""
+        if label == "strength":
+            return NOUNS[self.mode]
         if label != OUTPUT or not self.adapter:
             return label
         header = f"output through {self.adapter} (enter: all)"
         return header if len(header) <= width else f"output through {self.adapter}"
 
-    def begin(self, strengths: list[Any], adapter: str | None = None) -> None:
+    def expect(self, mode: str) -> None:
+        """Before any sweep, the header names what the next one's strengths will be in the form's mode."""
+        if not self.texts and mode != self.mode:
+            self.mode = mode
+            self._columns()
+
+    def begin(self, strengths: list[Any], adapter: str | None = None, mode: str = "add") -> None:
         """A waiting row per strength (engine ``Strength`` objects), so the outputs can stream into place;
-        ``adapter`` names the adapter the texts are generated through (None: the base model)."""
-        self.unit, self.adapter = strengths[0].unit, adapter
+        ``adapter`` names the adapter the texts are generated through (None: the base model), ``mode`` what
+        each strength does."""
+        self.unit, self.adapter, self.mode = strengths[0].unit, adapter, mode
         self._columns()
         self.texts = {s.signed(): [] for s in strengths}
         self.strengths = {s.signed(): str(s) for s in strengths}
         self.rows_data, self.result = {}, None
         for strength in strengths:
             cells = {
-                "strength": Text(shown_signed(strength), justify="right"),
+                "strength": Text(shown_signed(strength, mode), justify="right"),
                 "judged": "baseline" if strength.value == 0 else "",
                 OUTPUT: "",
             }
@@ -160,7 +175,9 @@ class SweepTable(DataTable):
             strength = Strength(value=row["strength"], unit=data["strength_unit"])
             key = strength.signed()
             self.rows_data[key], self.strengths[key] = row, str(strength)
-            cells = sweep_cells(row, strength, row["strength"] in suggested, self._rest(), data.get("kl_budget"))
+            cells = sweep_cells(
+                row, strength, row["strength"] in suggested, self._rest(), data.get("kl_budget"), self.mode
+            )
             self.add_row(*(cells[str(column.value)] for column in self.columns), key=key)
         self.move_cursor(row=min(cursor, self.row_count - 1), animate=False)
 
@@ -173,16 +190,17 @@ class SweepTable(DataTable):
         return int(self.columns[ColumnKey(OUTPUT)].width)
 
 
-def shown_signed(strength: Any) -> str:
-    """A sweep strength as its row shows it: signed (``+0.4x``), the baseline as a plain 0."""
-    return "0" if strength.value == 0 else strength.signed()
+def shown_signed(strength: Any, mode: str = "add") -> str:
+    """A sweep strength as its row shows it: signed (``+0.4x``; an ablation's weight unsigned), the baseline as a
+    plain 0."""
+    return "0" if strength.value == 0 else shown_value(strength.value, strength.unit, mode)
 
 
 def sweep_cells(
-    row: dict[str, Any], strength: Any, suggested: bool, width: int, budget: float | None = None
+    row: dict[str, Any], strength: Any, suggested: bool, width: int, budget: float | None = None, mode: str = "add"
 ) -> dict[str, Text]:
     """A result row's cells by column key (the table shows the columns its width allows); a KL over ``budget``
-    is in yellow."""
+    is in yellow. An ablation or a clamp pushes nothing, so its other unit is a dash."""
     style = "bold green" if suggested else ""
     other = mean(row["absolute_strength"]) if strength.relative else mean(row["relative_strength"])
     judged = (
@@ -190,7 +208,7 @@ def sweep_cells(
     )
     prompts = len(row["outputs"])
     numbers = {
-        "strength": shown_signed(strength),
+        "strength": shown_signed(strength, mode),
         "other": cell(other, ".3g"),
         "changed": "—" if row["strength"] == 0 else f"{row.get('changed', 0)}/{prompts}",
         "dist-2": cell(row["distinct_2"], ".2f"),
