@@ -159,12 +159,11 @@ def given_strength(
         )
     if request.strength is not None:
         return request.strength
-    if request.mode == "ablate":
-        return Strength(value=1.0, unit="absolute")  # the whole component
-    if artifact is not None and artifact.strength_unit == "vector" and request.mode == "add":
-        return Strength(value=1.0, unit="relative")  # an imported vector as it was
-    calibrated = calibrated_strength(artifact, 1) if request.mode == "add" else None
-    if calibrated is not None and artifact is not None and artifact.calibration is not None:
+    calibrated = calibrated_strength(artifact, 1)
+    strength = left_out_strength(
+        request.mode, artifact.strength_unit if artifact else None, calibrated.value if calibrated else None
+    )
+    if strength == calibrated and artifact is not None and artifact.calibration is not None:
         side = artifact.calibration.positive
         assert side is not None
         ctx.log(
@@ -172,7 +171,20 @@ def given_strength(
             f"unsteered model on {artifact.calibration.neutral_prompts} neutral prompts, within its budget of "
             f"{artifact.calibration.kl_budget:g}"
         )
-        return calibrated
+    return strength
+
+
+def left_out_strength(mode: Mode, strength_unit: str | None, calibrated: float | None) -> Strength:
+    """The strength a run of ``mode`` takes when it is given none (the one rule every front end shows): an
+    ablation's whole component (1); steering with an imported vector, the vector as it was (1x); with a
+    calibrated artifact (``calibrated``: its positive strength, in its relative unit), that; else
+    ``DEFAULT_STRENGTH``."""
+    if mode == "ablate":
+        return Strength(value=1.0, unit="absolute")
+    if mode == "add" and strength_unit == "vector":
+        return Strength(value=1.0, unit="relative")
+    if mode == "add" and calibrated is not None:
+        return Strength(value=calibrated, unit="relative")
     return Strength.model_validate(DEFAULT_STRENGTH)
 
 

@@ -12,7 +12,7 @@ again by the request in the new mode, in the request's sentence.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from textual.widgets import Label, Select
 
@@ -22,6 +22,9 @@ from ster.tui.widgets.fields import Field
 from ster.tui.widgets.generate_jobs import GeneratePart
 from ster.tui.widgets.sweep_table import SweepTable
 from ster.tui.words import format_number, parse_strength, request_check
+
+if TYPE_CHECKING:
+    from ster.engine.steering.intervention import Mode
 
 CHECKED_BESIDE = {"model": "ster:toy", "prompt": "a prompt"}
 """A generate request that passes: what the sampling fields are checked beside (each by the request's checks)."""
@@ -54,15 +57,15 @@ def untyped_strength(mode: str, settings: Settings, named: bool = False) -> str:
     (``given_strength`` in :mod:`ster.engine.steering.generate`): an ablation's whole component (1); in add mode
     an imported vector as it was (1x), else the artifact's calibrated strength (``named``: as ``calibrated
     +0.25x``); else ``DEFAULT_STRENGTH``."""
+    from ster.engine.steering.generate import left_out_strength
+
     artifact = settings.artifact or {}
-    calibrated = settings.calibrated()
-    if mode == "ablate":
-        return "1"
-    if mode == "add" and artifact.get("strength_unit") == "vector":
-        return "1x"
-    if mode == "add" and calibrated is not None:
-        return f"calibrated {calibrated}" if named else calibrated
-    return DEFAULT_STRENGTH
+    side = (artifact.get("calibration") or {}).get("positive")
+    calibrated = side["strength"] if side else None
+    strength = left_out_strength(cast("Mode", mode), artifact.get("strength_unit"), calibrated)
+    if calibrated is not None and strength.value == calibrated:  # the rule took the calibrated strength
+        return f"calibrated {settings.calibrated()}" if named else str(settings.calibrated())
+    return str(strength)
 
 
 def mode_strength(mode: str, settings: Settings) -> str:
