@@ -14,8 +14,9 @@ a study resumed after Ctrl-C asks what an uninterrupted one asks. A batch of ``B
 at once: every candidate's answers to every screening prompt are rows of one batched greedy decode, each row
 ablated by its own candidate, and every candidate's KL on the screening prompts is a row of one forward. The
 screening sets are ``SCREEN_PROMPTS`` trait prompts and ``SCREEN_NEUTRAL`` neutral prompts picked by
-``--seed``; the chosen candidate, the one with the lowest trait rate within the KL budget (then the lowest
-KL), is measured again on every held-out prompt and every neutral prompt.
+``--seed``. The best ``FINALISTS`` of the screening are measured again on every held-out trait prompt and
+every neutral prompt, and the chosen one is the finalist with the lowest trait rate within the KL budget there
+(then the lowest KL).
 
 The artifact holds the chosen layer's direction and a ``calibration`` record with the ablation's profile, so
 ``generate`` (and everything else) ablates as calibrated unless told otherwise.
@@ -56,6 +57,9 @@ ANSWER_TOKENS = 24
 """Tokens of each answer the judge reads: a refusal says so at once."""
 CONTINUATION_TOKENS = 16
 EXAMPLES = 3
+FINALISTS = 4
+"""The best candidates of the screening measured again on every held-out and neutral prompt, where the choice is
+made: a candidate just within the budget on the screening prompts may spend more on all of them."""
 
 
 class AblationPoint(BaseModel):
@@ -197,18 +201,29 @@ def calibrate_ablation(request: CalibrateRequest, ctx: JobContext) -> AblationRe
                 )
         except Cancelled:
             _stop(trials, study_file)
-        best = min(trials, key=lambda t: _rank(t, request.kl_budget))
-        params = best.model_dump(include=set(space))
-        chosen = plan(params)
+        finalists = sorted(trials, key=lambda t: _rank(t, request.kl_budget))[:FINALISTS]
         ctx.progress(
             "calibrate",
             f"measuring the chosen ablation on all {len(trait_ids)} held-out prompts and {len(neutral_ids)} "
-            "neutral prompts",
+            f"neutral prompts (the best {len(finalists)} of the screening, where the whole sets may rank them "
+            "otherwise)",
         )
         try:
-            trait_answers = judge([chosen], trait_ids)[0]
+            plans = [plan(t.model_dump(include=set(space))) for t in finalists]
+            every_answer = judge(plans, trait_ids)
+            every_kl = _first_kls(model, neutral_items, plans, ctx)
+            whole = [
+                t.model_copy(update={"trait_rate": _rate(answers, markers), "kl_first": kl})
+                for t, answers, kl in zip(finalists, every_answer, every_kl)
+            ]
+            pick = min(range(len(whole)), key=lambda i: _rank(whole[i], request.kl_budget))
+            params, chosen, trait_answers = (
+                finalists[pick].model_dump(include=set(space)),
+                plans[pick],
+                every_answer[pick],
+            )
+            kl_first = every_kl[pick]
             other_answers = judge([{}, chosen], other_ids)
-            kl_first = _first_kls(model, neutral_items, [chosen], ctx)[0]
             continuations = greedy_continuations(
                 model, neutral_ids, CONTINUATION_TOKENS, codec.eos_ids, check_cancelled=ctx.check_cancelled
             )
