@@ -30,6 +30,9 @@ DEVICES = ("cpu", "cuda", "mps", "metal", "auto")
 CHAT_MODES = ("auto", "off")
 METHODS = ("caa", "pca", "logistic")
 GENERATORS = ("local", "brama")
+MODES = ("add", "ablate", "clamp")
+CALIBRATION_MODES = ("add", "ablate")
+FORMATS = ("checkpoint", "lora", "llama-cpp", "lm-eval")
 LAYERS_HELP = (
     "all, or a comma list of layers and half-open ranges, such as 2,5 or 12..24 or 1,4..7 (layers 1, 4, 5, 6); "
     f"default {DEFAULT}"
@@ -125,7 +128,7 @@ def _intervention_flags(parser: argparse.ArgumentParser, strength: str) -> None:
     flag that gives each mode its amount."""
     parser.add_argument(
         "--mode",
-        choices=("add", "ablate", "clamp"),
+        metavar=_choices(MODES),
         help=f"add steers along the direction at the artifact's layers; ablate removes the component along it "
         f"(h - w(h.v)v) and clamp sets it to {strength} (h + w(c - h.v)v), at the embedding and after every "
         f"block; with ablate, {strength} is the weight w (1 removes all of it); default {DEFAULT}",
@@ -356,7 +359,7 @@ def _add_calibrate(commands: Any) -> None:
     )
     parser.add_argument(
         "--mode",
-        choices=("add", "ablate"),
+        metavar=_choices(CALIBRATION_MODES),
         help="add calibrates steering (layers, method and strength per sign, against held-out behaviour); "
         "ablate calibrates an ablation of the direction (its layer and weight profile, against the share of the "
         "held-out pairs' positive prompts refused, and first-token KL); "
@@ -386,7 +389,7 @@ def _add_bake(commands: Any) -> None:
     parser.add_argument("--vector", required=True, metavar="FILE", help="the steering artifact")
     parser.add_argument(
         "--format",
-        choices=("checkpoint", "lora", "llama-cpp", "lm-eval"),
+        metavar=_choices(FORMATS),
         help="checkpoint (a directory; add or ablate), lora (a PEFT directory; ablate), llama-cpp (a control "
         f"vector GGUF; add), lm-eval (a .pt steering file; add, ablate, clamp); default {DEFAULT}",
     )

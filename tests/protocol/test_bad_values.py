@@ -16,7 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from ster.commands import CHAT_MODES, DEVICES, GENERATORS, METHODS, PRECISIONS, build_parser
+from ster.commands import (
+    CALIBRATION_MODES,
+    CHAT_MODES,
+    DEVICES,
+    FORMATS,
+    GENERATORS,
+    METHODS,
+    MODES,
+    PRECISIONS,
+    build_parser,
+)
 from ster.engine.model.requests import DEVICE_ALIASES, ChatMode, Device, Precision
 from ster.engine.protocol.requests import SEED_MAX
 
@@ -61,6 +71,13 @@ VALUES: dict[str, list[str]] = {
     "--kl-budget": [*FINITE, "0", "-0.1"],
     "--trials": WHOLE,
     "--neutral-count": WHOLE,
+    "--mode": ["subtract", "ADD", ""],
+    "--format": ["gguf", "Checkpoint", ""],
+    "--direction-layer": ["abc", "1.5", "-1"],
+    "--peak-weight": FINITE,
+    "--peak-layer": FINITE,
+    "--min-weight": FINITE,
+    "--falloff": [*FINITE, "-1"],
 }
 """Each flag whose value the request model checks, and values it must refuse."""
 
@@ -127,6 +144,8 @@ PATHS = {
     "--neutral",
     "--holdout",
     "--judge",
+    "--refusal-markers",
+    "control_vector",
 }
 """Flags that name a file or model; the job refuses a bad one (tested in ``test_a_bad_path_is_refused``)."""
 
@@ -158,6 +177,8 @@ BASE = {
     "tune reward": ["--model", "ster:toy", "--output", "{tmp}/out.safetensors"],
     "tune evaluate": ["--model", "ster:toy", "--examples", "{tmp}/missing.json"],
     "tune grpo": ["--model", "ster:toy", "--prompts", "{tmp}/missing.json", "--output", "{tmp}/out.safetensors"],
+    "import": ["--model", "ster:toy", "--output", "{tmp}/out.json", "{tmp}/missing.gguf"],
+    "bake": ["--model", "ster:toy", "--vector", "{tmp}/missing.json", "--output", "{tmp}/out"],
     "tune merge": ["--model", "ster:toy", "--adapter", "{tmp}/a.safetensors", "--output", "{tmp}/out"],
 }
 """The required flags of each command, with values that pass the request (the files need not exist: a value
@@ -177,8 +198,15 @@ def _value_flags(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) ->
 
 
 FLAGS = _value_flags(build_parser())
-FINE = {("tune grpo", "--beta", "0")}
-"""Values one command accepts though the flag's list refuses them elsewhere (grpo's beta 0 turns the KL off)."""
+FINE = {
+    ("tune grpo", "--beta", "0"),
+    *(
+        (command, "--layers", "")
+        for command in ("generate", "sweep", "bake", "vector generate", "vector sweep", "vector bake")
+    ),
+}
+"""Values one command accepts though the flag's list refuses them elsewhere: grpo's beta 0 turns the KL off, and
+a blank optional text is none (``--layers`` of generate, sweep and bake then takes the mode's own sites)."""
 CASES = [
     (command, flag, value)
     for command, flag in FLAGS
@@ -329,6 +357,14 @@ def test_methods_and_generators_in_the_help_match_the_engine() -> None:
 
     assert METHODS == typing.get_args(TrainRequest.model_fields["method"].annotation)
     assert GENERATORS == ("local", "brama")
+
+
+def test_modes_and_formats_in_the_help_match_the_engine() -> None:
+    from ster.engine.steering.requests import BakeRequest, CalibrateRequest, GenerateRequest
+
+    assert MODES == typing.get_args(GenerateRequest.model_fields["mode"].annotation)
+    assert CALIBRATION_MODES == typing.get_args(CalibrateRequest.model_fields["mode"].annotation)
+    assert FORMATS == typing.get_args(BakeRequest.model_fields["format"].annotation)
 
 
 @pytest.mark.parametrize("command", ["generate", "train", "sweep", "pairs synthesize"])

@@ -99,6 +99,8 @@ def test_every_job_that_writes_declares_its_outputs() -> None:
         "tune grpo": ("output",),
         "tune merge": ("output",),
         "tune export-peft": ("output",),
+        "bake": ("output",),
+        "vector import": ("output",),
     }
     for name in writers:
         fields = request_class(name).model_fields

@@ -244,6 +244,7 @@ _FILLERS = {
     "id": "x",
     "source": "ster:pairs",
     "gguf": "x.gguf",
+    "control_vector": "c.gguf",
 }
 
 

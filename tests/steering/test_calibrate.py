@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ster.engine.steering.calibrate import at_budget, behaviour_at, pareto, plan_next, score, study_path
+from ster.engine.steering.calibrate import at_budget, behaviour_at, pareto, plan_next, score
 from ster.engine.steering.calibration_record import Point, Trial
+from ster.engine.steering.study import study_path
 from tests.protocol.test_interrupt import spawn
 
 BASE = ["calibrate", "--model", "ster:toy", "--pairs", "ster:pairs"]

@@ -39,12 +39,21 @@ from ster.engine.protocol.jobs import JobContext
 from ster.engine.protocol.kinds import CALIBRATION_STUDY
 from ster.engine.protocol.paths import bundled_name, example_path
 from ster.engine.steering.artifact import ArtifactSummary, SteeringArtifact, save_artifact, summarize
-from ster.engine.steering.calibrate import StudyFile, load_neutral, open_study, save_study, split, study_path
 from ster.engine.steering.calibration_record import Ablation, AblationTrial, Calibration, Point
 from ster.engine.steering.intervention import Plan, Profile, projecting, sites
 from ster.engine.steering.layers import LayerSpec
 from ster.engine.steering.refusal_judge import load_markers, refuses
 from ster.engine.steering.requests import CalibrateRequest
+from ster.engine.steering.study import (
+    NEUTRAL,
+    StudyFile,
+    load_neutral,
+    open_study,
+    save_study,
+    split,
+    stopped,
+    study_path,
+)
 
 if TYPE_CHECKING:
     from ster.engine.model.contract import Decoder
@@ -270,7 +279,7 @@ def calibrate_ablation(request: CalibrateRequest, ctx: JobContext) -> AblationRe
         vectors=[vector],
         calibration=Calibration(
             kl_budget=request.kl_budget,
-            neutral=bundled_name(request.neutral or example_path("ster:neutral")),
+            neutral=bundled_name(request.neutral or example_path(NEUTRAL)),
             neutral_sha256=digest,
             neutral_prompts=len(neutral_ids),
             continuation_tokens=CONTINUATION_TOKENS,
@@ -360,6 +369,5 @@ def _profile_words(profile: Profile) -> str:
 
 
 def _stop(trials: list[AblationTrial], path: Path) -> None:
-    from ster.engine.steering.calibrate import stopped
 
     stopped(trials, path)

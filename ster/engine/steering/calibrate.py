@@ -22,29 +22,20 @@ removed once the artifact is written, whose ``calibration`` record keeps every t
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import math
 import random
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from ster.engine.model.adapters.apply import adapted, check_adapter
 from ster.engine.model.context import encode_each, encode_pairs
 from ster.engine.model.loading import model_store
-from ster.engine.pairs.model import load_pairs
-from ster.engine.pairs.workspace import load_pairs_or_active
 from ster.engine.protocol.errors import Cancelled, Refusal
 from ster.engine.protocol.files import (
     ARTIFACT,
     check_output_file,
-    dumps_pretty,
-    first_error,
-    load_document,
-    read_json,
-    write_atomic,
 )
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.protocol.kinds import CALIBRATION_STUDY
@@ -52,11 +43,20 @@ from ster.engine.protocol.naming import flag
 from ster.engine.protocol.paths import bundled_name, example_path
 from ster.engine.steering.artifact import ArtifactSummary, SteeringArtifact, save_artifact, summarize
 from ster.engine.steering.calibration_record import Calibration, Point, Side, Trial
-from ster.engine.steering.extract import PromptSet
 from ster.engine.steering.intervention import added
 from ster.engine.steering.judge import question_for
 from ster.engine.steering.layers import LayerSpec
 from ster.engine.steering.requests import CalibrateRequest
+from ster.engine.steering.study import (
+    NEUTRAL,
+    StudyFile,
+    load_neutral,
+    open_study,
+    save_study,
+    split,
+    stopped,
+    study_path,
+)
 
 if TYPE_CHECKING:
     from ster.engine.steering.directions import Method
@@ -73,8 +73,6 @@ SCREEN_ANSWER_TOKENS = 16
 full when the chosen candidate is measured again), and where most of the cost lies on a large vocabulary."""
 CONTINUATION_TOKENS = 16
 """Tokens of the unsteered model's greedy continuation over which the mean KL is taken."""
-MAX_NEUTRAL = 1000
-NEUTRAL = "ster:neutral"
 BUDGET_TRIES = 3
 """Times the chosen strengths are stepped back when the whole neutral set spends more than the budget."""
 GENERATION_PROMPTS = 6
@@ -86,9 +84,6 @@ OTHER_METHODS: tuple[Method, ...] = ("pca", "logistic")
 TOP_LAYERS = 3
 RANGES = ((0, 1), (-1, 0), (-1, 1), (-2, 2))
 """Layer ranges tried around the best layer, as offsets of their first and last layer."""
-
-
-S = TypeVar("S", bound="StudyFile")
 
 
 class FrontPoint(BaseModel):
@@ -104,19 +99,8 @@ class CalibrateResult(ArtifactSummary):
     """Every measured point no other point beats on both behaviour moved (its sign's way) and KL, per sign."""
 
 
-class StudyFile(BaseModel):
-    """What a calibration study holds beside its trials: what it was started with."""
-
-    product: str = "ster"
-    identity: dict[str, Any]
-
-
 class Study(StudyFile):
     trials: list[Trial]
-
-
-def study_path(output: Path) -> Path:
-    return output.with_name(output.name.removesuffix(".json") + ".study.json")
 
 
 def plan_next(layers: list[int], trials: list[Trial], total: int) -> tuple[list[int], Method] | None:
@@ -236,40 +220,6 @@ def pareto(trials: list[Trial]) -> list[FrontPoint]:
     return front
 
 
-def load_neutral(given: Path | None) -> tuple[list[str], str]:
-    """The neutral set's prompts (``ster:neutral`` when none is given) and their SHA-256; refuses an empty or
-    over-long set in one sentence."""
-    path = given or example_path(NEUTRAL)
-    document = load_document(path, PromptSet, "neutral set")
-    prompts = document.prompts
-    if len(prompts) > MAX_NEUTRAL:
-        raise Refusal(
-            f"neutral set {bundled_name(path)} has {len(prompts)} prompts; KL is measured on at most "
-            f"{MAX_NEUTRAL}, so give a smaller set"
-        )
-    digest = hashlib.sha256("\n\x00".join(prompts).encode()).hexdigest()
-    return prompts, digest
-
-
-def split(request: CalibrateRequest) -> tuple[Any, list[Any], list[Any]]:
-    path, pair_set = load_pairs_or_active(request.pairs)
-    if request.holdout is not None:
-        held = load_pairs(request.holdout).pairs
-        fit = pair_set.pairs
-    else:
-        total = len(pair_set.pairs)
-        if total < 4:
-            raise Refusal(
-                f"calibrate needs at least 4 pairs to hold some out from fitting, or {flag('holdout')} FILE; "
-                f"pair set {path} has {total}"
-            )
-        fit_count = (total * 8) // 10
-        fit, held = pair_set.pairs[:fit_count], pair_set.pairs[fit_count:]
-    if len(fit) < 2:
-        raise Refusal(f"calibrate fits each direction on at least 2 pairs; pair set {path} leaves {len(fit)}")
-    return pair_set, fit, held
-
-
 def answered_pairs(
     codec: Any, pairs: list[Any], context: int
 ) -> tuple[list[tuple[list[int], list[int]]], list[tuple[list[int], str, str]]]:
@@ -323,32 +273,6 @@ def _identity(request: CalibrateRequest, fingerprint: str | None, digest: str) -
         "ladder": list(LADDER),
         "screen": [SCREEN_PROMPTS, SCREEN_PAIRS, SCREEN_ANSWER_TOKENS, CONTINUATION_TOKENS],
     }
-
-
-def open_study(path: Path, resume: bool, identity: dict[str, Any], kind: type[S]) -> S | None:
-    exists = path.exists() or path.is_symlink()
-    if not resume:
-        if exists:
-            raise Refusal(
-                f"a calibration study from an interrupted run is at {path}: give {flag('resume')} to continue it, "
-                f"or remove it to start over"
-            )
-        return None
-    if not exists:
-        raise Refusal(
-            f"{flag('resume')} found no calibration study at {path}, which is where a run with this {flag('output')} leaves one"
-        )
-    try:
-        study = kind.model_validate(read_json(path, CALIBRATION_STUDY))
-    except ValidationError as exc:
-        raise Refusal(f"calibration study {path} is not in the expected shape: {first_error(exc)}") from None
-    for key, value in identity.items():
-        if study.identity.get(key) != value:
-            raise Refusal(
-                f"calibration study {path} was started with {key} {study.identity.get(key)!r}, not "
-                f"{value!r}; resume it with the same inputs, or remove it to start over"
-            )
-    return study
 
 
 def calibrate_job(request: CalibrateRequest, ctx: JobContext) -> BaseModel:
@@ -596,23 +520,6 @@ def _judge(ctx: JobContext, request: CalibrateRequest, checkpoint: Any, trait: s
 
 def _first(values: list[str] | None) -> str | None:
     return values[0] if values else None
-
-
-def save_study(path: Path, study: BaseModel) -> None:
-    """Write the study atomically; it does not count as the job's output, so Ctrl-C still cancels the run after it
-    (a run that stops leaves it on purpose, as a training run leaves its checkpoint)."""
-    type(study).model_validate(study.model_dump())
-    write_atomic(path, dumps_pretty(study.model_dump(mode="json")), keep=True)
-
-
-def stopped(trials: list[Any], study: Path) -> None:
-    """Re-raise a cancellation, naming the study when trials are saved in it."""
-    if trials:
-        raise Cancelled(
-            f"cancelled after trial {len(trials)}; the study at {study} continues it when the same "
-            f"command is given with {flag('resume')}"
-        ) from None
-    raise Cancelled()
 
 
 def _report(ctx: JobContext, record: Calibration, best: Trial) -> None:

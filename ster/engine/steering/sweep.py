@@ -55,13 +55,14 @@ from ster.engine.protocol.jobs import JobContext
 from ster.engine.protocol.naming import flag
 from ster.engine.protocol.paths import bundled_name, example_path
 from ster.engine.steering.artifact import SteeringArtifact, open_artifact
-from ster.engine.steering.calibrate import CONTINUATION_TOKENS, NEUTRAL, answered_pairs, load_neutral
+from ster.engine.steering.calibrate import CONTINUATION_TOKENS, answered_pairs
 from ster.engine.steering.effect import Judged, judge, paired, stillness, suggest
 from ster.engine.steering.extract import PromptSet
 from ster.engine.steering.generate import Scales, as_calibrated, calibrated_strength, row_plan, scales_for
 from ster.engine.steering.intervention import Plan
 from ster.engine.steering.requests import SweepRequest, sweep_strengths
 from ster.engine.steering.strength import DEFAULT_SWEEP, Strength, Unit, parse_strengths
+from ster.engine.steering.study import NEUTRAL, load_neutral
 
 CALIBRATED_STEPS = (0.5, 1.0, 2.0)
 """The multiples of a calibrated strength a sweep walks when no strengths are given: where it starts, the

@@ -374,6 +374,6 @@ def _calibrated(handle: JobHandle) -> Path:
 
 def _study(output: Path) -> Path:
     """Where an interrupted calibrate run keeps its finished trials (the engine's own rule)."""
-    from ster.engine.steering.calibrate import study_path
+    from ster.engine.steering.study import study_path
 
     return study_path(output)
