@@ -129,3 +129,29 @@ def test_the_markers_are_the_readmes_and_a_file_of_anything_else_is_refused(tmp_
     (tmp_path / "bad.json").write_text(json.dumps([" "]))
     with pytest.raises(Refusal, match="are not a list of phrases: markers: the list holds no marker"):
         load_markers(tmp_path / "bad.json")
+
+
+def test_a_choice_over_the_budget_on_the_whole_set_has_its_weights_stepped_back(calibrated, tmp_path: Path) -> None:
+    """Half the KL the first run chose: its finalists spend more than that on every neutral prompt, and are scaled
+    back until one fits; generate then ablates as the record says."""
+    where, result = calibrated
+    record = result["calibration"]["ablation"]
+    budget = record["kl_first"] / 2
+    final, events = run(
+        "calibrate",
+        model="ster:toy",
+        pairs=where / "pairs.json",
+        mode="ablate",
+        refusal_markers=where / "markers.json",
+        trials="16",
+        kl_budget=str(budget),
+        judge="none",
+        output=tmp_path / "tight.json",
+    )
+    assert final.type == "result", final
+    tight = final.data["calibration"]["ablation"]
+    assert any("stepping back the weights" in getattr(e, "message", "") for e in events)
+    assert tight["kl_first"] <= budget
+    assert tight["profile"]["peak_weight"] not in {t["peak_weight"] for t in tight["trials"]}  # a stepped-back one
+    final, _ = run("generate", model="ster:toy", vector=tmp_path / "tight.json", prompt=FLEE[-1], max_new_tokens="24")
+    assert final.data["text"] == tight["examples"][-1]

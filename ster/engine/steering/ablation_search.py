@@ -15,8 +15,9 @@ at once: every candidate's answers to every screening prompt are rows of one bat
 ablated by its own candidate, and every candidate's KL on the screening prompts is a row of one forward. The
 screening sets are ``SCREEN_PROMPTS`` trait prompts and ``SCREEN_NEUTRAL`` neutral prompts picked by
 ``--seed``. The best ``FINALISTS`` of the screening are measured again on every held-out trait prompt and
-every neutral prompt, and the chosen one is the finalist with the lowest trait rate within the KL budget there
-(then the lowest KL).
+every neutral prompt; a finalist that spends more than the KL budget there has its weights stepped back
+(``STEP_BACKS``), and the chosen one is the finalist with the lowest trait rate within the budget (then the
+lowest KL).
 
 The artifact holds the chosen layer's direction and a ``calibration`` record with the ablation's profile, so
 ``generate`` (and everything else) ablates as calibrated unless told otherwise.
@@ -24,6 +25,7 @@ The artifact holds the chosen layer's direction and a ``calibration`` record wit
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,6 +71,10 @@ EXAMPLES = 3
 FINALISTS = 4
 """The best candidates of the screening measured again on every held-out and neutral prompt, where the choice is
 made: a candidate just within the budget on the screening prompts may spend more on all of them."""
+STEP_BACKS = 3
+"""Times a finalist that spends more than the budget on the whole neutral set has its weights scaled back (by
+the square root of budget over KL, KL growing as the square of a small weight) and is measured again."""
+STEP_MARGIN = 0.95
 
 
 class AblationPoint(BaseModel):
@@ -225,13 +231,34 @@ def calibrate_ablation(request: CalibrateRequest, ctx: JobContext) -> AblationRe
                 t.model_copy(update={"trait_rate": _rate(answers, markers), "kl_first": kl})
                 for t, answers, kl in zip(finalists, every_answer, every_kl)
             ]
+            asked = [t.model_dump(include=set(space)) for t in finalists]
+            for _ in range(STEP_BACKS):
+                over = [i for i, t in enumerate(whole) if t.kl_first > request.kl_budget]
+                if not over:
+                    break
+                for i in over:
+                    factor = math.sqrt(request.kl_budget / whole[i].kl_first) * STEP_MARGIN
+                    asked[i] = {**asked[i], "peak_weight": asked[i]["peak_weight"] * factor}
+                    plans[i] = plan(asked[i])
+                ctx.progress(
+                    "calibrate",
+                    f"stepping back the weights of {len(over)} of the {len(finalists)} that spend more than the "
+                    f"budget on the whole neutral set",
+                )
+                answers = judge([plans[i] for i in over], trait_ids)
+                kls = _first_kls(model, neutral_items, [plans[i] for i in over], ctx)
+                for i, texts, kl in zip(over, answers, kls):
+                    every_answer[i] = texts
+                    whole[i] = whole[i].model_copy(
+                        update={
+                            "peak_weight": asked[i]["peak_weight"],
+                            "trait_rate": _rate(texts, markers),
+                            "kl_first": kl,
+                        }
+                    )
             pick = min(range(len(whole)), key=lambda i: _rank(whole[i], request.kl_budget))
-            params, chosen, trait_answers = (
-                finalists[pick].model_dump(include=set(space)),
-                plans[pick],
-                every_answer[pick],
-            )
-            kl_first = every_kl[pick]
+            params, chosen, trait_answers = asked[pick], plans[pick], every_answer[pick]
+            kl_first = whole[pick].kl_first
             other_answers = judge([{}, chosen], other_ids)
             continuations = greedy_continuations(
                 model, neutral_ids, CONTINUATION_TOKENS, codec.eos_ids, check_cancelled=ctx.check_cancelled
@@ -256,8 +283,8 @@ def calibrate_ablation(request: CalibrateRequest, ctx: JobContext) -> AblationRe
     )
     if record.kl_first > request.kl_budget:
         ctx.warn(
-            f"no ablation tried stays within the KL budget of {request.kl_budget:g}; the cheapest costs "
-            f"{record.kl_first:.3g}"
+            f"no ablation tried stays within the KL budget of {request.kl_budget:g}, even with its weights "
+            f"stepped back; the chosen one costs {record.kl_first:.3g}"
         )
     ctx.log(
         f"chose the direction at layer {record.direction_layer} ablated with {_profile_words(record.profile)}: "
