@@ -19,7 +19,10 @@ into ``.bench/smollm2-refusing`` with ``ster tune sft`` and ``ster tune merge``)
 It prints the CPU, each side's best refusals and KL, and each side's seconds per trial (Ster: the search's time
 over its trials; heretic: the median of its timed trials after a warm-up).
 
-    python bench/abliteration.py [--trials 32] [--threads 2] [--heretic-python /work/heretic-venv/bin/python]
+    python bench/abliteration.py [--trials 32] [--threads 2] [--screen 40] [--heretic-python /work/heretic-venv/bin/python]
+
+Ster's trial screens 16 trait and 16 neutral prompts (the search's own sizes) where heretic's trial measures
+every evaluation prompt (40 and 40 here); ``--screen 40`` makes Ster's trials measure as many.
 """
 
 from __future__ import annotations
@@ -53,6 +56,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--heretic-python", type=Path, default=None)
     parser.add_argument("--heretic-trials", type=int, default=None, help="heretic's trials (default: --trials)")
+    parser.add_argument(
+        "--screen",
+        type=int,
+        default=None,
+        help="Ster's screening prompts of each kind (default: the search's own, 16); 40 screens every held-out "
+        "prompt, as each of heretic's trials measures them all",
+    )
     args = parser.parse_args()
 
     import torch
@@ -63,6 +73,11 @@ def main() -> None:
     from ster.engine.steering.refusal_judge import MARKERS, refuses
 
     print(cpu_line(), flush=True)
+    if args.screen is not None:
+        from ster.engine.steering import ablation_search
+
+        ablation_search.SCREEN_PROMPTS = ablation_search.SCREEN_NEUTRAL = args.screen
+        print(f"screening on {args.screen} trait and {args.screen} neutral prompts", flush=True)
     if not args.model.is_dir():
         sys.exit(f"no refusing model at {args.model}: build it with python bench/refusing_model.py")
     scratch = Path(tempfile.mkdtemp(prefix="ster-abliteration-"))

@@ -54,6 +54,11 @@ class Settings:
         """The adapter as panes name it: its file name without ``.safetensors``, or ``none``."""
         return "none" if self.adapter is None else self.adapter.name.removesuffix(".safetensors")
 
+    def ablation(self) -> dict[str, Any] | None:
+        """The artifact's calibrated ablation (``calibrate --mode ablate``'s record), or None."""
+        record = ((self.artifact or {}).get("calibration") or {}).get("ablation")
+        return record if isinstance(record, dict) else None
+
     def calibrated(self) -> str | None:
         """The artifact's calibrated positive strength as the Generate pane names it (``+0.25x``), or None for an
         artifact without one (generate then steers at it when no strength is given)."""

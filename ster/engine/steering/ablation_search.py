@@ -30,8 +30,6 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
-
 from ster.engine.model.adapters.apply import adapted, check_adapter
 from ster.engine.model.context import encode_each, encode_pairs
 from ster.engine.model.loading import model_store
@@ -41,7 +39,14 @@ from ster.engine.protocol.jobs import JobContext
 from ster.engine.protocol.kinds import CALIBRATION_STUDY
 from ster.engine.protocol.paths import bundled_name, example_path
 from ster.engine.steering.artifact import ArtifactSummary, SteeringArtifact, save_artifact, summarize
-from ster.engine.steering.calibration_record import Ablation, AblationTrial, Calibration, Point
+from ster.engine.steering.calibration_record import (
+    Ablation,
+    AblationPoint,
+    AblationTrial,
+    Calibration,
+    Point,
+    ablation_front,
+)
 from ster.engine.steering.intervention import Plan, Profile, projecting, sites
 from ster.engine.steering.layers import LayerSpec
 from ster.engine.steering.refusal_judge import load_markers, refuses
@@ -75,18 +80,6 @@ STEP_BACKS = 3
 """Times a finalist that spends more than the budget on the whole neutral set has its weights scaled back (by
 the square root of budget over KL, KL growing as the square of a small weight) and is measured again."""
 STEP_MARGIN = 0.95
-
-
-class AblationPoint(BaseModel):
-    """A measured candidate on the front: its profile, its trait rate and its cost."""
-
-    direction_layer: int
-    peak_weight: float
-    peak_layer: float
-    min_weight: float
-    falloff: float
-    trait_rate: float
-    kl_first: float
 
 
 class AblationResult(ArtifactSummary):
@@ -323,7 +316,7 @@ def calibrate_ablation(request: CalibrateRequest, ctx: JobContext) -> AblationRe
     )
     save_artifact(request.output, artifact)
     study_file.unlink(missing_ok=True)
-    return AblationResult(**summarize(artifact).model_dump(), front=_front(trials))
+    return AblationResult(**summarize(artifact).model_dump(), front=ablation_front(trials))
 
 
 def _ask(space: dict[str, Any], trials: list[AblationTrial], count: int, seed: int) -> list[dict[str, Any]]:
@@ -374,18 +367,6 @@ def _mean_kls(model: Decoder, items: list[tuple[list[int], list[int]]], chosen: 
 
     costs = kl_costs(model, items, Rows.of(model, [{}, chosen]), ctx.check_cancelled)
     return sum(cost.mean[1] for cost in costs) / max(len(costs), 1)
-
-
-def _front(trials: list[AblationTrial]) -> list[AblationPoint]:
-    points = sorted(trials, key=lambda t: (t.kl_first, t.trait_rate))
-    front, best = [], float("inf")
-    for trial in points:
-        if trial.trait_rate < best:
-            front.append(
-                AblationPoint(**trial.model_dump(exclude={"min_share"}), min_weight=trial.min_share * trial.peak_weight)
-            )
-            best = trial.trait_rate
-    return front
 
 
 def _profile_words(profile: Profile) -> str:

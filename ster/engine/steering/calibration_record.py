@@ -83,6 +83,18 @@ class AblationTrial(BaseModel):
     kl_first: float
 
 
+class AblationPoint(BaseModel):
+    """A measured candidate on the front: its profile, its trait rate and its cost."""
+
+    direction_layer: int
+    peak_weight: float
+    peak_layer: float
+    min_weight: float
+    falloff: float
+    trait_rate: float
+    kl_first: float
+
+
 class Ablation(BaseModel):
     """What ``calibrate --mode ablate`` chose and measured on every held-out prompt and neutral prompt."""
 
@@ -141,3 +153,16 @@ class Calibration(BaseModel):
     trials: list[Trial]
     ablation: Ablation | None = None
     """What ``calibrate --mode ablate`` chose (then the artifact ablates by default); absent for steering."""
+
+
+def ablation_front(trials: list[AblationTrial]) -> list[AblationPoint]:
+    """The trials no other beats on both the trait rate and the first-token KL, by KL (each point's minimum
+    weight absolute, as the flags take it); the app draws it from a loaded artifact's record, without torch."""
+    front: list[AblationPoint] = []
+    best = float("inf")
+    for trial in sorted(trials, key=lambda t: (t.kl_first, t.trait_rate)):
+        if trial.trait_rate < best:
+            point = trial.model_dump(exclude={"min_share"})
+            front.append(AblationPoint(**point, min_weight=trial.min_share * trial.peak_weight))
+            best = trial.trait_rate
+    return front

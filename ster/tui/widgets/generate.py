@@ -49,6 +49,7 @@ from ster.tui.widgets.generate_mode import (
     STRENGTH_TIPS,
     SWEEP_HINTS,
     GenerateMode,
+    mode_fields,
     untyped_strength,
 )
 from ster.tui.widgets.generate_parts import NOUNS, TextPanel, applied, mode_words
@@ -258,6 +259,8 @@ class GeneratePane(GenerateJobs, GenerateText, GenerateMode, FieldErrors, Vertic
         self.add_class("-unswept")  # until a sweep begins, its table is only a header (hidden when space is short)
         self._hint_steered()
         self.follow_strength(adopted=self.app.settings.strength is not None)
+        if self.app.settings.ablation() is not None:
+            self.set_mode("ablate")  # an artifact calibrated to ablate: g ablates as it was calibrated
 
     def on_input_changed(self, event: Field.Changed) -> None:
         """A fixed field's sentence leaves the message line (as ``FieldErrors`` does: Textual calls each class's
@@ -286,7 +289,8 @@ class GeneratePane(GenerateJobs, GenerateText, GenerateMode, FieldErrors, Vertic
         else:
             on_adapter = {"adapter": adapter} if adapter is not None and self.steer_on_adapter else {}
             strength = {"strength": self._value("strength")} if self._value("strength") else {}  # empty: calibrated
-            runs.append(("steered", {**fields, "vector": settings.vector, "mode": self.mode, **strength, **on_adapter}))
+            edit = mode_fields(self.mode, settings)
+            runs.append(("steered", {**fields, "vector": settings.vector, **edit, **strength, **on_adapter}))
         if adapter is not None:
             runs.append(("adapted", {**fields, "adapter": adapter}))
         runs.append(("baseline", fields))
@@ -310,7 +314,7 @@ class GeneratePane(GenerateJobs, GenerateText, GenerateMode, FieldErrors, Vertic
         fields = {
             **self._generate_fields(),
             "vector": settings.vector,
-            "mode": self.mode,
+            **mode_fields(self.mode, settings),
             "strengths": self._value("strengths"),
             **({"adapter": adapter} if adapter is not None else {}),
         }

@@ -79,6 +79,16 @@ def mode_strength(mode: str, settings: Settings) -> str:
     return untyped_strength(mode, settings)
 
 
+def mode_fields(mode: str, settings: Settings) -> dict[str, Any]:
+    """The request's mode, and in ablate mode an ablation-calibrated artifact's direction layer and weight
+    profile, so the strength (a weight) scales the ablation as calibrated."""
+    record = settings.ablation()
+    if mode != "ablate" or record is None:
+        return {"mode": mode}
+    profile = {name: value for name, value in record["profile"].items() if value is not None}
+    return {"mode": mode, "direction_layer": record["direction_layer"], **profile}
+
+
 def mode_sweep(mode: str, settings: Settings) -> str:
     """What ``ster sweep`` walks in ``mode`` when given no strengths: an ablation's weights; in add mode half,
     once and twice a calibrated artifact's strengths; else ``DEFAULT_SWEEP``."""

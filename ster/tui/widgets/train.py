@@ -298,6 +298,27 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
 
         replace_or_keep(self.app, output, "steering artifact", "the new artifact", fit, self.say)
 
+    def on_calibration_view_adopt_ablation(self, message: CalibrationView.AdoptAblation) -> None:
+        """The chosen ablation: Generate ablates with the calibrated artifact as it was calibrated. Another point
+        of the front is not in the artifact's record, so its flags are said, for ``ster generate`` to take."""
+        if self.calibrated is None:
+            return
+        path, data = self.calibrated
+        row = message.row
+        if not row.chosen:
+            self.say(
+                f"only the chosen ablation is the artifact's; this one runs as ster generate --vector {shown(path)} "
+                f"{row.flags()}",
+                "yellow",
+            )
+            return
+        if self.app.settings.vector != path:
+            self._use(path, data)
+        generate = self.app.mounted("generate")
+        if generate is not None:  # else it takes the mode from the artifact when first shown
+            generate.set_mode("ablate")
+        self.say(f"adopted: Generate ablates as {path.name} was calibrated ({row.refused:.0%} refused)", "green")
+
     def _adopted_train(self, final: Any) -> None:
         assert self.adopting is not None
         (handle, row), self.adopting = self.adopting, None
@@ -333,7 +354,16 @@ class TrainPane(MessageLine, FieldErrors, Vertical):
     def _inspect(self, request: Any, data: dict[str, Any]) -> None:
         settings = self.app.settings
         self._use(request.artifact, data)
-        if data.get("calibration"):
+        if (data.get("calibration") or {}).get("ablation"):
+            from ster.engine.steering.calibration_record import Ablation, ablation_front
+
+            trials = Ablation.model_validate(data["calibration"]["ablation"]).trials
+            self.calibrated = (request.artifact, data)
+            self.query_one(TrainResults).ablation_calibrated(
+                request.artifact, data, [point.model_dump() for point in ablation_front(trials)]
+            )
+            self.query_one(CalibrationView).query_one(DataTable).focus()
+        elif data.get("calibration"):
             from ster.engine.steering.calibrate import pareto
             from ster.engine.steering.calibration_record import Calibration
 

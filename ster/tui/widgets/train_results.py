@@ -120,6 +120,19 @@ class TrainResults(Vertical):
         self.query_one("#candidates", DataTable).can_focus = False  # hidden: the tab's focus goes to the front
         self.query_one(CalibrationView).show(record, front, data["method"], layers)
 
+    def ablation_calibrated(self, where: Path, data: dict[str, Any], front: list[dict[str, Any]]) -> None:
+        """A loaded artifact calibrated with ``--mode ablate``: its ablation's front in the calibration view."""
+        record = data["calibration"]
+        ablation = record["ablation"]
+        self._new_title(
+            f"loaded {shown(where)}: an ablation of the direction at layer {ablation['direction_layer']}, chosen "
+            f"over {len(ablation['trials'])} trials within KL {record['kl_budget']:g}"
+        )
+        self.candidates = []
+        self.add_class("-calibration")
+        self.query_one("#candidates", DataTable).can_focus = False
+        self.query_one(CalibrationView).show_ablation(record, front)
+
     def unmark(self) -> None:
         """The rows are current again (a job that added to them, not replaced them, has finished)."""
         if self.old:
