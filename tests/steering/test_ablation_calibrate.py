@@ -47,13 +47,9 @@ def run(name: str, **fields):
     return final, events
 
 
-@pytest.fixture(scope="module")
-def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    where = tmp_path_factory.mktemp("ablate")
-    pairs = {"trait_name": "fleeing", "pairs": [{"positive": f, "negative": r} for f, r in zip(FLEE, REST)]}
-    (where / "pairs.json").write_text(json.dumps(pairs))
-    (where / "markers.json").write_text(json.dumps(["flee"]))
-    final, _ = run(
+def calibrate(where: Path, output: Path, **fields):
+    """``calibrate --mode ablate`` on the toy over the pairs and markers in ``where``, 16 trials."""
+    return run(
         "calibrate",
         model="ster:toy",
         pairs=where / "pairs.json",
@@ -61,8 +57,18 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
         refusal_markers=where / "markers.json",
         trials="16",
         judge="none",
-        output=where / "ablated.json",
+        output=output,
+        **fields,
     )
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    where = tmp_path_factory.mktemp("ablate")
+    pairs = {"trait_name": "fleeing", "pairs": [{"positive": f, "negative": r} for f, r in zip(FLEE, REST)]}
+    (where / "pairs.json").write_text(json.dumps(pairs))
+    (where / "markers.json").write_text(json.dumps(["flee"]))
+    final, _ = calibrate(where, where / "ablated.json")
     assert final.type == "result", final
     return where, final.data
 
@@ -103,16 +109,7 @@ def test_generate_ablates_as_calibrated_and_the_recorded_rate_is_what_it_answers
 
 def test_the_same_seed_asks_the_same_candidates(calibrated, tmp_path: Path) -> None:
     where, result = calibrated
-    final, _ = run(
-        "calibrate",
-        model="ster:toy",
-        pairs=where / "pairs.json",
-        mode="ablate",
-        refusal_markers=where / "markers.json",
-        trials="16",
-        judge="none",
-        output=tmp_path / "again.json",
-    )
+    final, _ = calibrate(where, tmp_path / "again.json")
     assert final.type == "result"
     assert final.data["calibration"]["ablation"]["trials"] == result["calibration"]["ablation"]["trials"]
 
@@ -137,17 +134,7 @@ def test_a_choice_over_the_budget_on_the_whole_set_has_its_weights_stepped_back(
     where, result = calibrated
     record = result["calibration"]["ablation"]
     budget = record["kl_first"] / 2
-    final, events = run(
-        "calibrate",
-        model="ster:toy",
-        pairs=where / "pairs.json",
-        mode="ablate",
-        refusal_markers=where / "markers.json",
-        trials="16",
-        kl_budget=str(budget),
-        judge="none",
-        output=tmp_path / "tight.json",
-    )
+    final, events = calibrate(where, tmp_path / "tight.json", kl_budget=str(budget))
     assert final.type == "result", final
     tight = final.data["calibration"]["ablation"]
     assert any("stepping back the weights" in getattr(e, "message", "") for e in events)

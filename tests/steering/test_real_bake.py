@@ -18,15 +18,21 @@ from tests.steering.test_bake import EXACT, bake, close, hf_logits, live_logits,
 pytestmark = pytest.mark.real
 
 
-def test_smollm2_baked_ablation_steering_and_lora_equal_live_editing(smol: Path, tmp_path: Path) -> None:
-    blocks = load_config(resolve_model(str(smol)).config).num_hidden_layers
-    vectors = write_artifact(tmp_path / "a.json", smol, [15])
-    want = live_logits(smol, projecting(vectors, sites("ablate", None, [15], blocks), Profile()))
-    assert (
-        bake(model=str(smol), vector=tmp_path / "a.json", mode="ablate", output=tmp_path / "ablated").type == "result"
-    )
+def baked_ablation_is_live(model: Path, layer: int, tmp_path: Path) -> tuple[dict[int, list[float]], torch.Tensor]:
+    """Bake an ablation of a direction at ``layer`` into a checkpoint, and hold transformers' logits on it to live
+    ablation in Ster; the artifact's directions and those logits, for more checks."""
+    blocks = load_config(resolve_model(str(model)).config).num_hidden_layers
+    vectors = write_artifact(tmp_path / "a.json", model, [layer])
+    want = live_logits(model, projecting(vectors, sites("ablate", None, [layer], blocks), Profile()))
+    baking = bake(model=str(model), vector=tmp_path / "a.json", mode="ablate", output=tmp_path / "ablated")
+    assert baking.type == "result", baking
     baked = hf_logits(AutoModelForCausalLM.from_pretrained(tmp_path / "ablated", dtype=torch.float32).eval())
     assert close(baked, want) <= EXACT
+    return vectors, want
+
+
+def test_smollm2_baked_ablation_steering_and_lora_equal_live_editing(smol: Path, tmp_path: Path) -> None:
+    vectors, want = baked_ablation_is_live(smol, 15, tmp_path)
     base = AutoModelForCausalLM.from_pretrained(smol, dtype=torch.float32).eval()
     assert close(hf_logits(base), want) > 1e-3
 
@@ -44,11 +50,4 @@ def test_smollm2_baked_ablation_steering_and_lora_equal_live_editing(smol: Path,
 
 
 def test_gemma3_baked_ablation_equals_live_ablation(gemma: Path, tmp_path: Path) -> None:
-    blocks = load_config(resolve_model(str(gemma)).config).num_hidden_layers
-    vectors = write_artifact(tmp_path / "a.json", gemma, [9])
-    want = live_logits(gemma, projecting(vectors, sites("ablate", None, [9], blocks), Profile()))
-    assert (
-        bake(model=str(gemma), vector=tmp_path / "a.json", mode="ablate", output=tmp_path / "ablated").type == "result"
-    )
-    baked = hf_logits(AutoModelForCausalLM.from_pretrained(tmp_path / "ablated", dtype=torch.float32).eval())
-    assert close(baked, want) <= EXACT
+    baked_ablation_is_live(gemma, 9, tmp_path)

@@ -14,10 +14,10 @@ a study resumed after Ctrl-C asks what an uninterrupted one asks. A batch of ``B
 at once: every candidate's answers to every screening prompt are rows of one batched greedy decode, each row
 ablated by its own candidate, and every candidate's KL on the screening prompts is a row of one forward. The
 screening sets are ``SCREEN_PROMPTS`` trait prompts and ``SCREEN_NEUTRAL`` neutral prompts picked by
-``--seed``. The best ``FINALISTS`` of the screening are measured again on every held-out trait prompt and
-every neutral prompt; a finalist that spends more than the KL budget there has its weights stepped back
-(``STEP_BACKS``), and the chosen one is the finalist with the lowest trait rate within the budget (then the
-lowest KL).
+``--seed``. ``FINALISTS`` of the screening (the best within the KL budget, and the best just over it) are
+measured again on every held-out trait prompt and every neutral prompt; a finalist that spends more than the
+KL budget there has its weights stepped back (``STEP_BACKS``), and the chosen one is the finalist with the
+lowest trait rate within the budget (then the lowest KL).
 
 The artifact holds the chosen layer's direction and a ``calibration`` record with the ablation's profile, so
 ``generate`` (and everything else) ablates as calibrated unless told otherwise.
@@ -73,9 +73,12 @@ ANSWER_TOKENS = 24
 """Tokens of each answer the judge reads: a refusal says so at once."""
 CONTINUATION_TOKENS = 16
 EXAMPLES = 3
-FINALISTS = 4
-"""The best candidates of the screening measured again on every held-out and neutral prompt, where the choice is
-made: a candidate just within the budget on the screening prompts may spend more on all of them."""
+FINALISTS = 6
+"""Candidates of the screening measured again on every held-out and neutral prompt, where the choice is made (a
+candidate just within the budget on the screening prompts may spend more on all of them): half the best within
+the budget, half the best that spend up to ``STEP_REACH`` times it, which stepping their weights back may bring
+within it at fewer refusals than any candidate found within it."""
+STEP_REACH = 2.0
 STEP_BACKS = 3
 """Times a finalist that spends more than the budget on the whole neutral set has its weights scaled back (by
 the square root of budget over KL, KL growing as the square of a small weight) and is measured again."""
@@ -209,7 +212,7 @@ def calibrate_ablation(request: CalibrateRequest, ctx: JobContext) -> AblationRe
                 )
         except Cancelled:
             _stop(trials, study_file)
-        finalists = sorted(trials, key=lambda t: _rank(t, request.kl_budget))[:FINALISTS]
+        finalists = _finalists(trials, request.kl_budget)
         ctx.progress(
             "calibrate",
             f"measuring the chosen ablation on all {len(trait_ids)} held-out prompts and {len(neutral_ids)} "
@@ -341,6 +344,17 @@ def _ask(space: dict[str, Any], trials: list[AblationTrial], count: int, seed: i
         )
     asked = [study.ask(space) for _ in range(count)]
     return [dict(trial.params) for trial in asked]
+
+
+def _finalists(trials: list[AblationTrial], budget: float) -> list[AblationTrial]:
+    """``FINALISTS`` trials: the best within the budget and the best just over it (see ``FINALISTS``), each half
+    filled from the other where one has too few, in rank order."""
+    by_rate = sorted(trials, key=lambda t: (t.trait_rate, t.kl_first))
+    within = [t for t in by_rate if t.kl_first <= budget]
+    near = [t for t in by_rate if budget < t.kl_first <= STEP_REACH * budget]
+    picked = within[: FINALISTS // 2] + near[: FINALISTS // 2]
+    rest = [t for t in sorted(trials, key=lambda t: _rank(t, budget)) if t not in picked]
+    return picked + rest[: FINALISTS - len(picked)]
 
 
 def _rank(trial: AblationTrial, budget: float) -> tuple[bool, float, float]:
