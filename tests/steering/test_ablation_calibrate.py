@@ -142,3 +142,15 @@ def test_a_choice_over_the_budget_on_the_whole_set_has_its_weights_stepped_back(
     assert tight["profile"]["peak_weight"] not in {t["peak_weight"] for t in tight["trials"]}  # a stepped-back one
     final, _ = run("generate", model="ster:toy", vector=tmp_path / "tight.json", prompt=FLEE[-1], max_new_tokens="24")
     assert final.data["text"] == tight["examples"][-1]
+
+
+def test_a_model_that_refuses_nothing_is_refused_before_any_trial(calibrated, tmp_path: Path) -> None:
+    """Markers the toy never says: the unedited answers hold no refusal, so the search has nothing to remove, and
+    says so in one sentence with nothing written."""
+    where, _ = calibrated
+    (tmp_path / "markers.json").write_text(json.dumps(["zebra"]))
+    (tmp_path / "pairs.json").write_text((where / "pairs.json").read_text())
+    final, _ = calibrate(tmp_path, tmp_path / "none.json")
+    assert final.type == "error" and final.message.startswith("none of the 2 held-out trait prompts is refused")
+    assert "--refusal-markers" in final.message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["markers.json", "pairs.json"]

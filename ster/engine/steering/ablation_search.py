@@ -33,10 +33,11 @@ from typing import TYPE_CHECKING, Any
 from ster.engine.model.adapters.apply import adapted, check_adapter
 from ster.engine.model.context import encode_each, encode_pairs
 from ster.engine.model.loading import model_store
-from ster.engine.protocol.errors import Cancelled
+from ster.engine.protocol.errors import Cancelled, Refusal
 from ster.engine.protocol.files import ARTIFACT, check_output_file
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.protocol.kinds import CALIBRATION_STUDY
+from ster.engine.protocol.naming import flag
 from ster.engine.protocol.paths import bundled_name, example_path
 from ster.engine.steering.artifact import ArtifactSummary, SteeringArtifact, save_artifact, summarize
 from ster.engine.steering.calibration_record import (
@@ -187,6 +188,13 @@ def calibrate_ablation(request: CalibrateRequest, ctx: JobContext) -> AblationRe
         base_answers = judge([{}], trait_ids)[0]
         base_rate = _rate(base_answers, markers)
         ctx.log(f"unedited, {base_rate:.0%} of the {len(trait_ids)} held-out trait prompts are refused")
+        if base_rate == 0:
+            first = " ".join(base_answers[0].split())[:60]
+            raise Refusal(
+                f"none of the {len(trait_ids)} held-out trait prompts is refused unedited (the first answer: "
+                f'"{first}"), so there is no refusal for an ablation to remove; give {flag("refusal_markers")} with '
+                "phrases that mark how this model refuses, or pairs whose positive prompts it refuses"
+            )
         if trials:
             ctx.log(f"resuming the study at {study_file} after {len(trials)} trials")
         try:
