@@ -154,3 +154,48 @@ def test_a_model_that_refuses_nothing_is_refused_before_any_trial(calibrated, tm
     assert final.type == "error" and final.message.startswith("none of the 2 held-out trait prompts is refused")
     assert "--refusal-markers" in final.message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["markers.json", "pairs.json"]
+
+
+def test_ctrl_c_leaves_a_study_that_resume_finishes_as_the_whole_run_does(calibrated, tmp_path: Path) -> None:
+    """A real SIGINT to ``ster calibrate --mode ablate`` once a batch is saved: exit 130, only the study left,
+    and ``--resume`` ends where an uninterrupted run ends."""
+    import signal
+
+    from ster.engine.protocol.paths import EXAMPLES_DIR
+    from ster.engine.steering.study import study_path
+    from tests.protocol.test_interrupt import spawn
+
+    where, _ = calibrated
+    prompts = json.loads((EXAMPLES_DIR / "neutral.json").read_text())["prompts"]
+    (tmp_path / "neutral.json").write_text(json.dumps({"prompts": prompts * 6}))  # a longer final measurement
+    args = [
+        *("calibrate", "--model", "ster:toy", "--pairs", where / "pairs.json", "--mode", "ablate"),
+        *("--refusal-markers", where / "markers.json", "--neutral", tmp_path / "neutral.json"),
+        *("--trials", "48", "--judge", "none"),
+    ]
+    for name in ("whole", "cut"):
+        (tmp_path / name).mkdir()
+    whole = spawn("-m", "ster", *args, "--output", tmp_path / "whole" / "a.json")
+    out = tmp_path / "cut" / "a.json"
+    proc = spawn("-m", "ster", *args, "--output", out)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith("after 8 trials"):  # the first batch is saved; the second is running
+            break
+    else:
+        pytest.fail(f"the run ended before its first batch: {proc.communicate()}")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.splitlines()[-1].startswith("cancelled after trial "), err
+    assert sorted(p.name for p in out.parent.iterdir()) == ["a.study.json"]
+    saved = len(json.loads(study_path(out).read_text())["trials"])
+    assert saved >= 8 and saved % 8 == 0
+
+    resumed = spawn("-m", "ster", *args, "--output", out, "--resume")
+    _, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, err
+    assert f"resuming the study at {study_path(out)} after {saved} trials" in err
+    assert whole.wait(timeout=120) == 0
+    assert json.loads(out.read_text()) == json.loads((tmp_path / "whole" / "a.json").read_text())
+    assert sorted(p.name for p in out.parent.iterdir()) == ["a.json"]
