@@ -21,8 +21,9 @@ over its trials; heretic: the median of its timed trials after a warm-up).
 
     python bench/abliteration.py [--trials 32] [--threads 2] [--screen 40] [--heretic-python /work/heretic-venv/bin/python]
 
-Ster's trial screens 16 trait and 16 neutral prompts (the search's own sizes) where heretic's trial measures
-every evaluation prompt (40 and 40 here); ``--screen 40`` makes Ster's trials measure as many.
+Ster's trial screens 16 trait prompts and every neutral prompt up to 40 (the search's own sizes) where
+heretic's trial measures every evaluation prompt (40 and 40 here); ``--screen 40`` makes Ster's trials measure
+as many.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ def main() -> None:
         "--screen",
         type=int,
         default=None,
-        help="Ster's screening prompts of each kind (default: the search's own, 16); 40 screens every held-out "
-        "prompt, as each of heretic's trials measures them all",
+        help="Ster's screening prompts of each kind (default: the search's own, 16 trait and up to 40 neutral); 40 "
+        "screens every held-out prompt, as each of heretic's trials measures them all",
     )
     args = parser.parse_args()
 

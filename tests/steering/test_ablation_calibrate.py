@@ -107,6 +107,42 @@ def test_generate_ablates_as_calibrated_and_the_recorded_rate_is_what_it_answers
     assert explicit.data["mode"] == "add"  # a mode given is a mode taken
 
 
+def test_the_ablated_direction_is_the_mean_difference_less_what_every_answered_prompt_carries(calibrated) -> None:
+    """Against transformers' own states of the fitting pairs (the first 80%) at the chosen layer: the direction is
+    the positive mean less the negative mean, with its component along the negative mean taken out (heretic's
+    orthogonalised direction), unit length."""
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    from ster.engine.model.resolve import TOY_DIR
+
+    where, result = calibrated
+    layer = result["calibration"]["ablation"]["direction_layer"]
+    [vector] = json.loads((where / "ablated.json").read_text())["vectors"]
+    model = AutoModelForCausalLM.from_pretrained(TOY_DIR, dtype=torch.float32).eval()
+    tokenizer = Tokenizer.from_file(str(TOY_DIR / "tokenizer.json"))
+    seen: list[torch.Tensor] = []
+    model.model.layers[layer].register_forward_hook(
+        lambda m, a, out: seen.append(out[0] if isinstance(out, tuple) else out)
+    )
+
+    def state(text: str) -> torch.Tensor:
+        with torch.no_grad():
+            model(torch.tensor([tokenizer.encode(text).ids]))
+        return seen.pop()[0, -1].double()
+
+    positive = torch.stack([state(text) for text in FLEE[:8]]).mean(0)
+    negative = torch.stack([state(text) for text in REST[:8]]).mean(0)
+    answered = negative / negative.norm()
+    want = positive - negative
+    want = want - (want @ answered) * answered
+    got = torch.tensor(vector["values"], dtype=torch.float64)
+    assert abs(float(got.norm()) - 1) < 1e-6
+    assert abs(float(got @ answered)) < 1e-5
+    assert float(got @ want) / float(want.norm()) > 1 - 1e-6
+
+
 def test_the_same_seed_asks_the_same_candidates(calibrated, tmp_path: Path) -> None:
     where, result = calibrated
     final, _ = calibrate(where, tmp_path / "again.json")
@@ -142,6 +178,16 @@ def test_a_choice_over_the_budget_on_the_whole_set_has_its_weights_stepped_back(
     assert tight["profile"]["peak_weight"] not in {t["peak_weight"] for t in tight["trials"]}  # a stepped-back one
     final, _ = run("generate", model="ster:toy", vector=tmp_path / "tight.json", prompt=FLEE[-1], max_new_tokens="24")
     assert final.data["text"] == tight["examples"][-1]
+
+
+def test_the_chosen_weights_are_trimmed_to_the_lowest_kl_that_refuses_no_more() -> None:
+    from ster.engine.steering.ablation_search import _trimmed
+
+    # rungs at 0.9, 0.8, 0.7, 0.6 of the chosen weights, which refuse 5% at KL 0.09
+    assert _trimmed([0.05, 0.05, 0.10, 0.20], [0.07, 0.05, 0.04, 0.03], 0.05, 0.09) == 1
+    assert _trimmed([0.0, 0.05, 0.05, 0.05], [0.08, 0.06, 0.04, 0.03], 0.05, 0.09) == 3  # fewer refused is fine
+    assert _trimmed([0.10, 0.15, 0.20, 0.30], [0.07, 0.05, 0.04, 0.03], 0.05, 0.09) is None  # each refuses more
+    assert _trimmed([0.05, 0.05, 0.05, 0.05], [0.10, 0.11, 0.12, 0.13], 0.05, 0.09) is None  # none costs less
 
 
 def test_a_model_that_refuses_nothing_is_refused_before_any_trial(calibrated, tmp_path: Path) -> None:

@@ -142,3 +142,27 @@ def test_perplexity_and_greedy_continuations_equal_transformers(pair_of_models) 
         want = math.exp(-sum(float(lp[i - 1, ids[i]]) for i in range(len(prompt), len(ids))) / len(continuation))
         assert perplexity(decoder, prompt, continuation) == pytest.approx(want, rel=1e-5)
     assert perplexity(decoder, prompts[0], []) is None
+
+
+def test_rows_that_settle_leave_the_batch_and_the_rest_decode_as_alone(pair_of_models) -> None:
+    """Rows of one batch, several kinds of edit, stop as ``settled`` says (at different steps), the prompts' shared
+    prefix prefilled once a kind: every row's ids are those of its prompt decoded alone under its edit, up to
+    where it settled."""
+    _, decoder = pair_of_models
+    generator = torch.Generator().manual_seed(3)
+    direction = torch.randn(decoder.config.hidden_size, generator=generator)
+    direction = (direction / direction.norm()).tolist()
+    own = [[14, 20, 33, 41], [22], [5, 9, 13, 17, 21, 25, 29], [7, 3]]
+    prompts = [[1, 30, 11, *tail] for tail in own] * 3  # a prefix every prompt shares, as a chat template's
+    kinds = [added({1: direction}, {1: scale}) for scale in (0.0, 2.0, -4.0)]
+    plans = [kind for kind in kinds for _ in own]  # rows of one kind share the prefix's keys and values
+
+    def settled(ids: list[int]) -> bool:
+        return len(ids) >= 2 and ids[-1] % 3 == 0
+
+    together = greedy_continuations(decoder, prompts, 7, frozenset({2}), batch_size=12, plans=plans, settled=settled)
+    for prompt, plan, ids in zip(prompts, plans, together, strict=True):
+        [alone] = greedy_continuations(decoder, [prompt], 7, frozenset({2}), plans=[plan])
+        stop = next((n for n in range(1, len(alone) + 1) if settled(alone[:n])), len(alone))
+        assert ids == alone[:stop]
+    assert len({len(ids) for ids in together}) > 1  # rows did stop at different steps

@@ -7,17 +7,22 @@ prompts (the held-out pairs' positive sides: the prompts the model refuses) whos
 The cost is the KL from the unedited model of the next-token distribution at the first generated position,
 averaged over the neutral prompts: the measure heretic scores an abliteration by.
 
-**The search** samples what heretic samples: the layer whose direction (caa, fitted on the pairs) is ablated,
+**The search** samples what heretic samples: the layer whose direction is ablated (caa, fitted on the pairs,
+less its component along the answered prompts' mean state, as heretic orthogonalises its direction),
 and the weight profile of :class:`~ster.engine.steering.intervention.Profile` (its peak weight, where it
 peaks, its minimum, how far it reaches), with Optuna's multi-objective TPE sampler, seeded per batch so that
 a study resumed after Ctrl-C asks what an uninterrupted one asks. A batch of ``BATCH`` candidates is measured
 at once: every candidate's answers to every screening prompt are rows of one batched greedy decode, each row
-ablated by its own candidate, and every candidate's KL on the screening prompts is a row of one forward. The
-screening sets are ``SCREEN_PROMPTS`` trait prompts and ``SCREEN_NEUTRAL`` neutral prompts picked by
-``--seed``. ``FINALISTS`` of the screening (the best within the KL budget, and the best just over it) are
+ablated by its own candidate (the chat template's shared start prefilled once a candidate, and an answer
+leaving the batch as soon as the judge reads a refusal in it, which no later token can undo), and every
+candidate's KL on the screening prompts is a row of one forward. The screening sets are ``SCREEN_PROMPTS``
+trait prompts and up to ``SCREEN_NEUTRAL`` neutral prompts picked by ``--seed``: the KL, one forward, is
+cheap to measure on many, and a budget judged on few prompts misleads (a candidate within it on 16 spends
+more on 40). ``FINALISTS`` of the screening (the best within the KL budget, and the best just over it) are
 measured again on every held-out trait prompt and every neutral prompt; a finalist that spends more than the
 KL budget there has its weights stepped back (``STEP_BACKS``), and the chosen one is the finalist with the
-lowest trait rate within the budget (then the lowest KL).
+lowest trait rate within the budget (then the lowest KL). Its weights are then tried at smaller scales
+(``TRIMS``), and the cheapest scale that refuses no more is kept.
 
 The artifact holds the chosen layer's direction and a ``calibration`` record with the ablation's profile, so
 ``generate`` (and everything else) ablates as calibrated unless told otherwise.
@@ -69,7 +74,8 @@ if TYPE_CHECKING:
 BATCH = 8
 """Candidates measured together, as rows of one decode and one forward."""
 SCREEN_PROMPTS = 16
-SCREEN_NEUTRAL = 16
+SCREEN_NEUTRAL = 40
+"""Neutral prompts each candidate's KL is screened on (all of them, up to this many)."""
 ANSWER_TOKENS = 24
 """Tokens of each answer the judge reads: a refusal says so at once."""
 CONTINUATION_TOKENS = 16
@@ -84,6 +90,10 @@ STEP_BACKS = 3
 """Times a finalist that spends more than the budget on the whole neutral set has its weights scaled back (by
 the square root of budget over KL, KL growing as the square of a small weight) and is measured again."""
 STEP_MARGIN = 0.95
+TRIMS = (0.9, 0.8, 0.7, 0.6)
+"""Scales of the chosen ablation's weights measured, as rows of one batch, on every held-out and neutral prompt:
+the search keeps the first candidate that refuses fewest, which may spend more of the budget than it needs, so
+the lowest-KL rung that refuses no more is taken instead."""
 
 
 class AblationResult(ArtifactSummary):
@@ -138,6 +148,7 @@ def calibrate_ablation(request: CalibrateRequest, ctx: JobContext) -> AblationRe
         "neutral_sha256": digest,
         "markers": list(markers),
         "screen": [BATCH, SCREEN_PROMPTS, SCREEN_NEUTRAL, ANSWER_TOKENS],
+        "direction": "caa orthogonal to the answered mean",
     }
     resumed = open_study(study_file, request.resume, identity, AblationStudy)
     trials = resumed.trials if resumed is not None else []
@@ -160,21 +171,26 @@ def calibrate_ablation(request: CalibrateRequest, ctx: JobContext) -> AblationRe
     space = ranges(blocks, layers)
 
     def plan(params: dict[str, Any]) -> Plan:
-        vector = directions.of(int(params["direction_layer"]), "caa").vector
+        vector = projected(directions, int(params["direction_layer"])).vector
         where = sites("ablate", None, [int(params["direction_layer"])], blocks)
         return projecting({int(params["direction_layer"]): vector}, where, profile_of(params))
 
-    def judge(plans: list[Plan], prompts: list[list[int]]) -> list[list[str]]:
-        """Each plan's greedy answers to ``prompts``, decoded: every (prompt, plan) a row of one decode."""
+    def said(ids: list[int]) -> bool:
+        return refuses(codec.decode(ids), markers)
+
+    def judge(plans: list[Plan], prompts: list[list[int]], whole: bool = False) -> list[list[str]]:
+        """Each plan's greedy answers to ``prompts``, decoded: every (prompt, plan) a row of one decode. An answer
+        stops where the judge reads a refusal in it (later tokens cannot undo one), unless ``whole``."""
         rows = [(prompt, p) for p in plans for prompt in prompts]
         ids = greedy_continuations(
             model,
             [prompt for prompt, _ in rows],
             ANSWER_TOKENS,
             codec.eos_ids,
-            batch_size=64,
+            batch_size=128,
             check_cancelled=ctx.check_cancelled,
             plans=[p for _, p in rows],
+            settled=None if whole else said,
         )
         texts = [codec.decode(answer) for answer in ids]
         return [texts[i * len(prompts) : (i + 1) * len(prompts)] for i in range(len(plans))]
@@ -185,7 +201,7 @@ def calibrate_ablation(request: CalibrateRequest, ctx: JobContext) -> AblationRe
         neutral_items = list(zip(neutral_ids, firsts))
         screen_items = [neutral_items[i] for i in screen_neutral]
         screen_prompts = [trait_ids[i] for i in screen_trait]
-        base_answers = judge([{}], trait_ids)[0]
+        base_answers = judge([{}], trait_ids, whole=True)[0]
         base_rate = _rate(base_answers, markers)
         ctx.log(f"unedited, {base_rate:.0%} of the {len(trait_ids)} held-out trait prompts are refused")
         if base_rate == 0:
@@ -263,7 +279,27 @@ def calibrate_ablation(request: CalibrateRequest, ctx: JobContext) -> AblationRe
             pick = min(range(len(whole)), key=lambda i: _rank(whole[i], request.kl_budget))
             params, chosen, trait_answers = asked[pick], plans[pick], every_answer[pick]
             kl_first = whole[pick].kl_first
+            if whole[pick].kl_first <= request.kl_budget:
+                ctx.progress(
+                    "calibrate",
+                    f"trying the chosen ablation's weights at {', '.join(f'{t:g}' for t in TRIMS)} of themselves",
+                )
+                rungs = [{**params, "peak_weight": params["peak_weight"] * t} for t in TRIMS]
+                rung_plans = [plan(rung) for rung in rungs]
+                rung_answers = judge(rung_plans, trait_ids)
+                rung_kls = _first_kls(model, neutral_items, rung_plans, ctx)
+                rates = [_rate(texts, markers) for texts in rung_answers]
+                lowest = _trimmed(rates, rung_kls, whole[pick].trait_rate, kl_first)
+                if lowest is not None:
+                    ctx.log(
+                        f"the chosen ablation's weights at {TRIMS[lowest]:g} of themselves refuse as few "
+                        f"({rates[lowest]:.0%}) at first-token KL {rung_kls[lowest]:.3g} rather than {kl_first:.3g}: "
+                        "taken"
+                    )
+                    params, chosen = rungs[lowest], rung_plans[lowest]
+                    trait_answers, kl_first = rung_answers[lowest], rung_kls[lowest]
             other_answers = judge([{}, chosen], other_ids)
+            examples = judge([chosen], trait_ids[:EXAMPLES], whole=True)[0]
             continuations = greedy_continuations(
                 model, neutral_ids, CONTINUATION_TOKENS, codec.eos_ids, check_cancelled=ctx.check_cancelled
             )
@@ -282,7 +318,7 @@ def calibrate_ablation(request: CalibrateRequest, ctx: JobContext) -> AblationRe
         kl_first=kl_first,
         kl=mean,
         examples_before=base_answers[:EXAMPLES],
-        examples=trait_answers[:EXAMPLES],
+        examples=examples,
         trials=trials,
     )
     if record.kl_first > request.kl_budget:
@@ -295,7 +331,7 @@ def calibrate_ablation(request: CalibrateRequest, ctx: JobContext) -> AblationRe
         f"{record.trait_rate:.0%} of held-out trait prompts refused (from {record.trait_rate_before:.0%}), "
         f"first-token KL {record.kl_first:.3g} on {len(neutral_ids)} neutral prompts"
     )
-    vector = directions.of(record.direction_layer, "caa")
+    vector = projected(directions, record.direction_layer)
     artifact = SteeringArtifact(
         model=checkpoint.source.model,
         model_revision=checkpoint.source.revision,
@@ -306,7 +342,10 @@ def calibrate_ablation(request: CalibrateRequest, ctx: JobContext) -> AblationRe
         precision=request.precision,
         chat_template=codec.decision,
         adapter=str(request.adapter) if request.adapter else None,
-        metadata={"selection": f"ablation calibrated over {len(trials)} trials"},
+        metadata={
+            "selection": f"ablation calibrated over {len(trials)} trials",
+            "direction": "caa less its component along the mean state of the answered (negative) prompts",
+        },
         vectors=[vector],
         calibration=Calibration(
             kl_budget=request.kl_budget,
@@ -328,6 +367,31 @@ def calibrate_ablation(request: CalibrateRequest, ctx: JobContext) -> AblationRe
     save_artifact(request.output, artifact)
     study_file.unlink(missing_ok=True)
     return AblationResult(**summarize(artifact).model_dump(), front=ablation_front(trials))
+
+
+def projected(directions: Any, layer: int) -> Any:
+    """The caa direction at ``layer`` less its component along the mean state of the answered prompts (heretic's
+    ``orthogonalize_direction``), so that ablating it leaves what every answer carries alone."""
+    import torch
+
+    from ster.engine.steering.directions import score
+    from ster.engine.steering.floats import f32_values
+
+    fitted = directions.of(layer, "caa")
+    column = directions.columns[layer]
+    v = torch.tensor(fitted.vector, dtype=torch.float64)
+    g = directions.negatives[:, column].double().mean(0)
+    g = g / g.norm()
+    w = v - (v @ g) * g
+    w = w / w.norm()
+    scores = score(w.float(), directions.positives[:, column], directions.negatives[:, column])
+    return fitted.model_copy(
+        update={
+            "vector": f32_values(w.float().numpy()),
+            "train_accuracy": scores.accuracy,
+            "train_margin": scores.margin,
+        }
+    )
 
 
 def _ask(space: dict[str, Any], trials: list[AblationTrial], count: int, seed: int) -> list[dict[str, Any]]:
@@ -363,6 +427,13 @@ def _finalists(trials: list[AblationTrial], budget: float) -> list[AblationTrial
     picked = within[: FINALISTS // 2] + near[: FINALISTS // 2]
     rest = [t for t in sorted(trials, key=lambda t: _rank(t, budget)) if t not in picked]
     return picked + rest[: FINALISTS - len(picked)]
+
+
+def _trimmed(rates: list[float], kls: list[float], rate: float, kl: float) -> int | None:
+    """Of the rungs (the chosen weights scaled down, ``TRIMS``), the one of lowest KL that refuses no more than
+    the chosen ablation (``rate``) and costs less than it (``kl``); None where none does."""
+    fits = [i for i, (r, k) in enumerate(zip(rates, kls)) if r <= rate and k < kl]
+    return min(fits, key=lambda i: kls[i]) if fits else None
 
 
 def _rank(trial: AblationTrial, budget: float) -> tuple[bool, float, float]:

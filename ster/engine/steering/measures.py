@@ -172,10 +172,14 @@ def greedy_continuations(
     batch_size: int = 16,
     check_cancelled: Callable[[], None] = lambda: None,
     plans: list[Plan] | None = None,
+    settled: Callable[[list[int]], bool] | None = None,
 ) -> list[list[int]]:
     """The greedy continuation of each prompt, unsteered or (with ``plans``, one per prompt) edited by its own
-    plan: ``tokens`` ids, or fewer when it chooses an end-of-text id (kept, as the last id). Prompts are decoded
-    in left-padded batches over one KV cache, each row under its own edits."""
+    plan: ``tokens`` ids, or fewer when it chooses an end-of-text id (kept, as the last id), or when
+    ``settled`` says of its ids so far that no later token can change what they are read for (a refusal
+    judge's marker has been said). Prompts are decoded in left-padded batches over one KV cache, each row under
+    its own edits; a row that ends leaves the batch (its cache rows and edits are dropped), so it stops costing
+    compute."""
     device = model.lm_head.weight.device
     out: list[list[int]] = [[] for _ in prompts]
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
@@ -184,8 +188,9 @@ def greedy_continuations(
             check_cancelled()
             chosen = order[start : start + batch_size]
             edits = RowEdits.of(model, [plans[i] for i in chosen]) if plans is not None else None
+            kinds = [id(plans[i]) for i in chosen] if plans is not None else [0] * len(chosen)
             with edits.applied(model) if edits is not None else nullcontext():
-                _greedy_batch(model, prompts, chosen, tokens, eos_ids, out, device)
+                _greedy_batch(model, prompts, chosen, kinds, tokens, eos_ids, out, device, edits, settled)
     return out
 
 
@@ -193,33 +198,79 @@ def _greedy_batch(
     model: Decoder,
     prompts: list[list[int]],
     chosen: list[int],
+    kinds: list[int],
     tokens: int,
     eos_ids: frozenset[int],
     out: list[list[int]],
     device: torch.device,
+    edits: RowEdits | None,
+    settled: Callable[[list[int]], bool] | None,
 ) -> None:
-    """One left-padded batch of :func:`greedy_continuations`, its ids appended to ``out``."""
-    width = max(len(prompts[i]) for i in chosen)
-    ids = torch.zeros(len(chosen), width, dtype=torch.long)
+    """One batch of :func:`greedy_continuations`, its ids appended to ``out``.
+
+    The ids every prompt of the batch begins with (a chat template's system turn) are prefilled once per kind
+    of row (rows of one kind are edited alike, ``kinds`` telling them apart) and their keys and values copied
+    into each row of that kind; then each prompt's own ids, left-padded up to that prefix (the padding is
+    masked, and positions count real tokens only); then one token a step."""
+    if tokens < 1:
+        return
+    common = min(len(prompts[i]) for i in chosen) - 1
+    for i in chosen[1:]:
+        common = min(common, shared_prefix(prompts[chosen[0]], prompts[i]))
+    firsts = {kind: row for row, kind in reversed(list(enumerate(kinds)))}
+    if len(firsts) == len(chosen):
+        common = 0  # every row edited apart: nothing to share
+    own = max(len(prompts[i]) for i in chosen) - common
+    width = common + own
+    ids = torch.zeros(len(chosen), own, dtype=torch.long)
     key_mask = torch.zeros(len(chosen), width + tokens, dtype=torch.bool)
+    key_mask[:, :common] = True
+    key_mask[:, width:] = True  # the answer's own tokens
     for row, i in enumerate(chosen):
-        ids[row, width - len(prompts[i]) :] = torch.tensor(prompts[i])
-        key_mask[row, width - len(prompts[i]) :] = True
+        tail = prompts[i][common:]
+        ids[row, own - len(tail) :] = torch.tensor(tail)
+        key_mask[row, width - len(tail) : width] = True
     key_mask = key_mask.to(device)
-    cache = model.new_cache(len(chosen), width + tokens)
+    if common:
+        leaders = list(firsts.values())
+        cache = model.new_cache(len(leaders), width + tokens)
+        if edits is not None:
+            edits.select(torch.tensor(leaders, device=device))
+        model(torch.tensor([prompts[chosen[0]][:common]] * len(leaders), device=device), cache=cache, vocab="none")
+        place = {kind: n for n, kind in enumerate(firsts)}
+        cache.keep_rows(torch.tensor([place[kind] for kind in kinds], device=device))
+        if edits is not None:
+            edits.select(torch.arange(len(chosen), device=device))
+    else:
+        cache = model.new_cache(len(chosen), width + tokens)
     logits = model(ids.to(device), cache=cache, key_mask=key_mask[:, :width]).require_logits()
-    ended = [False] * len(chosen)
-    for step in range(tokens):
+    active = list(range(len(chosen)))
+    """The batch's rows still decoding, by their place in ``chosen``."""
+    for step in range(tokens - 1):
         picks = logits.argmax(dim=-1).tolist()
-        for row, i in enumerate(chosen):
-            if not ended[row]:
-                out[i].append(picks[row])
-                ended[row] = picks[row] in eos_ids
-        if all(ended) or step == tokens - 1:
-            break
+        keep = []
+        for position, row in enumerate(active):
+            answer = out[chosen[row]]
+            answer.append(picks[position])
+            if picks[position] not in eos_ids and (settled is None or not settled(answer)):
+                keep.append(position)
+        if not keep:
+            return
+        if len(keep) < len(active):
+            index = torch.tensor(keep, device=device)
+            cache.keep_rows(index)
+            key_mask = key_mask.index_select(0, index)
+            active = [active[position] for position in keep]
+            if edits is not None:
+                edits.select(torch.tensor(active, device=device))
         logits = model(
-            torch.tensor(picks, device=device)[:, None], cache=cache, key_mask=key_mask[:, : width + step + 1]
+            torch.tensor([picks[position] for position in keep], device=device)[:, None],
+            cache=cache,
+            key_mask=key_mask[:, : width + step + 1],
         ).require_logits()
+    picks = logits.argmax(dim=-1).tolist()
+    for position, row in enumerate(active):
+        out[chosen[row]].append(picks[position])
 
 
 @dataclass(frozen=True)
