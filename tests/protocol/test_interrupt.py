@@ -60,6 +60,20 @@ def spawn(*command: object) -> subprocess.Popen[str]:
     return proc
 
 
+def interrupt_at_line(proc: subprocess.Popen[str], ready: Callable[[str], bool], before: str) -> str:
+    """Read the child's stderr until a line is ``ready`` (failing, as ``before`` says, if it ends first), send
+    SIGINT, and wait (at most two minutes) for it to exit; its remaining stderr."""
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if ready(line):
+            break
+    else:
+        pytest.fail(f"the run ended before {before}: {proc.communicate()}")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    return err
+
+
 def start(*args: object) -> subprocess.Popen[str]:
     return spawn("-m", "ster", "--json", *args)
 

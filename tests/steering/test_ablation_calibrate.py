@@ -205,11 +205,10 @@ def test_a_model_that_refuses_nothing_is_refused_before_any_trial(calibrated, tm
 def test_ctrl_c_leaves_a_study_that_resume_finishes_as_the_whole_run_does(calibrated, tmp_path: Path) -> None:
     """A real SIGINT to ``ster calibrate --mode ablate`` once a batch is saved: exit 130, only the study left,
     and ``--resume`` ends where an uninterrupted run ends."""
-    import signal
 
     from ster.engine.protocol.paths import EXAMPLES_DIR
     from ster.engine.steering.study import study_path
-    from tests.protocol.test_interrupt import spawn
+    from tests.protocol.test_interrupt import interrupt_at_line, spawn
 
     where, _ = calibrated
     prompts = json.loads((EXAMPLES_DIR / "neutral.json").read_text())["prompts"]
@@ -224,14 +223,8 @@ def test_ctrl_c_leaves_a_study_that_resume_finishes_as_the_whole_run_does(calibr
     whole = spawn("-m", "ster", *args, "--output", tmp_path / "whole" / "a.json")
     out = tmp_path / "cut" / "a.json"
     proc = spawn("-m", "ster", *args, "--output", out)
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if line.startswith("after 8 trials"):  # the first batch is saved; the second is running
-            break
-    else:
-        pytest.fail(f"the run ended before its first batch: {proc.communicate()}")
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    # the first batch is saved; the second is running
+    err = interrupt_at_line(proc, lambda line: line.startswith("after 8 trials"), "its first batch")
     assert proc.returncode == 130, err
     assert err.splitlines()[-1].startswith("cancelled after trial "), err
     assert sorted(p.name for p in out.parent.iterdir()) == ["a.study.json"]

@@ -12,7 +12,7 @@ import pytest
 from ster.engine.steering.calibrate import at_budget, behaviour_at, pareto, plan_next, score
 from ster.engine.steering.calibration_record import Point, Trial
 from ster.engine.steering.study import study_path
-from tests.protocol.test_interrupt import spawn
+from tests.protocol.test_interrupt import interrupt_at_line, spawn
 
 BASE = ["calibrate", "--model", "ster:toy", "--pairs", "ster:pairs"]
 
@@ -230,14 +230,8 @@ def test_ctrl_c_leaves_a_study_that_resume_finishes_as_the_whole_run_does(tmp_pa
     out = tmp_path / "cut" / "calm.json"
     out.parent.mkdir()
     proc = spawn("-m", "ster", *long, "--output", out)
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if line.startswith("trial 1: ") and " score " in line:  # trial 1 is saved; trial 2 is running
-            break
-    else:
-        pytest.fail(f"the run ended before trial 1 finished: {proc.communicate()}")
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    # trial 1 is saved; trial 2 is running
+    err = interrupt_at_line(proc, lambda line: line.startswith("trial 1: ") and " score " in line, "trial 1 finished")
     assert proc.returncode == 130, err
     last = err.splitlines()[-1]
     assert last.startswith("cancelled after trial ") and last.endswith(

@@ -70,6 +70,8 @@ from ster.engine.steering.study import (
 
 if TYPE_CHECKING:
     from ster.engine.model.contract import Decoder
+    from ster.engine.steering.artifact import LayerVector
+    from ster.engine.steering.calibration import Directions
 
 BATCH = 8
 """Candidates measured together, as rows of one decode and one forward."""
@@ -369,7 +371,7 @@ def calibrate_ablation(request: CalibrateRequest, ctx: JobContext) -> AblationRe
     return AblationResult(**summarize(artifact).model_dump(), front=ablation_front(trials))
 
 
-def projected(directions: Any, layer: int) -> Any:
+def projected(directions: Directions, layer: int) -> LayerVector:
     """The caa direction at ``layer`` less its component along the mean state of the answered prompts (heretic's
     ``orthogonalize_direction``), so that ablating it leaves what every answer carries alone."""
     import torch
