@@ -162,6 +162,119 @@ class KVCache:
         self.values = self.values.index_select(1, rows)
 
 
+class RaggedCache(KVCache):
+    """The cache of a continuous batch: rows of different lengths that join and leave between steps.
+
+    Rows are left-padded to one common length; :meth:`key_mask` marks each row's real positions, which is
+    all the decoder needs to give every row its own positions and attention. Storage is preallocated with
+    room for more rows and columns: a joining row is written into the next free row, a leaving row is
+    replaced by the last one (one row copied, not the cache), and columns that no remaining row uses any
+    more are dropped from the left by moving a view. Storage grows (one copy) only when a row or a column
+    does not fit.
+    """
+
+    def __init__(self, config: DecoderConfig, dtype: torch.dtype, device: torch.device, rows: int = 4) -> None:  # noqa: D107
+        self.config, self.dtype, self.device = config, dtype, device
+        self.rows = 0
+        self.start = 0
+        """The first stored column of the window the rows use."""
+        self._allocate(rows, 64)
+
+    def _allocate(self, rows: int, columns: int) -> None:
+        config = self.config
+        shape = (config.num_hidden_layers, rows, config.kv_heads, columns, config.head_size)
+        # zeros, not empty: a padding key is masked out, but its value still meets a zero weight (0 · NaN is NaN)
+        self.store_keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.store_values = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.store_mask = torch.zeros(rows, columns, dtype=torch.bool, device=self.device)
+        self.start, self.length = 0, 0
+        self._views()
+
+    def _views(self) -> None:
+        """Point :class:`KVCache`'s ``keys`` and ``values`` at the rows and columns in use."""
+        self.keys = self.store_keys[:, : self.rows, :, self.start :]
+        self.values = self.store_values[:, : self.rows, :, self.start :]
+
+    @property
+    def capacity(self) -> tuple[int, int]:
+        """(rows, columns) the storage holds."""
+        return self.store_keys.shape[1], self.store_keys.shape[3]
+
+    def nbytes(self) -> int:
+        return 2 * self.store_keys.nelement() * self.store_keys.element_size()
+
+    def key_mask(self, new: int) -> Tensor:
+        """[rows, length + new] real positions, the ``new`` positions this step writes included."""
+        mask = self.store_mask[: self.rows, self.start : self.start + self.length]
+        return torch.cat((mask, torch.ones(self.rows, new, dtype=torch.bool, device=self.device)), dim=1)
+
+    def reserve(self, new: int) -> None:
+        """Room for ``new`` more columns, written as real positions of every row by the next forward."""
+        rows, columns = self.capacity
+        if self.start + self.length + new > columns:
+            self._regrow(rows, max(2 * columns, self.length + new + 64), 0)
+        window = self.store_mask[: self.rows, self.start + self.length : self.start + self.length + new]
+        window.fill_(True)
+
+    def _regrow(self, rows: int, columns: int, pad: int) -> None:
+        """Copy the rows in use into storage of ``rows`` × ``columns``, their columns moved ``pad`` to the right."""
+        keys, values = self.keys[:, :, :, : self.length], self.values[:, :, :, : self.length]
+        mask = self.store_mask[: self.rows, self.start : self.start + self.length]
+        count, length = self.rows, self.length
+        self._allocate(rows, columns)
+        self.rows, self.length = count, length + pad
+        self.store_keys[:, :count, :, pad : pad + length] = keys
+        self.store_values[:, :count, :, pad : pad + length] = values
+        self.store_mask[:count, pad : pad + length] = mask
+        self._views()
+
+    def add(self, alone: KVCache) -> None:
+        """Append a row: the single row of ``alone`` (a prefill), aligned to end with the batch's columns."""
+        size = alone.length
+        rows, columns = self.capacity
+        grow_rows = self.rows + 1 > rows
+        if size > self.length:  # a longer row: every row moves right, into the room at the left or new storage
+            pad = size - self.length
+            if self.start >= pad and not grow_rows:
+                self.start -= pad
+                self.length = size
+                self.store_mask[: self.rows, self.start : self.start + pad] = False
+            else:
+                self._regrow(max(rows, self.rows + 1) * (2 if grow_rows else 1), max(columns, size + 64), pad)
+        elif grow_rows:
+            self._regrow(2 * rows, columns, 0)
+        row, end = self.rows, self.start + self.length
+        self.store_keys[:, row, :, end - size : end] = alone.keys[:, 0, :, :size]
+        self.store_values[:, row, :, end - size : end] = alone.values[:, 0, :, :size]
+        self.store_mask[row, self.start : end] = False
+        self.store_mask[row, end - size : end] = True
+        self.rows += 1
+        self._views()
+
+    def remove(self, row: int) -> None:
+        """Drop ``row``; the last row takes its place (the caller moves its own per-row state alike)."""
+        last = self.rows - 1
+        if row != last:
+            self.store_keys[:, row] = self.store_keys[:, last]
+            self.store_values[:, row] = self.store_values[:, last]
+            self.store_mask[row] = self.store_mask[last]
+        self.rows = last
+        if self.rows == 0:
+            self.start, self.length = 0, 0
+        else:  # columns no remaining row uses any more leave the window
+            used = self.store_mask[: self.rows, self.start : self.start + self.length].any(dim=0)
+            first = int(used.int().argmax()) if bool(used.any()) else self.length
+            self.start += first
+            self.length -= first
+        self._views()
+
+    def take_prefix(self, alone: KVCache, count: int) -> None:
+        raise NotImplementedError("a ragged cache takes rows one at a time (add)")
+
+    def keep_rows(self, rows: Tensor) -> None:
+        raise NotImplementedError("a ragged cache drops rows one at a time (remove)")
+
+
 @dataclass(frozen=True)
 class StepInputs:
     """What every block of one forward shares: rotary angles, the attention mask, the cache."""
@@ -223,8 +336,8 @@ class Attention(nn.Module):
         q, k, v = qk[:, :heads], qk[:, heads:].to(x.dtype), qkv[:, heads + kv_heads :]
         if step.cache is not None:
             k, v = step.cache.append(layer, k, v)  # [B, kv, S, hd]
-        if length == 1 and view.mask is None:
-            out = _one_query(q, k.float(), v.float(), self.scale)
+        if length == 1:
+            out = _one_query(q, k.float(), v.float(), self.scale, view.mask)
         else:
             out = F.scaled_dot_product_attention(
                 q, k.float(), v.float(), attn_mask=view.mask, is_causal=view.causal, enable_gqa=True, scale=self.scale
@@ -233,18 +346,21 @@ class Attention(nn.Module):
         return linear(out, self.o_proj, lora.get("o_proj"))
 
 
-def _one_query(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> Tensor:
+def _one_query(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, mask: Tensor | None = None) -> Tensor:
     """Attention of one new token ([B, H, 1, hd] f32) over every cached key ([B, kv, S, hd] f32): a decode step.
 
     Three small ops instead of ``scaled_dot_product_attention``, whose CPU kernel spends about half
     a millisecond per call on a single query (measured on SmolLM2: 15 ms of a 45 ms token over 30
-    layers). Each group of query heads reads its key-value head without copying it.
+    layers). Each group of query heads reads its key-value head without copying it. ``mask`` [B, 1, 1, S]
+    (True: may see) leaves out padding keys and keys beyond a sliding window.
     """
     batch, heads, _, hd = q.shape
     kv = k.shape[1]
     grouped = q.view(batch, kv, heads // kv, hd)  # [B, kv, group, hd]
     scale = 1.0 / math.sqrt(hd) if scale is None else scale
     scores = torch.matmul(grouped, k.transpose(-1, -2)) * scale  # [B, kv, group, S]
+    if mask is not None:
+        scores = scores.masked_fill(~mask.expand(batch, 1, 1, -1), float("-inf"))
     out = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, kv, group, hd]
     return out.view(batch, heads, 1, hd)
 

@@ -1,0 +1,548 @@
+"""Continuous batching: many requests decoded as one batch, each row with its own edits, sampler and stops.
+
+A :class:`Batcher` owns one loaded decoder and a thread. A request becomes a :class:`ServedRow` and is
+:meth:`~Batcher.submit`-ted; at the next step the thread prefills it alone (exactly as a request served
+alone is prefilled, with its own prompt edits, after reading the prompt once unedited where a condition
+needs it), writes its keys and values into the batch's :class:`~ster.engine.model.decoder.RaggedCache`,
+and from then on it steps with the others, one token each per forward. Each row carries:
+
+* its interventions, stacked per slot (a row's k-th intervention is in slot k) as
+  :class:`~ster.engine.steering.apply.RowEdits`, restacked when a row joins or leaves, and gated per row
+  and step where an intervention covers only a window of generated tokens;
+* its sampler (seeded per row), its token budget, its EOS ids and its stop strings (:class:`RowText`);
+* whether it is still wanted: a cancelled row (its client went away) leaves at the next step.
+
+A finished row leaves the batch (its cache row is replaced by the last one's), so a long request never
+holds the others back, and a short one never waits for it. Greedy rows give the text they give alone (the
+same prefill, and the same step arithmetic up to a batched matmul's last-bit rounding; tested).
+
+The model is shared with the server's job queue through a :class:`Turn`: the batcher decodes only while
+it holds the turn, and stops admitting rows (finishing the ones it has) when a job waits for the model.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import torch
+from torch import Tensor
+
+from ster.engine.model.decoder import RaggedCache, SterDecoder
+from ster.engine.model.decoding import choose
+from ster.engine.model.hooks import edited, record_blocks
+from ster.engine.model.sampling import Sampling
+from ster.engine.steering.apply import RowEdits
+from ster.engine.steering.intervention import Plan
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class RowCondition:
+    """A resolved condition: the unit direction at ``layer`` and the rule (see :class:`~.spec.Condition`)."""
+
+    layer: int
+    direction: tuple[float, ...]
+    measure: Literal["projection", "cosine"]
+    aggregate: Literal["mean", "last"]
+    passes: Callable[[float], bool]
+
+
+@dataclass(frozen=True)
+class RowIntervention:
+    """One intervention of a row, resolved against the model: its plan and where it applies."""
+
+    plan: Plan
+    prompt: bool
+    """Whether it edits the prompt's positions."""
+    positions: tuple[int, ...] | None
+    """Only these prompt positions (negative from the end); None: all of them."""
+    generation: bool
+    first_k: int | None
+    after_k: int | None
+    condition: RowCondition | None = None
+
+    def live_at(self, index: int) -> bool:
+        """Whether it edits the forward that reads generated token ``index`` back in."""
+        if not self.generation:
+            return False
+        return (self.first_k is None or index < self.first_k) and (self.after_k is None or index >= self.after_k)
+
+    @property
+    def windowed(self) -> bool:
+        return not self.generation or self.first_k is not None or self.after_k is not None
+
+
+@dataclass
+class TokenEvent:
+    text: str
+    token: int
+    logprob: float | None = None
+    top: list[tuple[int, float]] | None = None
+
+
+@dataclass
+class EndEvent:
+    reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    message: str | None = None
+    conditions: list[bool | None] = field(default_factory=list)
+    """Per intervention, whether its condition passed (None: it has none)."""
+    measures: list[float | None] = field(default_factory=list)
+
+
+@dataclass
+class WaitEvent:
+    """The row waits for the model: a job holds it, or is ahead in the queue."""
+
+    message: str
+
+
+RowEvent = TokenEvent | EndEvent | WaitEvent
+
+
+class RowText:
+    """A row's text as it is generated: incremental detokenisation, and stop strings held back until they are
+    told apart from ordinary text (a stop string is never sent, nor anything after it)."""
+
+    def __init__(self, codec: Any, stops: list[str]) -> None:
+        self.codec, self.stops = codec, [stop for stop in stops if stop]
+        self.stream = codec.stream()
+        self.pending = ""
+
+    def feed(self, token: int) -> tuple[str, bool]:
+        """The text this token lets out, and whether a stop string ended the row."""
+        delta = self.stream.step(self.codec.tokenizer, token) or ""
+        if not self.stops:
+            return delta, False
+        self.pending += delta
+        found = [(self.pending.find(stop), stop) for stop in self.stops if stop in self.pending]
+        if found:
+            at = min(found)[0]
+            return self.pending[:at], True
+        hold = max((k for stop in self.stops for k in range(1, len(stop)) if self.pending.endswith(stop[:k])), default=0)
+        out = self.pending[: len(self.pending) - hold]
+        self.pending = self.pending[len(out) :]
+        return out, False
+
+    def rest(self) -> str:
+        """What is held back when the row ends otherwise (EOS, the budget): it was no stop string."""
+        out, self.pending = self.pending, ""
+        return out
+
+
+@dataclass(eq=False)
+class ServedRow:
+    """One row of a served batch: a prompt, how to decode it, and where its events go."""
+
+    prompt_ids: list[int]
+    sampling: Sampling
+    max_new_tokens: int
+    eos_ids: frozenset[int]
+    text: RowText
+    sink: Callable[[RowEvent], None]
+    interventions: list[RowIntervention] = field(default_factory=list)
+    logprobs: int | None = None
+    """None: no log-probabilities; k: the chosen token's and the k most likely (0: the chosen's only)."""
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    # set while the row runs
+    generator: torch.Generator | None = None
+    generated: int = 0
+    last: int = -1
+    """The token chosen last, which the next forward reads back in."""
+    active: list[RowIntervention] = field(default_factory=list)
+    conditions: list[bool | None] = field(default_factory=list)
+    measures: list[float | None] = field(default_factory=list)
+
+
+class Turn(Protocol):
+    """The model's turn, shared with the server's job queue (see :class:`ster.serve.app.Jobs`)."""
+
+    def acquire(self, stop: threading.Event, waiting: Callable[[str], None]) -> bool:
+        """Block until the batcher may use the model (True), or ``stop`` is set (False); ``waiting(sentence)``
+        is told, once, when it has to wait."""
+
+    def release(self) -> None: ...
+
+    def wanted(self) -> bool:
+        """Whether a job waits for the model: admit no more rows, finish the ones running, and let it go."""
+
+
+class FreeTurn:
+    """A turn nobody else wants: a batcher alone with its model (the Python API, the tests)."""
+
+    def acquire(self, stop: threading.Event, waiting: Callable[[str], None]) -> bool:
+        return not stop.is_set()
+
+    def release(self) -> None:
+        return None
+
+    def wanted(self) -> bool:
+        return False
+
+
+class Batcher:
+    """A decoder's continuous batch and the thread that steps it."""
+
+    def __init__(self, model: SterDecoder, turn: Turn | None = None, *, max_rows: int = 32) -> None:
+        self.model, self.turn, self.max_rows = model, turn or FreeTurn(), max_rows
+        self.device = model.lm_head.weight.device
+        self.pending: deque[ServedRow] = deque()
+        self.rows: list[ServedRow] = []
+        self.logits: Tensor | None = None
+        """[rows, V] the logits each running row samples its next token from."""
+        self.cache: RaggedCache | None = None
+        self.edits: list[RowEdits | None] = []
+        self.changed = True
+        self.wake = threading.Condition()
+        self.stopping = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.steps = 0
+        self.peak_rows = 0
+
+    # ---- the public side, any thread ----
+
+    def submit(self, row: ServedRow) -> None:
+        with self.wake:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._loop, name="ster batcher", daemon=True)
+                self.thread.start()
+            self.pending.append(row)
+            self.wake.notify()
+
+    def close(self) -> None:
+        self.stopping.set()
+        with self.wake:
+            self.wake.notify()
+
+    @property
+    def running(self) -> int:
+        return len(self.rows)
+
+    @property
+    def waiting(self) -> int:
+        return len(self.pending)
+
+    # ---- the thread ----
+
+    def _loop(self) -> None:
+        holding = False
+        while not self.stopping.is_set():
+            with self.wake:
+                while not self.pending and not self.rows and not self.stopping.is_set():
+                    if holding:
+                        self.turn.release()
+                        holding = False
+                    self.wake.wait()
+            if self.stopping.is_set():
+                break
+            if not holding:
+                holding = self.turn.acquire(self.stopping, self._tell_waiting)
+                if not holding:
+                    break
+            try:
+                with torch.inference_mode():  # the cache is made and grown here: every tensor an inference one
+                    self._step()
+            except Exception as exc:  # a bug must not leave clients waiting: every row ends with the error
+                self._fail_all(exc)
+            if not self.rows and self.turn.wanted():
+                self.turn.release()
+                holding = False
+        self._fail_all(None)
+        if holding:
+            self.turn.release()
+
+    def _tell_waiting(self, sentence: str) -> None:
+        with self.wake:
+            pending = list(self.pending)
+        for row in pending:
+            row.sink(WaitEvent(sentence))
+
+    def _step(self) -> None:
+        self._admit()
+        if not self.rows:
+            return
+        self._choose()
+        if not self.rows:
+            return
+        self._forward()
+
+    def _admit(self) -> None:
+        while len(self.rows) < self.max_rows and not self.turn.wanted():
+            with self.wake:
+                if not self.pending:
+                    return
+                row = self.pending.popleft()
+            if row.cancelled.is_set():
+                row.sink(EndEvent("cancelled", len(row.prompt_ids), 0))
+                continue
+            try:
+                logits = self._prefill(row)
+            except Exception as exc:
+                row.sink(EndEvent("error", len(row.prompt_ids), 0, message=_sentence(exc)))
+                continue
+            self.rows.append(row)
+            self.logits = logits if self.logits is None else torch.cat((self.logits, logits))
+            self.changed = True
+            self.peak_rows = max(self.peak_rows, len(self.rows))
+
+    def _prefill(self, row: ServedRow) -> Tensor:
+        """The row's prompt alone: its conditions read unedited, then the prompt run with its prompt edits; its
+        keys and values join the batch's cache. Returns its [1, V] logits."""
+        model, ids = self.model, torch.tensor([row.prompt_ids], device=self.device)
+        row.generator = row.sampling.generator(self.device)
+        row.conditions, row.measures = self._decide(row, ids)
+        row.active = [each for each, passed in zip(row.interventions, row.conditions, strict=True) if passed is not False]
+        alone = model.new_cache(1, len(row.prompt_ids))
+        with _prompt_edits(model, row.active, len(row.prompt_ids)):
+            logits = model(ids, cache=alone).require_logits()
+        if self.cache is None:
+            weight = model.lm_head.weight
+            self.cache = RaggedCache(model.config, weight.dtype, weight.device)
+        self.cache.add(alone)
+        return logits
+
+    def _decide(self, row: ServedRow, ids: Tensor) -> tuple[list[bool | None], list[float | None]]:
+        conditions = [each.condition for each in row.interventions]
+        layers = sorted({c.layer for c in conditions if c is not None})
+        if not layers:
+            return [None] * len(conditions), [None] * len(conditions)
+        with record_blocks(self.model, layers) as seen:
+            self.model(ids, depth=layers[-1] + 1, vocab="none")
+        passed: list[bool | None] = []
+        measures: list[float | None] = []
+        for condition in conditions:
+            if condition is None:
+                passed.append(None)
+                measures.append(None)
+                continue
+            states = seen[condition.layer][0].double()  # [T, D]
+            state = states.mean(0) if condition.aggregate == "mean" else states[-1]
+            direction = torch.tensor(condition.direction, dtype=torch.float64, device=state.device)
+            value = float(state @ direction)
+            if condition.measure == "cosine":
+                value /= max(float(state.norm()) * float(direction.norm()), 1e-30)
+            passed.append(bool(condition.passes(value)))
+            measures.append(value)
+        return passed, measures
+
+    def _choose(self) -> None:
+        """Each running row's next token from its logits: sent, and the row ended where it stops."""
+        assert self.logits is not None
+        leaving: list[int] = []
+        for position, row in enumerate(self.rows):
+            if row.cancelled.is_set():
+                self._end(row, "cancelled")
+                leaving.append(position)
+                continue
+            logits = self.logits[position]
+            token = choose(logits, row.sampling, row.generator)
+            if token in row.eos_ids:
+                self._end(row, "stop")
+                leaving.append(position)
+                continue
+            row.generated += 1
+            row.last = token
+            text, stopped = row.text.feed(token)
+            logprob, top = _logprobs(logits, token, row.logprobs)
+            row.sink(TokenEvent(text, token, logprob, top))
+            if stopped:
+                self._end(row, "stop")
+                leaving.append(position)
+            elif row.generated == row.max_new_tokens:
+                self._end(row, "length")
+                leaving.append(position)
+        for position in sorted(leaving, reverse=True):
+            self._remove(position)
+
+    def _end(self, row: ServedRow, reason: FinishReason, message: str | None = None) -> None:
+        rest = row.text.rest() if reason != "stop" or not row.text.stops else ""
+        if rest:
+            row.sink(TokenEvent(rest, -1))
+        row.sink(EndEvent(reason, len(row.prompt_ids), row.generated, message, row.conditions, row.measures))
+
+    def _remove(self, position: int) -> None:
+        assert self.cache is not None and self.logits is not None
+        self.cache.remove(position)
+        last = len(self.rows) - 1
+        if position != last:
+            self.rows[position] = self.rows[last]
+            self.logits[position] = self.logits[last]
+        self.rows.pop()
+        self.logits = self.logits[: len(self.rows)]
+        self.changed = True
+        if not self.rows:
+            self.logits = None
+
+    def _forward(self) -> None:
+        """One token for every running row: the tokens just chosen, read back in under each row's edits."""
+        assert self.cache is not None
+        tokens = torch.tensor([[row.last] for row in self.rows], device=self.device)
+        if self.changed:
+            self.edits = _stacked(self.model, self.rows)
+            self.changed = False
+        gates = _gates(self.rows, self.device)
+        self.cache.reserve(1)
+        mask = self.cache.key_mask(1)
+        with _batch_edits(self.model, self.edits, gates):
+            self.logits = self.model(tokens, cache=self.cache, key_mask=mask).require_logits()
+        self.steps += 1
+
+    def _fail_all(self, exc: Exception | None) -> None:
+        """End every running row: with the error that broke a step (rows still waiting are tried next), or, when
+        the batcher stops (``exc`` None), every row, waiting ones too, as cancelled."""
+        if exc is not None and _debugging():
+            traceback.print_exc()
+        message = "the server is stopping" if exc is None else _sentence(exc)
+        ended = list(self.rows)
+        if exc is None:
+            with self.wake:
+                ended += list(self.pending)
+                self.pending.clear()
+        for row in ended:
+            row.sink(EndEvent("error" if exc else "cancelled", len(row.prompt_ids), row.generated, message))
+        self.rows, self.logits, self.cache, self.edits, self.changed = [], None, None, [], True
+
+
+def _debugging() -> bool:
+    import os
+
+    return bool(os.environ.get("STER_DEBUG"))
+
+
+def _sentence(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"decoding failed: {type(exc).__name__}: {text}"
+
+
+def _logprobs(logits: Tensor, token: int, top: int | None) -> tuple[float | None, list[tuple[int, float]] | None]:
+    if top is None:
+        return None, None
+    logs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = float(logs[token])
+    if not top:
+        return chosen, []
+    values, ids = logs.topk(top)
+    return chosen, list(zip(ids.tolist(), values.tolist(), strict=True))
+
+
+def _stacked(model: SterDecoder, rows: list[ServedRow]) -> list[RowEdits | None]:
+    """Per intervention slot, the running rows' plans stacked (a row without a k-th intervention: empty)."""
+    slots = max((len(row.active) for row in rows), default=0)
+    stacked = []
+    for k in range(slots):
+        plans: list[Plan] = [row.active[k].plan if k < len(row.active) else {} for row in rows]
+        stacked.append(RowEdits.of(model, plans))
+    return stacked
+
+
+def _gates(rows: list[ServedRow], device: torch.device) -> list[Tensor | None]:
+    """Per slot, [rows] 1/0 whether each row's intervention edits this step (None: every row's does)."""
+    slots = max((len(row.active) for row in rows), default=0)
+    gates: list[Tensor | None] = []
+    for k in range(slots):
+        live = [
+            1.0 if k >= len(row.active) or row.active[k].live_at(row.generated - 1) else 0.0 for row in rows
+        ]
+        windowed = any(k < len(row.active) and row.active[k].windowed for row in rows)
+        gates.append(torch.tensor(live, device=device) if windowed and min(live) == 0.0 else None)
+    return gates
+
+
+def _gated(edit: Callable[[Tensor], Tensor], hidden: Tensor, gate: Tensor | None) -> Tensor:
+    """``edit(hidden)`` for rows whose gate is 1, ``hidden`` as it was for the others."""
+    if gate is None:
+        return edit(hidden)
+    return torch.where(gate.bool()[:, None, None], edit(hidden), hidden)
+
+
+@contextmanager
+def _batch_edits(model: SterDecoder, slots: list[RowEdits | None], gates: list[Tensor | None]) -> Iterator[None]:
+    """Every slot's edits at their sites, slot by slot in order, each row gated by its slot's gate."""
+    live = [(edits, gate) for edits, gate in zip(slots, gates, strict=True) if edits is not None]
+    if not live:
+        yield
+        return
+    sites = sorted({site for edits, _ in live for site in edits.full})
+    written = sorted({site for edits, _ in live for site in edits.full_writes})
+
+    def at_site(site: int, hidden: Tensor) -> Tensor:
+        for edits, gate in live:
+            if site in edits.current:
+                hidden = _gated(edits.current[site].apply, hidden, gate)
+        return hidden
+
+    def at_write(site: int, which: int, write: Tensor) -> Tensor:
+        for edits, gate in live:
+            if site in edits.current_writes:
+                rows = edits.current_writes[site]
+                write = _gated(lambda w, rows=rows: rows.apply(which, w), write, gate)  # type: ignore[misc]
+        return write
+
+    with edited(model, sites, at_site), model.edited_writes(written, at_write):
+        yield
+
+
+@contextmanager
+def _prompt_edits(model: SterDecoder, interventions: list[RowIntervention], length: int) -> Iterator[None]:
+    """A row's prompt edits for its prefill alone: each intervention that edits the prompt, at its positions."""
+    with ExitStack() as stack:
+        on_prompt = [each for each in interventions if each.prompt]
+        slots: list[RowEdits | None] = [RowEdits.of(model, [each.plan]) for each in on_prompt]
+        masks: list[Tensor | None] = []
+        for each in on_prompt:
+            if each.positions is None:
+                masks.append(None)
+                continue
+            chosen = torch.zeros(length, dtype=torch.bool, device=model.lm_head.weight.device)
+            for position in each.positions:
+                if -length <= position < length:
+                    chosen[position] = True
+            masks.append(chosen)
+        live = [(edits, mask) for edits, mask in zip(slots, masks, strict=True) if edits is not None]
+        if live:
+            stack.enter_context(_positioned(model, live))
+        yield
+
+
+@contextmanager
+def _positioned(model: SterDecoder, live: list[tuple[RowEdits, Tensor | None]]) -> Iterator[None]:
+    sites = sorted({site for edits, _ in live for site in edits.full})
+    written = sorted({site for edits, _ in live for site in edits.full_writes})
+
+    def only(mask: Tensor | None, edit: Callable[[Tensor], Tensor], hidden: Tensor) -> Tensor:
+        return edit(hidden) if mask is None else torch.where(mask[None, :, None], edit(hidden), hidden)
+
+    def at_site(site: int, hidden: Tensor) -> Tensor:
+        for edits, mask in live:
+            if site in edits.current:
+                hidden = only(mask, edits.current[site].apply, hidden)
+        return hidden
+
+    def at_write(site: int, which: int, write: Tensor) -> Tensor:
+        for edits, mask in live:
+            if site in edits.current_writes:
+                rows = edits.current_writes[site]
+                write = only(mask, lambda w, rows=rows: rows.apply(which, w), write)  # type: ignore[misc]
+        return write
+
+    with edited(model, sites, at_site), model.edited_writes(written, at_write):
+        yield
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` seconds pass (for tests and shutdown)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
