@@ -143,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":  # outside the Foreground: the server stops itself on SIGINT and SIGTERM
         from ster.serve.server import serve as run_server
 
-        return run_server(args.host, args.port, args.token_file, args.root)
+        return run_server(args.host, args.port, args.token_file, args.root, args.model or [])
     return _run_tui(args)
 
 

@@ -823,7 +823,9 @@ def _add_serve(commands: Any) -> None:
         description="Serve every job at POST /v1/<operation> (train, tune/sft, pairs/inspect, ...), its body the "
         'command\'s flags in camelCase, streamed as NDJSON. Prints {"port":N,"ready":true} once it '
         "accepts connections. Loopback only unless --host says otherwise; a host that is not loopback "
-        "requires a bearer token and --root. The API is described at /docs.",
+        "requires a bearer token and --root. It also speaks OpenAI's API (POST /v1/chat/completions, "
+        "/v1/completions, GET /v1/models) with a steering field per request, every request's rows decoded as "
+        "one continuous batch. The API is described at /docs.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", default="0", metavar="N", help="the port, 0 to 65535; 0 takes a free one (default 0)")
@@ -837,6 +839,13 @@ def _add_serve(commands: Any) -> None:
         "--root",
         metavar="DIR",
         help="confine every path a request names to DIR, and take relative paths from it; required off loopback",
+    )
+    parser.add_argument(
+        "--model",
+        action="append",
+        metavar="M",
+        help="load model M (a checkpoint directory, a Hub id or a ster: name) at start for the OpenAI endpoints; "
+        "repeat for more. A request may also name any other bundled model or a path under --root",
     )
 
 

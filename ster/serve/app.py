@@ -56,13 +56,27 @@ class Live:
     ended: bool = False
 
 
+@dataclass(eq=False)
+class BatchTurn:
+    """A continuous batch's claim on the models (:mod:`ster.engine.serving.batcher`): granted beside other
+    batches, never beside a job, and after every job that asked before it."""
+
+    granted: threading.Event = field(default_factory=threading.Event)
+    changed: threading.Event = field(default_factory=threading.Event)
+
+
 class Jobs:
-    """The model's queue and the jobs in flight. Touched only from the event loop."""
+    """The model's queue and the jobs in flight. Touched only from the event loop (but ``jobs_waiting``, which
+    a batcher's thread reads)."""
 
     def __init__(self) -> None:
         self.holder: Live | None = None
         """The job that has the model now (running, or ending after a cancel)."""
-        self.waiting: deque[Live] = deque()
+        self.batches: set[BatchTurn] = set()
+        """Continuous batches decoding now (any number, side by side; never beside a job)."""
+        self.waiting: deque[Live | BatchTurn] = deque()
+        self.jobs_waiting = 0
+        """How many jobs (not batches) wait: a batch admits no new rows while one does."""
         self.live: dict[str, Live] = {}
         self.counts = {"accepted": 0, "finished": 0, "cancelled": 0, "failed": 0}
 
@@ -73,34 +87,67 @@ class Jobs:
         self.counts["accepted"] += 1
         if not needs_model:
             live.granted = True
-        elif self.holder is None and not self.waiting:
+        elif self.holder is None and not self.batches and not self.waiting:
             live.granted, self.holder = True, live
         else:
             self.waiting.append(live)
+            self.jobs_waiting += 1
         return live
 
+    def ask(self, turn: BatchTurn) -> None:
+        """A batch wants the models: granted at once unless a job holds them or waits."""
+        if self.holder is None and self.jobs_waiting == 0:
+            self.batches.add(turn)
+            turn.granted.set()
+        else:
+            self.waiting.append(turn)
+
+    def give_up(self, turn: BatchTurn) -> None:
+        """A batch no longer wants the models (it was granted them, or is still waiting)."""
+        if turn in self.waiting:
+            self.waiting.remove(turn)
+        self.batches.discard(turn)
+        self._next()
+
     def ahead(self, live: Live) -> int:
-        """Jobs before this one: the one holding the model and those queued earlier."""
-        return (1 if self.holder is not None else 0) + self.waiting.index(live)
+        """Jobs before this one: the one holding the model (or the batches decoding) and those queued earlier."""
+        return (1 if self.holder is not None or self.batches else 0) + self.waiting.index(live)
 
     def release(self, live: Live) -> None:
         """A worker ended: hand the model to the next job still waiting, and tell the rest their place."""
         live.ended = True
         if self.holder is live:
             self.holder = None
-            if self.waiting:
-                self.holder = self.waiting.popleft()
-                self.holder.granted = True
-            for each in itertools.chain([self.holder] if self.holder else [], self.waiting):
-                each.changed.set()
+            self._next()
+
+    def _next(self) -> None:
+        """Hand the models on while nobody holds them: to the next job, or to every batch at the queue's head."""
+        if self.holder is not None or self.batches or not self.waiting:
+            return
+        head = self.waiting[0]
+        if isinstance(head, Live):
+            self.waiting.popleft()
+            self.jobs_waiting -= 1
+            self.holder = head
+            head.granted = True
+        else:
+            while self.waiting and isinstance(self.waiting[0], BatchTurn):
+                turn = self.waiting.popleft()
+                assert isinstance(turn, BatchTurn)
+                self.batches.add(turn)
+                turn.granted.set()
+        for each in itertools.chain([self.holder] if self.holder else [], self.waiting):
+            each.changed.set()
 
     def abandon(self, live: Live) -> None:
         """The client went away or asked to cancel: stop the job, or take it out of the queue."""
         live.cancel.set()
         if live in self.waiting:
             self.waiting.remove(live)
+            self.jobs_waiting -= 1
             for each in self.waiting:
                 each.changed.set()
+            self._next()
         live.changed.set()
 
     def forget(self, live: Live, final: Event | None) -> None:
@@ -277,8 +324,12 @@ class TokenGate:
         if scope["type"] == "http" and self.token is not None and scope["path"] != "/v1/health":
             header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
             if not token_matches(header, self.token):
+                from ster.serve.openai import OPENAI_PATHS, OpenAIError
+
+                openai = scope["path"].startswith(OPENAI_PATHS)
+                body = OpenAIError(UNAUTHORIZED, status=401, code="invalid_api_key").body() if openai else None
                 response = JSONResponse(
-                    {"error": UNAUTHORIZED}, status_code=401, headers={"www-authenticate": "Bearer"}
+                    body or {"error": UNAUTHORIZED}, status_code=401, headers={"www-authenticate": "Bearer"}
                 )
                 await response(scope, receive, send)
                 return
@@ -291,7 +342,10 @@ def create_app(token: str | None = None, root: Root | None = None, models: Any =
         from ster.engine.model.loading import ModelStore
 
         models = ModelStore()
+    from ster.serve.openai import Served, add_routes
+
     jobs = Jobs()
+    served = Served(models, jobs, root)
     app = FastAPI(
         title="Ster",
         summary="Activation steering and LoRA post-training jobs, streamed as NDJSON",
@@ -300,6 +354,7 @@ def create_app(token: str | None = None, root: Root | None = None, models: Any =
         openapi_url="/openapi.json",
     )
     app.state.jobs = jobs
+    app.state.served = served
 
     @app.exception_handler(HTTPException)
     async def unknown(request: Request, exc: HTTPException) -> JSONResponse:
@@ -311,7 +366,17 @@ def create_app(token: str | None = None, root: Root | None = None, models: Any =
     async def health() -> dict[str, Any]:
         """Whether the server answers; never waits for a job."""
         running = 1 if jobs.holder is not None else 0
-        return {"status": "ok", "running": running, "queued": len(jobs.waiting), "jobs": dict(jobs.counts)}
+        batch = {
+            name: {"rows": each.batcher.running, "waiting": each.batcher.waiting, "steps": each.batcher.steps}
+            for name, each in sorted(served.models.items())
+        }
+        return {
+            "status": "ok",
+            "running": running,
+            "queued": jobs.jobs_waiting,
+            "jobs": dict(jobs.counts),
+            "batches": batch,
+        }
 
     @app.get("/v1/workspace")
     async def workspace() -> JSONResponse:
@@ -333,6 +398,7 @@ def create_app(token: str | None = None, root: Root | None = None, models: Any =
         jobs.abandon(live)
         return JSONResponse({"cancelled": job_id})
 
+    add_routes(app, served)
     for operation, job in wire.OPERATIONS.items():
         app.add_api_route(
             f"/v1/{operation}",

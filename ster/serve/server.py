@@ -44,7 +44,9 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(host: str, port_text: str | int, token_file: str | None, root_dir: str | None) -> int:
+def serve(
+    host: str, port_text: str | int, token_file: str | None, root_dir: str | None, models: list[str] | None = None
+) -> int:
     """Run the server; returns the exit status."""
     port = _port(str(port_text))
     if port is None:
@@ -73,17 +75,25 @@ def serve(host: str, port_text: str | int, token_file: str | None, root_dir: str
         return _refuse(f"failed to bind the serve port: {getattr(exc, 'strerror', None) or exc}")
     if root is not None:
         os.chdir(root.path)  # relative paths in requests are taken from the root
-    return _run(sock, token, root)
+    from ster.serve.app import create_app
+    from ster.serve.openai import OpenAIError
+
+    app = create_app(token=token, root=root)
+    for name in models or []:
+        try:
+            app.state.served.load(name)
+        except OpenAIError as exc:
+            sock.close()
+            return _refuse(f"--model {name}: {exc.message}")
+    return _run(sock, app)
 
 
-def _run(sock: socket.socket, token: str | None, root: Root | None) -> int:
+def _run(sock: socket.socket, app: Any) -> int:
     import uvicorn
 
     from ster.serve import limits
-    from ster.serve.app import create_app
 
-    app = create_app(token=token, root=root)
-    jobs = app.state.jobs
+    jobs, served = app.state.jobs, app.state.served
     config = uvicorn.Config(
         app,
         log_level="warning",
@@ -108,6 +118,7 @@ def _run(sock: socket.socket, token: str | None, root: Root | None) -> int:
 
         async def shutdown(self, sockets: Any = None) -> None:
             jobs.cancel_all()
+            served.close()
             await super().shutdown(sockets=sockets)
 
     Server(config).run(sockets=[sock])

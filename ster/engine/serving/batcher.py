@@ -34,6 +34,7 @@ from typing import Any, Literal, Protocol
 import torch
 from torch import Tensor
 
+from ster.engine.model.contract import Decoder
 from ster.engine.model.decoder import RaggedCache, SterDecoder
 from ster.engine.model.decoding import choose
 from ster.engine.model.hooks import edited, record_blocks
@@ -192,14 +193,19 @@ class FreeTurn:
 class Batcher:
     """A decoder's continuous batch and the thread that steps it."""
 
-    def __init__(self, model: SterDecoder, turn: Turn | None = None, *, max_rows: int = 32) -> None:
+    def __init__(self, model: Decoder, turn: Turn | None = None, *, max_rows: int = 32) -> None:
         self.model, self.turn, self.max_rows = model, turn or FreeTurn(), max_rows
         self.device = model.lm_head.weight.device
+        self.ragged = isinstance(model, SterDecoder)
+        """Ster's own decoder batches rows on a ragged cache; transformers' model decodes one row at a time."""
+        if not self.ragged:
+            self.max_rows = 1
         self.pending: deque[ServedRow] = deque()
         self.rows: list[ServedRow] = []
         self.logits: Tensor | None = None
         """[rows, V] the logits each running row samples its next token from."""
-        self.cache: RaggedCache | None = None
+        self.cache: Any = None
+        """A :class:`RaggedCache`, or the one row's own cache where rows are not batched."""
         self.edits: list[RowEdits | None] = []
         self.changed = True
         self.wake = threading.Condition()
@@ -301,13 +307,17 @@ class Batcher:
         row.generator = row.sampling.generator(self.device)
         row.conditions, row.measures = self._decide(row, ids)
         row.active = [each for each, passed in zip(row.interventions, row.conditions, strict=True) if passed is not False]
-        alone = model.new_cache(1, len(row.prompt_ids))
+        room = 0 if self.ragged else row.max_new_tokens
+        alone = model.new_cache(1, len(row.prompt_ids) + room)
         with _prompt_edits(model, row.active, len(row.prompt_ids)):
             logits = model(ids, cache=alone).require_logits()
-        if self.cache is None:
-            weight = model.lm_head.weight
-            self.cache = RaggedCache(model.config, weight.dtype, weight.device)
-        self.cache.add(alone)
+        if not self.ragged:
+            self.cache = alone
+        else:
+            if self.cache is None:
+                weight = model.lm_head.weight
+                self.cache = RaggedCache(model.config, weight.dtype, weight.device)
+            self.cache.add(alone)
         return logits
 
     def _decide(self, row: ServedRow, ids: Tensor) -> tuple[list[bool | None], list[float | None]]:
@@ -371,7 +381,10 @@ class Batcher:
 
     def _remove(self, position: int) -> None:
         assert self.cache is not None and self.logits is not None
-        self.cache.remove(position)
+        if self.ragged:
+            self.cache.remove(position)
+        else:
+            self.cache = None
         last = len(self.rows) - 1
         if position != last:
             self.rows[position] = self.rows[last]
@@ -390,8 +403,10 @@ class Batcher:
             self.edits = _stacked(self.model, self.rows)
             self.changed = False
         gates = _gates(self.rows, self.device)
-        self.cache.reserve(1)
-        mask = self.cache.key_mask(1)
+        mask = None
+        if self.ragged:
+            self.cache.reserve(1)
+            mask = self.cache.key_mask(1)
         with _batch_edits(self.model, self.edits, gates):
             self.logits = self.model(tokens, cache=self.cache, key_mask=mask).require_logits()
         self.steps += 1
@@ -434,7 +449,7 @@ def _logprobs(logits: Tensor, token: int, top: int | None) -> tuple[float | None
     return chosen, list(zip(ids.tolist(), values.tolist(), strict=True))
 
 
-def _stacked(model: SterDecoder, rows: list[ServedRow]) -> list[RowEdits | None]:
+def _stacked(model: Decoder, rows: list[ServedRow]) -> list[RowEdits | None]:
     """Per intervention slot, the running rows' plans stacked (a row without a k-th intervention: empty)."""
     slots = max((len(row.active) for row in rows), default=0)
     stacked = []
@@ -465,7 +480,7 @@ def _gated(edit: Callable[[Tensor], Tensor], hidden: Tensor, gate: Tensor | None
 
 
 @contextmanager
-def _batch_edits(model: SterDecoder, slots: list[RowEdits | None], gates: list[Tensor | None]) -> Iterator[None]:
+def _batch_edits(model: Decoder, slots: list[RowEdits | None], gates: list[Tensor | None]) -> Iterator[None]:
     """Every slot's edits at their sites, slot by slot in order, each row gated by its slot's gate."""
     live = [(edits, gate) for edits, gate in zip(slots, gates, strict=True) if edits is not None]
     if not live:
@@ -492,7 +507,7 @@ def _batch_edits(model: SterDecoder, slots: list[RowEdits | None], gates: list[T
 
 
 @contextmanager
-def _prompt_edits(model: SterDecoder, interventions: list[RowIntervention], length: int) -> Iterator[None]:
+def _prompt_edits(model: Decoder, interventions: list[RowIntervention], length: int) -> Iterator[None]:
     """A row's prompt edits for its prefill alone: each intervention that edits the prompt, at its positions."""
     with ExitStack() as stack:
         on_prompt = [each for each in interventions if each.prompt]
@@ -514,7 +529,7 @@ def _prompt_edits(model: SterDecoder, interventions: list[RowIntervention], leng
 
 
 @contextmanager
-def _positioned(model: SterDecoder, live: list[tuple[RowEdits, Tensor | None]]) -> Iterator[None]:
+def _positioned(model: Decoder, live: list[tuple[RowEdits, Tensor | None]]) -> Iterator[None]:
     sites = sorted({site for edits, _ in live for site in edits.full})
     written = sorted({site for edits, _ in live for site in edits.full_writes})
 
