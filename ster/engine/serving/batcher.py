@@ -224,6 +224,17 @@ class Batcher:
             self.pending.append(row)
             self.wake.notify()
 
+    def step(self) -> None:
+        """One step on the caller's thread (rows join, tokens are chosen, one forward): for a caller that drives
+        the batch itself instead of :meth:`submit`'s thread, such as a test that decides when each row joins."""
+        with torch.inference_mode():
+            self._step()
+
+    def queue(self, row: ServedRow) -> None:
+        """Add a row to join at the next :meth:`step`, without starting the thread."""
+        with self.wake:
+            self.pending.append(row)
+
     def close(self) -> None:
         self.stopping.set()
         with self.wake:
