@@ -13,7 +13,8 @@ a job (training, say) waits for the rows decoding now, and rows that arrive whil
 it, told so in the stream as an SSE comment. ``POST``/``GET``/``DELETE /v1/steering`` keep a registry of
 named vectors and adapters.
 
-Fields OpenAI defines and Ster does not use are ignored when they cannot change the text (``user``,
+Two of vLLM's fields are honoured too: ``ignore_eos`` and ``min_tokens`` (a fixed number of tokens, as load
+tests want). Fields OpenAI defines and Ster does not use are ignored when they cannot change the text (``user``,
 ``metadata``, ``store``, ``parallel_tool_calls``…); one that would change it and that Ster cannot honour
 (tools, a response format, logit biases, penalties) is refused by name rather than silently dropped.
 """
@@ -39,7 +40,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from ster.engine.protocol.errors import Refusal, SterError
-from ster.engine.serving.resolve import Registered, Registry, Resolved, artifact_reader, resolve
+from ster.engine.serving.resolve import Registered, Registry, Resolved, SpecRefusal, artifact_reader, resolve
 from ster.engine.serving.spec import SteeringSpec, error_sentence, parse_spec
 from ster.serve import limits, wire
 from ster.serve.guard import Root
@@ -146,8 +147,9 @@ class Served:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
 
-    def load(self, name: str) -> ServedModel:
-        """The model ``name`` names, loaded once (blocking: call from a worker thread, or before serving)."""
+    def load(self, name: str, requested: bool = True) -> ServedModel:
+        """The model ``name`` names, loaded once (blocking: call from a worker thread, or before serving). A request
+        (``requested``) may name a loaded model, a bundled one or a checkpoint directory, never a Hub id to fetch."""
         with self._lock:
             known = self.models.get(self.aliases.get(name, name))
             if known is not None:
@@ -157,6 +159,14 @@ class Served:
                 self.root._model(name, "model")
             except wire.WireRefusal as exc:
                 raise OpenAIError(str(exc), "model", 404, "model_not_found") from None
+        elif requested and not name.startswith("ster:") and not Path(name).is_dir():
+            raise OpenAIError(
+                f"the model {name} is not served here: name one GET /v1/models lists, a bundled ster: model, or a "
+                "checkpoint directory (a Hub id is fetched only by --model at start)",
+                "model",
+                404,
+                "model_not_found",
+            )
         from ster.engine.protocol import confine
         from ster.engine.protocol.jobs import JobContext
         from ster.engine.steering.requests import GenerateRequest
@@ -300,6 +310,9 @@ def parse_request(body: Any, chat: bool) -> dict[str, Any]:
     else:
         logprobs = _whole(body, "logprobs", 0, 5, None)
     n = _whole(body, "n", 1, MAX_N, 1)
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise OpenAIError("ignore_eos must be true or false", "ignore_eos")
     best_of = body.get("best_of")
     if best_of is not None and best_of != n:
         raise OpenAIError("best_of other than n is not supported by this server; leave it out", "best_of")
@@ -333,6 +346,8 @@ def parse_request(body: Any, chat: bool) -> dict[str, Any]:
         "spec": spec,
         "adapter": adapter,
         "chat": chat,
+        "ignore_eos": ignore_eos,
+        "min_tokens": _whole(body, "min_tokens", 0, None, 0),
     }
 
 
@@ -455,8 +470,9 @@ class Completion:
                     prompt_ids=prompt,
                     sampling=sampling,
                     max_new_tokens=budget,
-                    eos_ids=codec.eos_ids,
+                    eos_ids=frozenset() if parsed["ignore_eos"] else codec.eos_ids,
                     text=RowText(codec, parsed["stops"]),
+                    min_tokens=min(parsed["min_tokens"], budget),
                     sink=sink,
                     interventions=[each.row for each in steering],
                     logprobs=parsed["logprobs"],
@@ -846,10 +862,10 @@ def _steering(served: Served, model: ServedModel, spec: SteeringSpec | None) -> 
 
     try:
         return resolve(spec, model.checkpoint, served.artifact_loader(), JobContext(lambda event: None))
+    except SpecRefusal as exc:
+        raise OpenAIError(str(exc), exc.param) from None
     except SterError as exc:
-        text = str(exc)
-        match = re.match(r"^(steering\[\d+\](?:\.[a-z_.]+)?)", text)
-        raise OpenAIError(text, match.group(1) if match else "steering") from None
+        raise OpenAIError(str(exc), "steering") from None
 
 
 def _entry(served: Served, body: Any) -> Registered:

@@ -81,7 +81,7 @@ def serve(
     app = create_app(token=token, root=root)
     for name in models or []:
         try:
-            app.state.served.load(name)
+            app.state.served.load(name, requested=False)
         except OpenAIError as exc:
             sock.close()
             return _refuse(f"--model {name}: {exc.message}")

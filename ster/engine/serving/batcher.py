@@ -151,6 +151,8 @@ class ServedRow:
     text: RowText
     sink: Callable[[RowEvent], None]
     interventions: list[RowIntervention] = field(default_factory=list)
+    min_tokens: int = 0
+    """EOS is not chosen before this many tokens (vLLM's ``min_tokens``)."""
     logprobs: int | None = None
     """None: no log-probabilities; k: the chosen token's and the k most likely (0: the chosen's only)."""
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -365,6 +367,8 @@ class Batcher:
                 leaving.append(position)
                 continue
             logits = self.logits[position]
+            if row.generated < row.min_tokens and row.eos_ids:
+                logits = logits.index_fill(0, torch.tensor(sorted(row.eos_ids), device=logits.device), float("-inf"))
             token = choose(logits, row.sampling, row.generator)
             if token in row.eos_ids:
                 self._end(row, "stop")

@@ -29,6 +29,14 @@ from ster.engine.steering.strength import Strength
 Kind = Literal["vector", "adapter"]
 
 
+class SpecRefusal(Refusal):
+    """A steering spec refused, with the field it names (``steering[0].scale``)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 @dataclass(frozen=True)
 class Registered:
     """A name registered while the server runs: a steering artifact (read once, kept) or an adapter's path."""
@@ -95,9 +103,14 @@ def artifact_reader(registry: Registry, read: Callable[[str], Path]) -> Callable
         entry = registry.get(name)
         if entry is not None:
             if entry.kind != "vector" or entry.artifact is None:
-                raise Refusal(f"{param} names {name}, which is registered as an adapter, not a steering vector")
+                raise SpecRefusal(f"{param} names {name}, which is registered as an adapter, not a steering vector", param)
             return entry.artifact
-        return load_artifact(read(name))
+        try:
+            return load_artifact(read(name))
+        except SpecRefusal:
+            raise
+        except Refusal as exc:
+            raise SpecRefusal(str(exc), param) from None
 
     return artifact
 
@@ -122,8 +135,10 @@ def resolve(
             fields = as_calibrated(InterventionFields.model_validate(given), found, ctx)
             strength = _strength(each, found, fields, f"{param}.scale")
             plan = row_plan(found, fields, strength, config.num_hidden_layers, ctx)
+        except SpecRefusal:
+            raise
         except Refusal as exc:
-            raise Refusal(f"{param}: {exc}") from None
+            raise SpecRefusal(f"{param}: {exc}", param) from None
         condition = None
         if each.condition is not None:
             rule = each.condition
@@ -161,16 +176,17 @@ def _fits_model(found: SteeringArtifact, checkpoint: Checkpoint, param: str, nam
             found, checkpoint.source.model, checkpoint.fingerprint, config.hidden_size, config.num_hidden_layers
         )
     except Refusal as exc:
-        raise Refusal(f"{param} {name}: {exc}") from None
+        raise SpecRefusal(f"{param} {name}: {exc}", param) from None
 
 
 def _strength(each: Intervention, found: SteeringArtifact, fields: InterventionFields, param: str) -> Strength:
     if each.scale == "calibrated":
         calibrated = calibrated_strength(found, 1)
         if calibrated is None:
-            raise Refusal(
+            raise SpecRefusal(
                 f'{param} is "calibrated", but {each.vector} holds no calibrated strength; run ster calibrate on it, '
-                "or give a number"
+                "or give a number",
+                param,
             )
         return calibrated
     if each.scale is not None:
@@ -187,8 +203,9 @@ def _condition(
     directions = found.by_layer()
     layer = min(directions) if condition.layer is None else condition.layer
     if layer not in directions:
-        raise Refusal(
+        raise SpecRefusal(
             f"{param}.layer {layer} names a layer {condition.vector} has no direction for "
-            f"(it has layers {', '.join(map(str, sorted(directions)))})"
+            f"(it has layers {', '.join(map(str, sorted(directions)))})",
+            f"{param}.layer",
         )
     return layer, directions[layer]
