@@ -326,8 +326,7 @@ def parse_request(body: Any, chat: bool) -> dict[str, Any]:
         raise OpenAIError("adapter must name a LoRA adapter: a path or a registered name", "adapter")
     if adapter is not None:
         raise OpenAIError(
-            "adapter is not served per request yet; merge it (ster tune merge) and serve the merged model with "
-            "--model",
+            "adapter is not served per request yet; merge it (ster tune merge) and serve the merged model with --model",
             "adapter",
             code="unsupported_field",
         )
@@ -717,7 +716,12 @@ class CompletionResponse(Response):
                 wanted = completion.parsed["logprobs"] is not None and event.token >= 0
                 if chat:
                     logprobs = chat_logprobs(tokenizer, entries) if wanted else None
-                    piece = {"index": index, "delta": {"content": event.text}, "logprobs": logprobs, "finish_reason": None}
+                    piece = {
+                        "index": index,
+                        "delta": {"content": event.text},
+                        "logprobs": logprobs,
+                        "finish_reason": None,
+                    }
                 else:
                     logprobs = completion_logprobs(tokenizer, entries) if wanted else None
                     piece = {"index": index, "text": event.text, "logprobs": logprobs, "finish_reason": None}
@@ -730,7 +734,10 @@ class CompletionResponse(Response):
                 return
             reason = finish_reason(event)
             last: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": reason}
-            last |= {"delta": {}} if chat else {"text": ""}
+            if chat:
+                last["delta"] = {}
+            else:
+                last["text"] = ""
             await out(chunk([last]))
 
         if not await self._collect(gone, each):
@@ -911,9 +918,11 @@ def _schema(kind: str) -> dict[str, Any]:
 
     _SCHEMAS.update(spec.pop("$defs", {}))
     _SCHEMAS["SteeringSpec"] = spec
-    text = {"messages": {"type": "array", "items": {"type": "object"}}} if kind == "chat" else {
-        "prompt": {"anyOf": [{"type": "string"}, {"type": "array"}]}
-    }
+    text = (
+        {"messages": {"type": "array", "items": {"type": "object"}}}
+        if kind == "chat"
+        else {"prompt": {"anyOf": [{"type": "string"}, {"type": "array"}]}}
+    )
     properties = {
         "model": {"type": "string"},
         **text,

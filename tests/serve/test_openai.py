@@ -29,8 +29,23 @@ def _artifacts(where: Path) -> None:
     """calm.json fitted on the toy-chat model, and anxious.json: the same file with the direction turned around."""
     from ster.cli import main
 
-    assert main(["--json", "train", "--model", MODEL, "--pairs", "ster:pairs", "--layers", "1,2", "--output",
-                 str(where / "calm.json")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--json",
+                "train",
+                "--model",
+                MODEL,
+                "--pairs",
+                "ster:pairs",
+                "--layers",
+                "1,2",
+                "--output",
+                str(where / "calm.json"),
+            ]
+        )
+        == 0
+    )
     document = json.loads((where / "calm.json").read_text())
     document["trait_name"] = "anxious"
     for vector in document["vectors"]:
@@ -87,8 +102,11 @@ def test_a_chat_completion_has_openais_fields_and_the_text_generate_gives(server
     assert choice.message.content == generate(home, "the sea", 12)
     from ster.engine.protocol.jobs import build_job_request, run_job
 
-    final = run_job("generate", build_job_request("generate", **{"model": MODEL, "prompt": "the sea",
-                                                                "max_new_tokens": "12"}), lambda e: None)  # fmt: skip
+    final = run_job(
+        "generate",
+        build_job_request("generate", **{"model": MODEL, "prompt": "the sea", "max_new_tokens": "12"}),
+        lambda e: None,
+    )
     assert answer.usage is not None
     assert answer.usage.prompt_tokens == final.data["prompt_tokens"]
     assert answer.usage.completion_tokens == final.data["tokens"]
@@ -152,7 +170,10 @@ SPECS: list[tuple[object, dict[str, str]]] = [
     ({"vector": "anxious.json", "scale": "1.5x"}, {"vector": "anxious.json", "strength": "1.5x"}),
     ({"vector": "calm.json", "mode": "ablate"}, {"vector": "calm.json", "mode": "ablate"}),
     ({"vector": "calm.json", "mode": "clamp", "scale": 3}, {"vector": "calm.json", "mode": "clamp", "strength": "3"}),
-    ({"vector": "calm.json", "scale": -5, "target_layers": [2]}, {"vector": "calm.json", "strength": "-5", "layers": "2"}),
+    (
+        {"vector": "calm.json", "scale": -5, "target_layers": [2]},
+        {"vector": "calm.json", "strength": "-5", "layers": "2"},
+    ),
     (
         {"vector": "calm.json", "mode": "ablate", "peak_layer": 1, "falloff": 1, "min_weight": 0.5},
         {"vector": "calm.json", "mode": "ablate", "peak_layer": "1", "falloff": "1", "min_weight": "0.5"},
@@ -195,15 +216,21 @@ def test_a_condition_steers_the_prompts_that_pass_it_and_not_the_others(server: 
     ask = client(server)
 
     def condition(threshold: float) -> dict:
-        return {"vector": "anxious.json", "scale": 6, "condition": {"vector": "calm.json", "layer": 1,
-                "threshold": threshold}}  # fmt: skip
+        return {
+            "vector": "anxious.json",
+            "scale": 6,
+            "condition": {"vector": "calm.json", "layer": 1, "threshold": threshold},
+        }
 
     measures = {}
     for question in QUESTIONS[:4]:
         answer = ask.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=2, temperature=0,
+            model=MODEL,
+            messages=[{"role": "user", "content": question}],
+            max_tokens=2,
+            temperature=0,
             extra_body={"steering": condition(-2.0)},
-        )  # fmt: skip
+        )
         measures[question] = answer.model_extra["ster"]["steering"][0]["condition"][0]["measure"]
     ordered = sorted(measures, key=measures.__getitem__)
     low, high = ordered[0], ordered[-1]
@@ -215,9 +242,12 @@ def test_a_condition_steers_the_prompts_that_pass_it_and_not_the_others(server: 
             return await asyncio.gather(
                 *(
                     asynchronous.chat.completions.create(
-                        model=MODEL, messages=[{"role": "user", "content": q}], max_tokens=10, temperature=0,
+                        model=MODEL,
+                        messages=[{"role": "user", "content": q}],
+                        max_tokens=10,
+                        temperature=0,
                         extra_body={"steering": condition(threshold)},
-                    )  # fmt: skip
+                    )
                     for q in (low, high)
                 )
             )
@@ -297,8 +327,13 @@ def test_unknown_fields_are_ignored_and_bad_json_is_refused(server: Server) -> N
 
 
 def test_a_bad_spec_while_a_stream_runs_leaves_the_stream_whole(server: Server, home: Path) -> None:
-    body = {**CHAT, "messages": [{"role": "user", "content": "the hill"}], "max_tokens": 40, "temperature": 0,
-            "stream": True}  # fmt: skip
+    body = {
+        **CHAT,
+        "messages": [{"role": "user", "content": "the hill"}],
+        "max_tokens": 40,
+        "temperature": 0,
+        "stream": True,
+    }
     payloads: list[str] = []
 
     def read() -> None:
@@ -320,8 +355,14 @@ def test_the_registry_names_vectors_and_a_replacement_leaves_running_requests_al
         made = raw.post("/v1/steering", json={"name": "mood", "vector": "calm.json"})
         assert made.status_code == 201 and made.json()["registered"]["trait_name"] == "calm"
         assert [e["name"] for e in raw.get("/v1/steering").json()["data"]] == ["mood"]
-        body = {**CHAT, "messages": [{"role": "user", "content": "the sea"}], "max_tokens": 30, "temperature": 0,
-                "stream": True, "steering": {"vector": "mood", "scale": 5}}  # fmt: skip
+        body = {
+            **CHAT,
+            "messages": [{"role": "user", "content": "the sea"}],
+            "max_tokens": 30,
+            "temperature": 0,
+            "stream": True,
+            "steering": {"vector": "mood", "scale": 5},
+        }
         with raw.stream("POST", "/v1/chat/completions", json=body) as response:
             lines = response.iter_lines()
             first = [next(lines) for _ in range(6)]
@@ -332,9 +373,12 @@ def test_the_registry_names_vectors_and_a_replacement_leaves_running_requests_al
         text = "".join(json.loads(p)["choices"][0]["delta"].get("content") or "" for p in payloads[:-1])
         assert text == generate(home, "the sea", 30, vector="calm.json", strength="5")
         after = client(server).chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "the sea"}], max_tokens=30, temperature=0,
+            model=MODEL,
+            messages=[{"role": "user", "content": "the sea"}],
+            max_tokens=30,
+            temperature=0,
             extra_body={"steering": {"vector": "mood", "scale": 5}},
-        )  # fmt: skip
+        )
         assert after.choices[0].message.content == generate(home, "the sea", 30, vector="anxious.json", strength="5")
         assert raw.delete("/v1/steering/mood").json() == {"deleted": "mood", "kind": "vector"}
         gone = raw.delete("/v1/steering/mood")
@@ -346,9 +390,10 @@ def test_the_registry_names_vectors_and_a_replacement_leaves_running_requests_al
 def test_a_client_that_vanishes_mid_stream_leaves_the_batch_and_the_server_serves_on(server: Server) -> None:
     body = {"model": MODEL, "prompt": "the sea is", "max_tokens": 100, "ignore_eos": True, "stream": True}
     for _ in range(3):
-        with httpx.Client(base_url=server.url, timeout=60) as raw, raw.stream(
-            "POST", "/v1/completions", json=body
-        ) as response:
+        with (
+            httpx.Client(base_url=server.url, timeout=60) as raw,
+            raw.stream("POST", "/v1/completions", json=body) as response,
+        ):
             lines = response.iter_lines()
             for _ in range(4):
                 next(lines)

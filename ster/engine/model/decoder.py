@@ -173,7 +173,7 @@ class RaggedCache(KVCache):
     does not fit.
     """
 
-    def __init__(self, config: DecoderConfig, dtype: torch.dtype, device: torch.device, rows: int = 4) -> None:  # noqa: D107
+    def __init__(self, config: DecoderConfig, dtype: torch.dtype, device: torch.device, rows: int = 4) -> None:
         self.config, self.dtype, self.device = config, dtype, device
         self.rows = 0
         self.start = 0

@@ -129,7 +129,9 @@ class RowText:
         if found:
             at = min(found)[0]
             return self.pending[:at], True
-        hold = max((k for stop in self.stops for k in range(1, len(stop)) if self.pending.endswith(stop[:k])), default=0)
+        hold = max(
+            (k for stop in self.stops for k in range(1, len(stop)) if self.pending.endswith(stop[:k])), default=0
+        )
         out = self.pending[: len(self.pending) - hold]
         self.pending = self.pending[len(out) :]
         return out, False
@@ -319,7 +321,9 @@ class Batcher:
         model, ids = self.model, torch.tensor([row.prompt_ids], device=self.device)
         row.generator = row.sampling.generator(self.device)
         row.conditions, row.measures = self._decide(row, ids)
-        row.active = [each for each, passed in zip(row.interventions, row.conditions, strict=True) if passed is not False]
+        row.active = [
+            each for each, passed in zip(row.interventions, row.conditions, strict=True) if passed is not False
+        ]
         room = 0 if self.ragged else row.max_new_tokens
         alone = model.new_cache(1, len(row.prompt_ids) + room)
         with _prompt_edits(model, row.active, len(row.prompt_ids)):
@@ -479,9 +483,7 @@ def _gates(rows: list[ServedRow], device: torch.device) -> list[Tensor | None]:
     slots = max((len(row.active) for row in rows), default=0)
     gates: list[Tensor | None] = []
     for k in range(slots):
-        live = [
-            1.0 if k >= len(row.active) or row.active[k].live_at(row.generated - 1) else 0.0 for row in rows
-        ]
+        live = [1.0 if k >= len(row.active) or row.active[k].live_at(row.generated - 1) else 0.0 for row in rows]
         windowed = any(k < len(row.active) and row.active[k].windowed for row in rows)
         gates.append(torch.tensor(live, device=device) if windowed and min(live) == 0.0 else None)
     return gates

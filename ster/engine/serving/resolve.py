@@ -103,7 +103,9 @@ def artifact_reader(registry: Registry, read: Callable[[str], Path]) -> Callable
         entry = registry.get(name)
         if entry is not None:
             if entry.kind != "vector" or entry.artifact is None:
-                raise SpecRefusal(f"{param} names {name}, which is registered as an adapter, not a steering vector", param)
+                raise SpecRefusal(
+                    f"{param} names {name}, which is registered as an adapter, not a steering vector", param
+                )
             return entry.artifact
         try:
             return load_artifact(read(name))

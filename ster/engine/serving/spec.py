@@ -71,18 +71,20 @@ class Intervention(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
     vector: str = Field(description="A steering artifact: a path (under the server's --root) or a registered name.")
-    mode: Mode = Field(default="add", description="``add`` steers, ``ablate`` removes the direction, ``clamp`` sets it.")
+    mode: Mode = Field(
+        default="add", description="``add`` steers, ``ablate`` removes the direction, ``clamp`` sets it."
+    )
     scale: float | str | None = Field(
         default=None,
         alias="strength",
         description="The strength: a number in the residual stream's units, a multiple of each layer's activation "
-        "norm such as ``\"0.4x\"``, or ``\"calibrated\"`` (the artifact's calibrated strength). Default: as "
+        'norm such as ``"0.4x"``, or ``"calibrated"`` (the artifact\'s calibrated strength). Default: as '
         "``ster generate`` (the calibrated strength where the artifact has one; 1 for ``ablate``).",
     )
     target_layers: list[int] | str | None = Field(
         default=None,
         alias="layers",
-        description="The blocks it acts at: a list, or ``\"all\"``, ``\"2,5\"``, ``\"2..6\"`` (default: the mode's: "
+        description='The blocks it acts at: a list, or ``"all"``, ``"2,5"``, ``"2..6"`` (default: the mode\'s: '
         "the artifact's layers for ``add``, every block and the embedding for ``ablate`` and ``clamp``).",
     )
     direction_layer: int | None = Field(default=None, ge=0, description="Ablate or clamp with this layer's direction.")
@@ -123,7 +125,9 @@ class Intervention(BaseModel):
             try:
                 Strength.model_validate(value)
             except ValueError:
-                raise ValueError(f'"{value[:40]}" is not a number, a multiple such as "0.4x", or "calibrated"') from None
+                raise ValueError(
+                    f'"{value[:40]}" is not a number, a multiple such as "0.4x", or "calibrated"'
+                ) from None
         return value
 
     @field_validator("target_layers", mode="before")
@@ -131,7 +135,9 @@ class Intervention(BaseModel):
     def _layers(cls, value: Any) -> Any:
         if isinstance(value, list):
             if not value or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
-                raise ValueError("must be a non-empty list of block indices (0 or more), or a layer spec such as \"2..6\"")
+                raise ValueError(
+                    'must be a non-empty list of block indices (0 or more), or a layer spec such as "2..6"'
+                )
             return value
         if isinstance(value, str):
             from ster.engine.steering.layers import LayerSpec
