@@ -367,7 +367,13 @@ def create_app(token: str | None = None, root: Root | None = None, models: Any =
         """Whether the server answers; never waits for a job."""
         running = 1 if jobs.holder is not None else 0
         batch = {
-            name: {"rows": each.batcher.running, "waiting": each.batcher.waiting, "steps": each.batcher.steps}
+            name: {
+                "rows": each.batcher.running,
+                "waiting": each.batcher.waiting,
+                "steps": each.batcher.steps,
+                "peak_rows": each.batcher.peak_rows,
+                "cache_bytes": each.batcher.cache_bytes,
+            }
             for name, each in sorted(served.models.items())
         }
         return {

@@ -121,7 +121,7 @@ def test_rows_joining_a_running_batch_at_different_steps_each_decode_as_alone(fa
     for (served, out), plan, n in zip(rows, plans, budgets, strict=True):
         assert out.end is not None and out.end.reason == "length" and out.end.completion_tokens == n
         assert out.tokens == alone(decoder, served.prompt_ids, plan, n)
-    assert batcher.cache.rows == 0 and batcher.cache.length == 0  # every row left, and its columns with it
+    assert batcher.cache is None and batcher.cache_bytes == 0  # every row left, and the idle batch holds nothing
 
 
 def test_two_interventions_of_one_row_both_apply_and_other_rows_have_none(tmp_path) -> None:
@@ -276,3 +276,33 @@ def test_an_ablation_row_in_the_batch_equals_the_ablation_alone_on_gemma(tmp_pat
     assert rows[0][1].tokens == alone(decoder, PROMPTS[2], plan, 7)
     assert rows[1][1].tokens == alone(decoder, PROMPTS[0], {}, 7)
     assert RowEdits.of(decoder, [plan]) is not None and text_layers is not None
+
+
+def test_a_ragged_cache_aligns_rows_right_grows_and_drops_the_columns_no_row_uses(tmp_path) -> None:
+    from ster.engine.model.decoder import RaggedCache
+
+    _, decoder = models("toy", tmp_path)
+    config = decoder.config
+    cache = RaggedCache(config, torch.float32, torch.device("cpu"), rows=2)
+
+    def filled(length: int, value: float):
+        alone = decoder.new_cache(1, length)
+        alone.keys.fill_(value)
+        alone.values.fill_(-value)
+        alone.length = length
+        return alone
+
+    for length, value in ((8, 1.0), (4, 2.0), (12, 3.0)):  # the third outgrows both the rows and the columns
+        cache.add(filled(length, value))
+    assert cache.rows == 3 and cache.length == 12 and cache.capacity[0] >= 3
+    mask = cache.key_mask(0)
+    assert mask.sum(1).tolist() == [8, 4, 12] and mask[:, -1].all()  # right-aligned: every row ends together
+    for row, (length, value) in enumerate(((8, 1.0), (4, 2.0), (12, 3.0))):
+        assert (cache.keys[:, row, :, 12 - length :] == value).all()
+        assert (cache.values[:, row, :, 12 - length :] == -value).all()
+    cache.remove(2)  # the longest row leaves: the four columns only it used leave the window
+    assert cache.rows == 2 and cache.length == 8
+    assert cache.key_mask(0).sum(1).tolist() == [8, 4]
+    assert (cache.keys[:, 1, :, 4:8] == 2.0).all() and (cache.keys[:, 0, :, :8] == 1.0).all()
+    cache.reserve(1)
+    assert cache.key_mask(1).shape == (2, 9)

@@ -252,6 +252,12 @@ class Batcher:
     def waiting(self) -> int:
         return len(self.pending)
 
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes the batch's keys and values hold now (its storage, room for more rows and columns included)."""
+        cache = self.cache
+        return int(cache.nbytes()) if isinstance(cache, RaggedCache) else 0
+
     # ---- the thread ----
 
     def _loop(self) -> None:
@@ -411,8 +417,8 @@ class Batcher:
         self.rows.pop()
         self.logits = self.logits[: len(self.rows)]
         self.changed = True
-        if not self.rows:
-            self.logits = None
+        if not self.rows:  # an idle batch holds no memory: the next burst allocates what it needs
+            self.logits, self.cache = None, None
 
     def _forward(self) -> None:
         """One token for every running row: the tokens just chosen, read back in under each row's edits."""
