@@ -298,8 +298,8 @@ def test_a_ragged_cache_aligns_rows_right_grows_and_drops_the_columns_no_row_use
     mask = cache.key_mask(0)
     assert mask.sum(1).tolist() == [8, 4, 12] and mask[:, -1].all()  # right-aligned: every row ends together
     for row, (length, value) in enumerate(((8, 1.0), (4, 2.0), (12, 3.0))):
-        assert (cache.keys[:, row, :, 12 - length :] == value).all()
-        assert (cache.values[:, row, :, 12 - length :] == -value).all()
+        assert (cache.keys[:, row, :, 12 - length : 12] == value).all()
+        assert (cache.values[:, row, :, 12 - length : 12] == -value).all()
     cache.remove(2)  # the longest row leaves: the four columns only it used leave the window
     assert cache.rows == 2 and cache.length == 8
     assert cache.key_mask(0).sum(1).tolist() == [8, 4]
