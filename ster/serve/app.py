@@ -56,6 +56,31 @@ class Live:
     ended: bool = False
 
 
+class ModelThread:
+    """The one thread on which the server computes with its models: model jobs, continuous batches, loading.
+
+    PyTorch's CPU kernels run on an OpenMP team per calling thread, and GNU OpenMP stops its workers from
+    spinning between parallel regions once it manages more threads than there are cores. A second thread
+    that ever computed (one per job, say) thereby leaves every product waiting for its workers to wake: on
+    two cores SmolLM2's decode step took 41 ms on a worker thread against 25 ms on the only one. So every
+    computation goes through this one thread, in the order the model's queue grants it; the event loop, the
+    jobs that read no model and the batches' coordination never compute.
+    """
+
+    def __init__(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ster model")
+
+    def call(self, work: Any, *args: Any) -> Any:
+        """Run ``work(*args)`` there and wait for its result (its exception is raised here)."""
+        return self.pool.submit(work, *args).result()
+
+    def start(self, work: Any) -> None:
+        """Run ``work()`` there without waiting (it reports how it ended itself)."""
+        self.pool.submit(work)
+
+
 @dataclass(eq=False)
 class BatchTurn:
     """A continuous batch's claim on the models (:mod:`ster.engine.serving.batcher`): granted beside other
@@ -167,10 +192,18 @@ class Jobs:
 class JobStream(Response):
     """A job's NDJSON stream; the job ends early when the client goes away."""
 
-    def __init__(self, jobs: Jobs, prepared: wire.Prepared, typed: bool, models: Any, root: Root | None = None) -> None:
+    def __init__(
+        self,
+        jobs: Jobs,
+        prepared: wire.Prepared,
+        typed: bool,
+        models: Any,
+        root: Root | None = None,
+        compute: ModelThread | None = None,
+    ) -> None:
         super().__init__(media_type="application/x-ndjson")
         self.jobs, self.prepared, self.typed, self.models = jobs, prepared, typed, models
-        self.root = root
+        self.root, self.compute = root, compute
         self.lines = wire.typed_lines if typed else wire.default_lines
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -229,7 +262,10 @@ class JobStream(Response):
             finally:
                 loop.call_soon_threadsafe(self.jobs.release, live)
 
-        threading.Thread(target=work, name=f"ster serve {self.prepared.job}", daemon=True).start()
+        if live.queued and self.compute is not None:  # a model job computes on the model's thread
+            self.compute.start(work)
+        else:
+            threading.Thread(target=work, name=f"ster serve {self.prepared.job}", daemon=True).start()
 
     @staticmethod
     async def _body(send: Any, chunk: bytes) -> None:
@@ -345,7 +381,8 @@ def create_app(token: str | None = None, root: Root | None = None, models: Any =
     from ster.serve.openai import Served, add_routes
 
     jobs = Jobs()
-    served = Served(models, jobs, root)
+    compute = ModelThread()
+    served = Served(models, jobs, root, compute)
     app = FastAPI(
         title="Ster",
         summary="Activation steering and LoRA post-training jobs, streamed as NDJSON",
@@ -355,6 +392,7 @@ def create_app(token: str | None = None, root: Root | None = None, models: Any =
     )
     app.state.jobs = jobs
     app.state.served = served
+    app.state.compute = compute
 
     @app.exception_handler(HTTPException)
     async def unknown(request: Request, exc: HTTPException) -> JSONResponse:
@@ -373,6 +411,7 @@ def create_app(token: str | None = None, root: Root | None = None, models: Any =
                 "steps": each.batcher.steps,
                 "peak_rows": each.batcher.peak_rows,
                 "cache_bytes": each.batcher.cache_bytes,
+                "busy_seconds": round(each.batcher.busy, 3),
             }
             for name, each in sorted(served.models.items())
         }
@@ -408,7 +447,7 @@ def create_app(token: str | None = None, root: Root | None = None, models: Any =
     for operation, job in wire.OPERATIONS.items():
         app.add_api_route(
             f"/v1/{operation}",
-            _endpoint(operation, jobs, root, models),
+            _endpoint(operation, jobs, root, models, compute),
             methods=["POST"],
             name=operation,
             summary=f"ster {job}",
@@ -427,7 +466,7 @@ def create_app(token: str | None = None, root: Root | None = None, models: Any =
     return gate
 
 
-def _endpoint(operation: str, jobs: Jobs, root: Root | None, models: Any) -> Any:
+def _endpoint(operation: str, jobs: Jobs, root: Root | None, models: Any, compute: ModelThread) -> Any:
     async def endpoint(request: Request) -> Response:
         try:
             body = wire.parse_body(await read_body(request))
@@ -440,7 +479,7 @@ def _endpoint(operation: str, jobs: Jobs, root: Root | None, models: Any) -> Any
             return refusal("the client went away before its request body was read")
         except SlowBody:
             return JSONResponse({"error": limits.SLOW_BODY}, status_code=408, headers={"connection": "close"})
-        return JobStream(jobs, prepared, wants_typed(request), models, root)
+        return JobStream(jobs, prepared, wants_typed(request), models, root, compute)
 
     endpoint.__doc__ = f"Run ``ster {wire.OPERATIONS[operation]}``; the body's fields are its flags in camelCase."
     return endpoint

@@ -139,8 +139,10 @@ class BatchTurnBridge:
 class Served:
     """The models, the registry, and how a request's names become files under the root."""
 
-    def __init__(self, store: Any, jobs: Any, root: Root | None, max_rows: int = 32) -> None:
+    def __init__(self, store: Any, jobs: Any, root: Root | None, compute: Any = None, max_rows: int = 32) -> None:
         self.store, self.jobs, self.root, self.max_rows = store, jobs, root, max_rows
+        self.compute = compute
+        """The server's :class:`~ster.serve.app.ModelThread`: loading and every batch's steps run there."""
         self.models: dict[str, ServedModel] = {}
         self.aliases: dict[str, str] = {}
         self.registry = Registry()
@@ -172,17 +174,23 @@ class Served:
         from ster.engine.steering.requests import GenerateRequest
 
         ctx = JobContext(lambda event: None)
-        try:
+
+        def read() -> tuple[Any, Any]:
             request = GenerateRequest(model=name, prompt="-")
             with confine.within(self.root) if self.root is not None else _nothing():
                 checkpoint = self.store.open(request, ctx)
-                decoder = self.store.decoder(checkpoint, ctx)
+                return checkpoint, self.store.decoder(checkpoint, ctx)
+
+        try:
+            checkpoint, decoder = read() if self.compute is None else self.compute.call(read)
         except (SterError, ValueError) as exc:
             raise OpenAIError(f"model {name} cannot be served: {exc}", "model", 404, "model_not_found") from None
         from ster.engine.serving.batcher import Batcher, FreeTurn
 
         turn = BatchTurnBridge(self.jobs, self.loop) if self.loop is not None else FreeTurn()
-        served = ServedModel(name, checkpoint, decoder, Batcher(decoder, turn, max_rows=self.max_rows))
+        runner = None if self.compute is None else self.compute.call
+        batcher = Batcher(decoder, turn, max_rows=self.max_rows, runner=runner)
+        served = ServedModel(name, checkpoint, decoder, batcher)
         with self._lock:
             self.models.setdefault(name, served)
             alias = Path(name).name

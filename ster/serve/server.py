@@ -81,7 +81,7 @@ def serve(
     app = create_app(token=token, root=root)
     for name in models or []:
         try:
-            app.state.served.load(name, requested=False)
+            app.state.served.load(name, requested=False)  # on the model thread
         except OpenAIError as exc:
             sock.close()
             return _refuse(f"--model {name}: {exc.message}")

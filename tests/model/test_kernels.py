@@ -141,9 +141,9 @@ def test_the_fastest_wins_and_a_hopeless_candidate_is_not_timed_again(toys) -> N
         return cost[candidate]
 
     choice, times = kernels.measure(weights, "bf16", timer)
-    assert choice == {"one": "native", "few": "native", "many": "native"}
+    assert choice == {"one": "native", "few": "native", "batch": "native", "many": "native"}
     assert times["one"] == {"linear": 3.0, "native": 1.0, "wxt": 10.0}
-    for shape in ("one", "few", "many"):
+    for shape in ("one", "few", "batch", "many"):
         assert calls.count((shape, "native")) == kernels.ROUNDS
         assert calls.count((shape, "linear")) == 1  # 3x the best first pass: more than GIVE_UP
     assert calls.count(("one", "wxt")) == 1
@@ -160,7 +160,7 @@ def test_the_cache_measures_again_on_another_cpu_torch_or_thread_count(toys, mon
     def timings() -> int:
         before = len(timed)
         chosen = kernels.choose(weights, "f32", timer, how="cached")
-        assert chosen.choice == {"one": "linear", "few": "linear", "many": "linear"}
+        assert chosen.choice == {"one": "linear", "few": "linear", "batch": "linear", "many": "linear"}
         return len(timed) - before
 
     assert timings() > 0  # nothing cached: measured

@@ -228,9 +228,11 @@ class RaggedCache(KVCache):
         self.store_mask[:count, pad : pad + length] = mask
         self._views()
 
-    def add(self, alone: KVCache) -> None:
-        """Append a row: the single row of ``alone`` (a prefill), aligned to end with the batch's columns."""
-        size = alone.length
+    def add(self, source: KVCache, row: int = 0, size: int | None = None) -> None:
+        """Append a row: row ``row`` of ``source`` (a prefill), its last ``size`` positions (all by default), aligned
+        to end with the batch's columns."""
+        written = source.length
+        size = written if size is None else size
         rows, columns = self.capacity
         grow_rows = self.rows + 1 > rows
         if size > self.length:  # a longer row: every row moves right, into the room at the left or new storage
@@ -243,11 +245,11 @@ class RaggedCache(KVCache):
                 self._regrow(max(rows, self.rows + 1) * (2 if grow_rows else 1), max(columns, size + 64), pad)
         elif grow_rows:
             self._regrow(2 * rows, columns, 0)
-        row, end = self.rows, self.start + self.length
-        self.store_keys[:, row, :, end - size : end] = alone.keys[:, 0, :, :size]
-        self.store_values[:, row, :, end - size : end] = alone.values[:, 0, :, :size]
-        self.store_mask[row, self.start : end] = False
-        self.store_mask[row, end - size : end] = True
+        slot, end = self.rows, self.start + self.length
+        self.store_keys[:, slot, :, end - size : end] = source.keys[:, row, :, written - size : written]
+        self.store_values[:, slot, :, end - size : end] = source.values[:, row, :, written - size : written]
+        self.store_mask[slot, self.start : end] = False
+        self.store_mask[slot, end - size : end] = True
         self.rows += 1
         self._views()
 

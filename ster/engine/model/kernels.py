@@ -6,7 +6,8 @@ several ways to compute it, and which is fastest depends on the CPU, not on the 
 Intel Xeon with AVX-512 the same kernel lost to ``F.linear`` by 1.3×, so a rule fixed on one
 machine made the decoder slower than transformers on the other. The choice is therefore measured:
 for each precision and each class of row count (:data:`CLASSES`: one row, a decode step; two to
-eight, a sampled group's or a sweep's step; more, a prefill or a training forward) the candidates
+eight, a sampled group's or a sweep's step; nine to 64, a served batch's step; more, a prefill or a
+training forward) the candidates
 of :data:`CANDIDATES` are timed on the model's own weights when a model is first loaded on a
 machine, and the fastest is used from then on. Every candidate computes the same product; they
 differ only in the order of the float sums (and, for the int8 kernel, in rounding its input to
@@ -46,13 +47,20 @@ from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.machine import cpu_description, cpu_line
 
 Precision = Literal["f32", "f16", "bf16", "int8"]
-ShapeClass = Literal["one", "few", "many"]
-CLASSES: tuple[ShapeClass, ...] = ("one", "few", "many")
+ShapeClass = Literal["one", "few", "batch", "many"]
+CLASSES: tuple[ShapeClass, ...] = ("one", "few", "batch", "many")
 FEW_ROWS = 8
-"""The most rows of the ``few`` class; more are ``many``."""
-TIMED_ROWS: dict[ShapeClass, int] = {"one": 1, "few": 4, "many": 32}
+"""The most rows of the ``few`` class; more are ``batch``."""
+BATCH_ROWS = 64
+"""The most rows of the ``batch`` class (a continuous batch's decode step); more are ``many``."""
+TIMED_ROWS: dict[ShapeClass, int] = {"one": 1, "few": 4, "batch": 16, "many": 128}
 """The rows each class is timed at."""
-CLASS_WORDS: dict[ShapeClass, str] = {"one": "one row", "few": f"2-{FEW_ROWS} rows", "many": "more rows"}
+CLASS_WORDS: dict[ShapeClass, str] = {
+    "one": "one row",
+    "few": f"2-{FEW_ROWS} rows",
+    "batch": f"{FEW_ROWS + 1}-{BATCH_ROWS} rows",
+    "many": "more rows",
+}
 
 KERNEL_WORDS = {
     "linear": "F.linear",
@@ -65,14 +73,25 @@ KERNEL_WORDS = {
 """How the progress stream and the benchmarks name each kernel."""
 
 CANDIDATES: dict[Precision, dict[ShapeClass, tuple[str, ...]]] = {
-    "f32": {"one": ("linear", "wxt"), "few": ("linear", "wxt"), "many": ("linear",)},
-    "f16": {"one": ("linear", "wxt"), "few": ("linear", "wxt", "upcast"), "many": ("linear", "upcast")},
+    "f32": {"one": ("linear", "wxt"), "few": ("linear", "wxt"), "batch": ("linear", "wxt"), "many": ("linear",)},
+    "f16": {
+        "one": ("linear", "wxt"),
+        "few": ("linear", "wxt", "upcast"),
+        "batch": ("linear", "wxt", "upcast"),
+        "many": ("linear", "upcast"),
+    },
     "bf16": {
         "one": ("linear", "native", "wxt"),
         "few": ("linear", "native", "wxt"),
+        "batch": ("linear", "native", "wxt"),
         "many": ("linear", "native", "upcast"),
     },
-    "int8": {"one": ("int8pack", "dequant"), "few": ("int8pack", "dequant"), "many": ("dequant",)},
+    "int8": {
+        "one": ("int8pack", "dequant"),
+        "few": ("int8pack", "dequant"),
+        "batch": ("int8pack", "dequant"),
+        "many": ("dequant",),
+    },
 }
 """What is timed for each precision and class. ``upcast`` is not a one-row candidate: it converts the
 whole weight to f32 for a product that reads it once, so it cannot win there and would only cost time."""
@@ -90,14 +109,15 @@ def _slow_half_gemm() -> bool:
 def _defaults() -> dict[Precision, dict[ShapeClass, str]]:
     """The choice without measuring: what Ster used before kernels were measured (measured on an AMD EPYC)."""
     return {
-        "f32": {"one": "wxt", "few": "wxt", "many": "linear"},
+        "f32": {"one": "wxt", "few": "wxt", "batch": "wxt", "many": "linear"},
         "f16": {
             "one": "linear",
             "few": "upcast" if _slow_half_gemm() else "linear",
+            "batch": "upcast" if _slow_half_gemm() else "linear",
             "many": "upcast" if _slow_half_gemm() else "linear",
         },
-        "bf16": {"one": "native", "few": "linear", "many": "linear"},
-        "int8": {"one": "int8pack", "few": "int8pack", "many": "dequant"},
+        "bf16": {"one": "native", "few": "linear", "batch": "linear", "many": "linear"},
+        "int8": {"one": "int8pack", "few": "int8pack", "batch": "dequant", "many": "dequant"},
     }
 
 
@@ -202,7 +222,7 @@ def table() -> Table:
 
 
 def shape_class(rows: int) -> ShapeClass:
-    return "one" if rows == 1 else "few" if rows <= FEW_ROWS else "many"
+    return "one" if rows == 1 else "few" if rows <= FEW_ROWS else "batch" if rows <= BATCH_ROWS else "many"
 
 
 PLAIN = (torch.nn.Parameter, torch.Tensor)
@@ -270,8 +290,8 @@ GIVE_UP = 1.5
 
 
 def projections_to_time(weights: Sequence[Tensor], shape: ShapeClass) -> list[Tensor]:
-    """The weights a pass of ``shape`` times: for one and a few rows, the last weight (the output head, the
-    widest) and the others in order until :data:`TIMED_BYTES`; for more rows, which are bound by arithmetic
+    """The weights a pass of ``shape`` times: for one row, a few and a batch, the last weight (the output head,
+    the widest) and the others in order until :data:`TIMED_BYTES`; for more rows, which are bound by arithmetic
     rather than memory, one of each distinct shape but the head's (a prefill projects its last position only)."""
     if shape == "many":
         seen: dict[tuple[int, ...], Tensor] = {}

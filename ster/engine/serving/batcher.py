@@ -27,7 +27,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -43,6 +43,8 @@ from ster.engine.steering.apply import RowEdits
 from ster.engine.steering.intervention import Plan
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
+PREFILL_TOKENS = 2048
+"""The most prompt positions (rows × the longest prompt) one joining forward runs; a longer prompt runs alone."""
 
 
 @dataclass(frozen=True)
@@ -197,8 +199,18 @@ class FreeTurn:
 class Batcher:
     """A decoder's continuous batch and the thread that steps it."""
 
-    def __init__(self, model: Decoder, turn: Turn | None = None, *, max_rows: int = 32) -> None:
+    def __init__(
+        self,
+        model: Decoder,
+        turn: Turn | None = None,
+        *,
+        max_rows: int = 32,
+        runner: Callable[[Callable[[], None]], Any] | None = None,
+    ) -> None:
         self.model, self.turn, self.max_rows = model, turn or FreeTurn(), max_rows
+        self.runner = runner or (lambda work: work())
+        """Where a step computes: by default on the batcher's own thread; a server passes its model thread's
+        ``call`` (see :class:`ster.serve.app.ModelThread`), and the batcher's thread only coordinates."""
         self.device = model.lm_head.weight.device
         self.ragged = isinstance(model, SterDecoder)
         """Ster's own decoder batches rows on a ragged cache; transformers' model decodes one row at a time."""
@@ -217,6 +229,8 @@ class Batcher:
         self.thread: threading.Thread | None = None
         self.steps = 0
         self.peak_rows = 0
+        self.busy = 0.0
+        """Seconds spent in steps (prefills and forwards), for a health check or a benchmark to set against wall time."""
 
     # ---- the public side, any thread ----
 
@@ -275,17 +289,22 @@ class Batcher:
                 holding = self.turn.acquire(self.stopping, self._tell_waiting)
                 if not holding:
                     break
-            try:
-                with torch.inference_mode():  # the cache is made and grown here: every tensor an inference one
-                    self._step()
-            except Exception as exc:  # a bug must not leave clients waiting: every row ends with the error
-                self._fail_all(exc)
+            began = time.perf_counter()
+            self.runner(self._guarded_step)
+            self.busy += time.perf_counter() - began
             if not self.rows and self.turn.wanted():
                 self.turn.release()
                 holding = False
         self._fail_all(None)
         if holding:
             self.turn.release()
+
+    def _guarded_step(self) -> None:
+        try:
+            with torch.inference_mode():  # the cache is made and grown here: every tensor an inference one
+                self._step()
+        except Exception as exc:  # a bug must not leave clients waiting: every row ends with the error
+            self._fail_all(exc)
 
     def _tell_waiting(self, sentence: str) -> None:
         with self.wake:
@@ -303,44 +322,69 @@ class Batcher:
         self._forward()
 
     def _admit(self) -> None:
+        """Rows waiting join: prefilled together (up to :data:`PREFILL_TOKENS` prompt positions a forward), their
+        keys and values written into the batch's cache, their first logits beside the others'."""
         while len(self.rows) < self.max_rows and not self.turn.wanted():
+            joining: list[ServedRow] = []
             with self.wake:
-                if not self.pending:
-                    return
-                row = self.pending.popleft()
-            if row.cancelled.is_set():
-                row.sink(EndEvent("cancelled", len(row.prompt_ids), 0))
+                while self.pending and len(self.rows) + len(joining) < self.max_rows:
+                    row = self.pending[0]
+                    longest = max([len(row.prompt_ids), *(len(r.prompt_ids) for r in joining)])
+                    if joining and (longest * (len(joining) + 1) > PREFILL_TOKENS or not self.ragged):
+                        break
+                    joining.append(self.pending.popleft())
+            if not joining:
+                return
+            wanted = []
+            for row in joining:
+                if row.cancelled.is_set():
+                    row.sink(EndEvent("cancelled", len(row.prompt_ids), 0))
+                else:
+                    wanted.append(row)
+            if not wanted:
                 continue
             try:
-                logits = self._prefill(row)
+                logits = self._prefill(wanted)
             except Exception as exc:
-                row.sink(EndEvent("error", len(row.prompt_ids), 0, message=_sentence(exc)))
+                for row in wanted:
+                    row.sink(EndEvent("error", len(row.prompt_ids), 0, message=_sentence(exc)))
                 continue
-            self.rows.append(row)
+            self.rows.extend(wanted)
             self.logits = logits if self.logits is None else torch.cat((self.logits, logits))
             self.changed = True
             self.peak_rows = max(self.peak_rows, len(self.rows))
 
-    def _prefill(self, row: ServedRow) -> Tensor:
-        """The row's prompt alone: its conditions read unedited, then the prompt run with its prompt edits; its
-        keys and values join the batch's cache. Returns its [1, V] logits."""
-        model, ids = self.model, torch.tensor([row.prompt_ids], device=self.device)
-        row.generator = row.sampling.generator(self.device)
-        row.conditions, row.measures = self._decide(row, ids)
-        row.active = [
-            each for each, passed in zip(row.interventions, row.conditions, strict=True) if passed is not False
-        ]
-        room = 0 if self.ragged else row.max_new_tokens
-        alone = model.new_cache(1, len(row.prompt_ids) + room)
-        with _prompt_edits(model, row.active, len(row.prompt_ids)):
-            logits = model(ids, cache=alone).require_logits()
+    def _prefill(self, rows: list[ServedRow]) -> Tensor:
+        """The rows' prompts as one forward, left-padded to the longest (one row alone: no padding, exactly as a
+        request served alone): each row's conditions read unedited first, then every prompt run under its own
+        prompt edits. Their keys and values join the batch's cache; returns their [R, V] logits."""
+        model, device = self.model, self.device
+        longest = max(len(row.prompt_ids) for row in rows)
+        for row in rows:
+            row.generator = row.sampling.generator(device)
+            row.conditions, row.measures = self._decide(row, torch.tensor([row.prompt_ids], device=device))
+            row.active = [
+                each for each, passed in zip(row.interventions, row.conditions, strict=True) if passed is not False
+            ]
+        ids = torch.tensor([[0] * (longest - len(r.prompt_ids)) + r.prompt_ids for r in rows], device=device)
+        key_mask = None
+        if any(len(r.prompt_ids) < longest for r in rows):
+            key_mask = torch.tensor(
+                [[False] * (longest - len(r.prompt_ids)) + [True] * len(r.prompt_ids) for r in rows], device=device
+            )
+        room = 0 if self.ragged else rows[0].max_new_tokens
+        fresh = model.new_cache(len(rows), longest + room)
+        slots, gates = _prompt_slots(model, rows, longest)
+        with _batch_edits(model, slots, gates):
+            logits = model(ids, cache=fresh, key_mask=key_mask).require_logits()
         if not self.ragged:
-            self.cache = alone
-        else:
-            if self.cache is None:
-                weight = model.lm_head.weight
-                self.cache = RaggedCache(model.config, weight.dtype, weight.device)
-            self.cache.add(alone)
+            self.cache = fresh
+            return logits
+        if self.cache is None:
+            weight = model.lm_head.weight
+            self.cache = RaggedCache(model.config, weight.dtype, weight.device)
+        for position, row in enumerate(rows):
+            self.cache.add(fresh, position, len(row.prompt_ids))
         return logits
 
     def _decide(self, row: ServedRow, ids: Tensor) -> tuple[list[bool | None], list[float | None]]:
@@ -496,10 +540,12 @@ def _gates(rows: list[ServedRow], device: torch.device) -> list[Tensor | None]:
 
 
 def _gated(edit: Callable[[Tensor], Tensor], hidden: Tensor, gate: Tensor | None) -> Tensor:
-    """``edit(hidden)`` for rows whose gate is 1, ``hidden`` as it was for the others."""
+    """``edit(hidden)`` where the gate is on ([rows]: a whole row; [rows, positions]: a position of a row),
+    ``hidden`` as it was elsewhere."""
     if gate is None:
         return edit(hidden)
-    return torch.where(gate.bool()[:, None, None], edit(hidden), hidden)
+    on = gate.bool()[:, None, None] if gate.dim() == 1 else gate.bool()[:, :, None]
+    return torch.where(on, edit(hidden), hidden)
 
 
 @contextmanager
@@ -529,51 +575,30 @@ def _batch_edits(model: Decoder, slots: list[RowEdits | None], gates: list[Tenso
         yield
 
 
-@contextmanager
-def _prompt_edits(model: Decoder, interventions: list[RowIntervention], length: int) -> Iterator[None]:
-    """A row's prompt edits for its prefill alone: each intervention that edits the prompt, at its positions."""
-    with ExitStack() as stack:
-        on_prompt = [each for each in interventions if each.prompt]
-        slots: list[RowEdits | None] = [RowEdits.of(model, [each.plan]) for each in on_prompt]
-        masks: list[Tensor | None] = []
-        for each in on_prompt:
-            if each.positions is None:
-                masks.append(None)
-                continue
-            chosen = torch.zeros(length, dtype=torch.bool, device=model.lm_head.weight.device)
-            for position in each.positions:
-                if -length <= position < length:
-                    chosen[position] = True
-            masks.append(chosen)
-        live = [(edits, mask) for edits, mask in zip(slots, masks, strict=True) if edits is not None]
-        if live:
-            stack.enter_context(_positioned(model, live))
-        yield
-
-
-@contextmanager
-def _positioned(model: Decoder, live: list[tuple[RowEdits, Tensor | None]]) -> Iterator[None]:
-    sites = sorted({site for edits, _ in live for site in edits.full})
-    written = sorted({site for edits, _ in live for site in edits.full_writes})
-
-    def only(mask: Tensor | None, edit: Callable[[Tensor], Tensor], hidden: Tensor) -> Tensor:
-        return edit(hidden) if mask is None else torch.where(mask[None, :, None], edit(hidden), hidden)
-
-    def at_site(site: int, hidden: Tensor) -> Tensor:
-        for edits, mask in live:
-            if site in edits.current:
-                hidden = only(mask, edits.current[site].apply, hidden)
-        return hidden
-
-    def at_write(site: int, which: int, write: Tensor) -> Tensor:
-        for edits, mask in live:
-            if site in edits.current_writes:
-                rows = edits.current_writes[site]
-                write = only(mask, lambda w, rows=rows: rows.apply(which, w), write)  # type: ignore[misc]
-        return write
-
-    with edited(model, sites, at_site), model.edited_writes(written, at_write):
-        yield
+def _prompt_slots(model: Decoder, rows: list[ServedRow], width: int) -> tuple[list[RowEdits | None], list[Tensor | None]]:
+    """The joining rows' prompt edits, slot by slot (a row's k-th intervention that edits the prompt in slot k), and
+    per slot a [rows, width] gate of the positions each row edits (None: every row every position). Prompts are
+    right-aligned, so position -1 is the last column for every row."""
+    device = model.lm_head.weight.device
+    on_prompt = [[each for each in row.active if each.prompt] for row in rows]
+    slots: list[RowEdits | None] = []
+    gates: list[Tensor | None] = []
+    for k in range(max((len(each) for each in on_prompt), default=0)):
+        plans: list[Plan] = [each[k].plan if k < len(each) else {} for each in on_prompt]
+        slots.append(RowEdits.of(model, plans))
+        if all(k >= len(each) or each[k].positions is None for each in on_prompt):
+            gates.append(None)
+            continue
+        gate = torch.ones(len(rows), width, dtype=torch.bool, device=device)
+        for r, (row, each) in enumerate(zip(rows, on_prompt, strict=True)):
+            if k < len(each) and each[k].positions is not None:
+                length = len(row.prompt_ids)
+                gate[r] = False
+                for position in each[k].positions or ():
+                    if -length <= position < length:
+                        gate[r, width - length + (position % length)] = True
+        gates.append(gate)
+    return slots, gates
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
