@@ -237,11 +237,15 @@ def together(server: Server, questions: list[str], tokens: int, spec_list: list[
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     busy = next(iter(server.health()["batches"].values()), {}).get("busy_seconds", 0.0)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     rows = asyncio.run(everyone())
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     busy = next(iter(server.health()["batches"].values()), {}).get("busy_seconds", 0.0) - busy
-    print(f"  the batch computed {busy:.2f} s of the {elapsed:.2f} s", flush=True)
+    print(
+        f"  the batch computed {busy:.2f} s of the {elapsed:.2f} s; the clients used {cpu:.2f} CPU-seconds of the "
+        "same cores",
+        flush=True,
+    )
     done.set()
     watcher.join()
     ttfts = sorted(r["ttft"] for r in rows)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
 import os
 import re
 import secrets
@@ -136,6 +137,34 @@ class BatchTurnBridge:
         return bool(self.jobs.jobs_waiting)
 
 
+class Outbox:
+    """Events from the batchers' threads to the requests' queues on the event loop, handed on in one wake-up of
+    the loop per step (``flush``) rather than one per token: sixteen rows' tokens cost the loop one call."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.items: deque[tuple[asyncio.Queue[Any], Any]] = deque()
+        self.lock = threading.Lock()
+        self.pending = False
+
+    def put(self, queue: asyncio.Queue[Any], item: Any) -> None:
+        self.items.append((queue, item))
+
+    def flush(self) -> None:
+        with self.lock:
+            if self.pending or not self.items:
+                return
+            self.pending = True
+        self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self.lock:
+            self.pending = False
+        while self.items:
+            queue, item = self.items.popleft()
+            queue.put_nowait(item)
+
+
 class Served:
     """The models, the registry, and how a request's names become files under the root."""
 
@@ -147,6 +176,7 @@ class Served:
         self.aliases: dict[str, str] = {}
         self.registry = Registry()
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.outbox: Outbox | None = None
         self._lock = threading.Lock()
 
     def load(self, name: str, requested: bool = True) -> ServedModel:
@@ -189,7 +219,8 @@ class Served:
 
         turn = BatchTurnBridge(self.jobs, self.loop) if self.loop is not None else FreeTurn()
         runner = None if self.compute is None else self.compute.call
-        batcher = Batcher(decoder, turn, max_rows=self.max_rows, runner=runner)
+        flush = None if self.outbox is None else self.outbox.flush
+        batcher = Batcher(decoder, turn, max_rows=self.max_rows, runner=runner, flush=flush)
         served = ServedModel(name, checkpoint, decoder, batcher)
         with self._lock:
             self.models.setdefault(name, served)
@@ -201,9 +232,11 @@ class Served:
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """The event loop the job queue lives on: batchers made before it (``--model``) take their turns there."""
         self.loop = loop
+        self.outbox = Outbox(loop)
         for served in self.models.values():
             if not isinstance(served.batcher.turn, BatchTurnBridge):
                 served.batcher.turn = BatchTurnBridge(self.jobs, loop)
+                served.batcher.flush = self.outbox.flush
 
     def close(self) -> None:
         for served in self.models.values():
@@ -457,11 +490,10 @@ class Completion:
         self.choices: list[Choice] = []
         self.resolved: list[Resolved] = []
 
-    def build(self, steering: list[Resolved], budget: int) -> None:
+    def build(self, steering: list[Resolved], budget: int, outbox: Outbox) -> None:
         from ster.engine.model.sampling import Sampling
         from ster.engine.serving.batcher import RowText, ServedRow
 
-        loop = asyncio.get_running_loop()
         parsed, codec = self.parsed, self.served.checkpoint.codec
         base_seed = parsed["seed"] if parsed["seed"] is not None else secrets.randbelow(2**62)
         index = 0
@@ -471,7 +503,7 @@ class Completion:
                 sampling = Sampling(parsed["temperature"], parsed["top_p"], base_seed + copy)
 
                 def sink(event: Any, at: int = index) -> None:
-                    loop.call_soon_threadsafe(self.events.put_nowait, (at, event))
+                    outbox.put(self.events, (at, event))
 
                 row = ServedRow(
                     prompt_ids=prompt,
@@ -579,6 +611,7 @@ class CompletionResponse(Response):
                 if message["type"] == "http.disconnect":
                     completion.cancel()
                     gone.set()
+                    completion.events.put_nowait((-1, None))  # wakes the reader, which sees the client gone
                     return
 
         watcher = asyncio.create_task(watch())
@@ -595,14 +628,10 @@ class CompletionResponse(Response):
             completion.cancel()  # a row still running (an error mid-way) stops at the next step
 
     async def _next(self, gone: asyncio.Event) -> tuple[int, Any] | None:
-        getter = asyncio.ensure_future(self.completion.events.get())
-        waiter = asyncio.ensure_future(gone.wait())
-        done, _ = await asyncio.wait({getter, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        if getter in done:
-            waiter.cancel()
-            return getter.result()
-        getter.cancel()
-        return None
+        if gone.is_set():
+            return None
+        item = await self.completion.events.get()
+        return None if gone.is_set() or item[0] < 0 else item
 
     async def _collect(self, gone: asyncio.Event, each: Callable[[int, Any], Any] | None = None) -> bool:
         from ster.engine.serving.batcher import EndEvent, TokenEvent
@@ -798,7 +827,8 @@ def add_routes(app: FastAPI, served: Served) -> None:
         except ClientDisconnect:
             return error_json("the client went away before its request body was read", 400)
         job = Completion(model, parsed, ids, chat)
-        job.build(steering, budget)
+        assert served.outbox is not None
+        job.build(steering, budget, served.outbox)
         return CompletionResponse(job)
 
     @app.post("/v1/chat/completions", tags=["OpenAI"], openapi_extra=_schema("chat"))

@@ -206,11 +206,15 @@ class Batcher:
         *,
         max_rows: int = 32,
         runner: Callable[[Callable[[], None]], Any] | None = None,
+        flush: Callable[[], None] | None = None,
     ) -> None:
         self.model, self.turn, self.max_rows = model, turn or FreeTurn(), max_rows
         self.runner = runner or (lambda work: work())
         """Where a step computes: by default on the batcher's own thread; a server passes its model thread's
         ``call`` (see :class:`ster.serve.app.ModelThread`), and the batcher's thread only coordinates."""
+        self.flush = flush or (lambda: None)
+        """Called after each step and after rows are told anything outside one: a sink that holds its rows' events
+        back hands them all on at once (one wake-up of a server's event loop a step, not one a token)."""
         self.device = model.lm_head.weight.device
         self.ragged = isinstance(model, SterDecoder)
         """Ster's own decoder batches rows on a ragged cache; transformers' model decodes one row at a time."""
@@ -292,10 +296,12 @@ class Batcher:
             began = time.perf_counter()
             self.runner(self._guarded_step)
             self.busy += time.perf_counter() - began
+            self.flush()
             if not self.rows and self.turn.wanted():
                 self.turn.release()
                 holding = False
         self._fail_all(None)
+        self.flush()
         if holding:
             self.turn.release()
 
@@ -311,6 +317,7 @@ class Batcher:
             pending = list(self.pending)
         for row in pending:
             row.sink(WaitEvent(sentence))
+        self.flush()
 
     def _step(self) -> None:
         self._admit()
