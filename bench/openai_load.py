@@ -61,7 +61,18 @@ def fit_vectors(model: Path, where: Path) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for method in ("caa", "pca"):
         path = where / f"calm-{method}.json"
-        argv = ["--json", "train", "--model", str(model), "--pairs", str(FIT), "--method", method, "--output", str(path)]
+        argv = [
+            "--json",
+            "train",
+            "--model",
+            str(model),
+            "--pairs",
+            str(FIT),
+            "--method",
+            method,
+            "--output",
+            str(path),
+        ]
         with open(os.devnull, "w") as quiet:
             saved, sys.stdout = sys.stdout, quiet
             try:
@@ -398,12 +409,19 @@ def main() -> None:
             }
             rows.append(("1 client alone, unsteered", single))
             print("16 unsteered ...", flush=True)
-            rows.append((f"{args.clients} clients, unsteered", together(server, questions, args.tokens, [None] * args.clients)))
+            rows.append(
+                (f"{args.clients} clients, unsteered", together(server, questions, args.tokens, [None] * args.clients))
+            )
             print("16 steered ...", flush=True)
             steered = together(server, questions, args.tokens, spec_list)
             rows.append((f"{args.clients} clients, {args.clients} different steering specs", steered))
             print("one by one to /v1/generate ...", flush=True)
-            rows.append((f"the same {args.clients}, one by one to /v1/generate", via_generate(server, questions, args.tokens, spec_list)))
+            rows.append(
+                (
+                    f"the same {args.clients}, one by one to /v1/generate",
+                    via_generate(server, questions, args.tokens, spec_list),
+                )
+            )
             peak = steered["peak"]
         finally:
             server.stop()
@@ -424,7 +442,9 @@ def main() -> None:
         rate = row["tokens"] / row["seconds"]
         median = "" if row["ttft_median"] is None else f"{row['ttft_median']:.2f} s"
         p95 = "" if row["ttft_p95"] is None else f"{row['ttft_p95']:.2f} s"
-        print(f"| {label} | {row['tokens']} | {row['seconds']:.1f} | {rate:.1f} | {rate / base:.2f} | {median} | {p95} |")
+        print(
+            f"| {label} | {row['tokens']} | {row['seconds']:.1f} | {rate:.1f} | {rate / base:.2f} | {median} | {p95} |"
+        )
     unsteered_rate = rows[1][1]["tokens"] / rows[1][1]["seconds"]
     steered_rate = steered["tokens"] / steered["seconds"]
     print(f"\nsteered / unsteered at {args.clients} clients: {steered_rate / unsteered_rate:.3f}")

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import deque
 import os
 import re
 import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -251,6 +251,28 @@ class Served:
                 raise Refusal(str(exc)) from None
         return Path(text)
 
+    def adapter(self, name: str | None, model: ServedModel) -> Any:
+        """The LoRA adapter a request names (a registered name, else a path under the root), read and checked
+        against the model; None for none."""
+        if name is None:
+            return None
+        from ster.engine.model.adapters.apply import open_adapter
+        from ster.engine.protocol import confine
+        from ster.engine.protocol.jobs import JobContext
+
+        entry = self.registry.get(name)
+        if entry is not None and entry.kind != "adapter":
+            raise OpenAIError(
+                f"adapter names {name}, which is registered as a steering vector, not an adapter", "adapter"
+            )
+        path = entry.path if entry is not None else name
+        try:
+            with confine.within(self.root) if self.root is not None else _nothing():
+                located = self.read_path(path, "adapter")
+                return open_adapter(JobContext(lambda event: None), located, model.checkpoint, "adapter")[1]
+        except SterError as exc:
+            raise OpenAIError(str(exc), "adapter") from None
+
     def artifact_loader(self) -> Callable[[str, str], Any]:
         from ster.engine.protocol import confine
 
@@ -365,12 +387,6 @@ def parse_request(body: Any, chat: bool) -> dict[str, Any]:
     adapter = body.get("adapter")
     if adapter is not None and (not isinstance(adapter, str) or not adapter.strip()):
         raise OpenAIError("adapter must name a LoRA adapter: a path or a registered name", "adapter")
-    if adapter is not None:
-        raise OpenAIError(
-            "adapter is not served per request yet; merge it (ster tune merge) and serve the merged model with --model",
-            "adapter",
-            code="unsupported_field",
-        )
     return {
         "model": model,
         "n": n,
@@ -490,7 +506,7 @@ class Completion:
         self.choices: list[Choice] = []
         self.resolved: list[Resolved] = []
 
-    def build(self, steering: list[Resolved], budget: int, outbox: Outbox) -> None:
+    def build(self, steering: list[Resolved], budget: int, outbox: Outbox, adapter: Any = None) -> None:
         from ster.engine.model.sampling import Sampling
         from ster.engine.serving.batcher import RowText, ServedRow
 
@@ -514,6 +530,7 @@ class Completion:
                     min_tokens=min(parsed["min_tokens"], budget),
                     sink=sink,
                     interventions=[each.row for each in steering],
+                    adapter=adapter,
                     logprobs=parsed["logprobs"],
                 )
                 self.rows.append(row)
@@ -530,7 +547,7 @@ class Completion:
             row.cancelled.set()
 
     def ster_field(self) -> dict[str, Any]:
-        """What Ster adds to the response: the interventions as resolved, and each row's conditions."""
+        """What Ster adds to the response: the interventions as resolved, each row's conditions, the adapter."""
         steering = []
         for k, each in enumerate(self.resolved):
             shown = dict(each.shown)
@@ -544,7 +561,7 @@ class Completion:
                     for choice in self.choices
                 ]
             steering.append(shown)
-        return {"steering": steering}
+        return {"steering": steering, "adapter": self.parsed["adapter"]}
 
     def usage(self) -> dict[str, int]:
         prompt = sum(len(p) for p in self.prompts)
@@ -822,13 +839,17 @@ def add_routes(app: FastAPI, served: Served) -> None:
             ids = [each[0] for each in prompts]
             budget = _budget(model, ids, parsed)
             steering = await run_in_threadpool(_steering, served, model, parsed["spec"])
+            adapter = None
+            if parsed["adapter"] is not None:  # tensors are made on the model's thread (see ModelThread)
+                call = served.compute.call if served.compute is not None else (lambda work, *a: work(*a))
+                adapter = await run_in_threadpool(call, served.adapter, parsed["adapter"], model)
         except OpenAIError as exc:
             return exc.response()
         except ClientDisconnect:
             return error_json("the client went away before its request body was read", 400)
         job = Completion(model, parsed, ids, chat)
         assert served.outbox is not None
-        job.build(steering, budget, served.outbox)
+        job.build(steering, budget, served.outbox, adapter)
         return CompletionResponse(job)
 
     @app.post("/v1/chat/completions", tags=["OpenAI"], openapi_extra=_schema("chat"))

@@ -306,3 +306,52 @@ def test_a_ragged_cache_aligns_rows_right_grows_and_drops_the_columns_no_row_use
     assert (cache.keys[:, 1, :, 4:8] == 2.0).all() and (cache.keys[:, 0, :, :8] == 1.0).all()
     cache.reserve(1)
     assert cache.key_mask(1).shape == (2, 9)
+
+
+def test_rows_through_different_adapters_and_none_each_decode_as_alone(tmp_path) -> None:
+    """Two adapters (different targets and ranks) and rows through none, joining at different steps, one of them also
+    steered: each equals the row decoded alone with its adapter attached the usual way."""
+    from ster.engine.model.adapters.lora import attached, load_adapter
+    from tests.tune.adapter_files import write_adapter
+
+    _, decoder = models("toy", tmp_path)
+    write_adapter(tmp_path / "first.safetensors", b_scale=0.5, seed=1)
+    write_adapter(tmp_path / "second.safetensors", b_scale=0.5, seed=2, rank=2, targets=("up", "down", "query"))
+    first = load_adapter(tmp_path / "first.safetensors", decoder.config, torch.device("cpu"))[1]
+    second = load_adapter(tmp_path / "second.safetensors", decoder.config, torch.device("cpu"))[1]
+    steer = added({2: direction(decoder.config.hidden_size, 9)}, {2: 3.0})
+    cases = [(first, {}), (None, {}), (second, {}), (first, steer), (second, {})]
+    rows = []
+    for k, (adapter, plan) in enumerate(cases):
+        served, out = row(PROMPTS[k], 8, [everywhere(plan)] if plan else [])
+        served.adapter = adapter
+        rows.append((served, out))
+    run(
+        Batcher(decoder),
+        {0: [rows[0][0], rows[1][0]], 1: [rows[2][0], rows[3][0]], 3: [rows[4][0]]},
+        [r[1] for r in rows],
+    )
+    for k, ((adapter, plan), (served, out)) in enumerate(zip(cases, rows, strict=True)):
+        with attached(decoder, adapter):
+            want = alone(decoder, served.prompt_ids, plan, 8)
+        assert out.tokens == want, f"row {k}"
+    bare = [alone(decoder, PROMPTS[k], {}, 8) for k in (0, 2)]
+    assert rows[0][1].tokens != bare[0] or rows[2][1].tokens != bare[1], "the adapters should change the text"
+
+
+def test_one_adapter_shared_by_every_row_is_attached_as_it_is(tmp_path) -> None:
+    from ster.engine.model.adapters.lora import load_adapter
+    from ster.engine.serving.batcher import _stacked_adapters
+    from tests.tune.adapter_files import write_adapter
+
+    _, decoder = models("toy", tmp_path)
+    write_adapter(tmp_path / "only.safetensors", b_scale=0.5)
+    only = load_adapter(tmp_path / "only.safetensors", decoder.config, torch.device("cpu"))[1]
+    rows = [row(p, 4)[0] for p in PROMPTS[:3]]
+    for served in rows:
+        served.adapter = only
+    factors = _stacked_adapters(decoder, rows)
+    assert factors and all(lora.ranks is None and lora.row_scale is None for _, _, lora in factors)
+    rows[1].adapter = None
+    mixed = _stacked_adapters(decoder, rows)
+    assert all(lora.row_scale is not None and lora.row_scale.flatten().tolist()[1] == 0.0 for _, _, lora in mixed)

@@ -26,8 +26,13 @@ QUESTIONS = ["the sea", "a quiet morning", "why do birds sing", "the river is", 
 
 
 def _artifacts(where: Path) -> None:
-    """calm.json fitted on the toy-chat model, and anxious.json: the same file with the direction turned around."""
+    """calm.json fitted on the toy-chat model, anxious.json (the same file with the direction turned around), and two
+    LoRA adapters for the toy-chat model."""
     from ster.cli import main
+    from tests.tune.adapter_files import write_adapter
+
+    write_adapter(where / "first.safetensors", model=MODEL, b_scale=0.5, seed=1)
+    write_adapter(where / "second.safetensors", model=MODEL, b_scale=0.5, seed=2, rank=2, targets=("up", "down"))
 
     assert (
         main(
@@ -79,8 +84,9 @@ def generate(home: Path, question: str, n: int, **steering: str) -> str:
     from ster.engine.protocol.jobs import build_job_request, run_job
 
     flags = {"model": MODEL, "prompt": question, "max_new_tokens": str(n), **steering}
-    if "vector" in flags:
-        flags["vector"] = str(home / flags["vector"])
+    for name in ("vector", "adapter"):
+        if name in flags:
+            flags[name] = str(home / flags[name])
     final = run_job("generate", build_job_request("generate", **flags), lambda event: None)
     assert final.type == "result", final
     return str(final.data["text"])
@@ -179,14 +185,26 @@ SPECS: list[tuple[object, dict[str, str]]] = [
         {"vector": "calm.json", "mode": "ablate", "peak_layer": "1", "falloff": "1", "min_weight": "0.5"},
     ),
     ("anxious.json", {"vector": "anxious.json"}),
+    (None, {"adapter": "first.safetensors"}),
+    ({"vector": "calm.json", "scale": 4}, {"vector": "calm.json", "strength": "4", "adapter": "second.safetensors"}),
 ]
+
+
+def _extra(spec: object, flags: dict[str, str]) -> dict | None:
+    extra: dict = {}
+    if spec is not None:
+        extra["steering"] = spec
+    if "adapter" in flags:
+        extra["adapter"] = flags["adapter"]
+    return extra or None
 
 
 def test_requests_with_different_specs_sent_together_each_get_the_text_generate_gives(
     server: Server, home: Path
 ) -> None:
-    """Eight requests at once, each with its own spec (none, add absolute and relative, ablate, clamp, narrowed layers,
-    a weight profile, a bare name): each text equals ``ster generate`` with the same flags."""
+    """Ten requests at once, each with its own spec (none, add absolute and relative, ablate, clamp, narrowed layers,
+    a weight profile, a bare name, an adapter, an adapter and a vector): each text equals ``ster generate`` with the
+    same flags."""
 
     async def ask_all() -> list[str]:
         async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0) as asynchronous:
@@ -196,9 +214,9 @@ def test_requests_with_different_specs_sent_together_each_get_the_text_generate_
                     messages=[{"role": "user", "content": QUESTIONS[k % len(QUESTIONS)]}],
                     max_tokens=10 + k,
                     temperature=0,
-                    extra_body={"steering": spec} if spec is not None else None,
+                    extra_body=_extra(spec, flags),
                 )
-                for k, (spec, _) in enumerate(SPECS)
+                for k, (spec, flags) in enumerate(SPECS)
             ]
             return [answer.choices[0].message.content or "" for answer in await asyncio.gather(*asks)]
 
@@ -298,7 +316,8 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "the sea"}], "m
             "steering[0].condition.layer",
             "no direction",
         ),
-        ({"adapter": "some.safetensors"}, 400, "adapter", "not served per request"),
+        ({"adapter": "no-such.safetensors"}, 400, "adapter", "no-such.safetensors"),
+        ({"adapter": "calm.json"}, 400, "adapter", "calm.json"),
     ],
 )
 def test_a_bad_field_is_a_400_in_openais_shape_naming_it(server: Server, change, status, param, words) -> None:
@@ -385,6 +404,18 @@ def test_the_registry_names_vectors_and_a_replacement_leaves_running_requests_al
         assert gone.status_code == 404 and gone.json()["error"]["code"] == "not_found"
         bad = raw.post("/v1/steering", json={"name": "../x", "vector": "calm.json"})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "name"
+        assert raw.post("/v1/steering", json={"name": "tone", "adapter": "first.safetensors"}).status_code == 201
+        toned = client(server).chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "the sea"}],
+            max_tokens=12,
+            temperature=0,
+            extra_body={"adapter": "tone"},
+        )
+        assert toned.choices[0].message.content == generate(home, "the sea", 12, adapter="first.safetensors")
+        wrong = raw.post("/v1/chat/completions", json={**CHAT, "steering": "tone"})
+        assert wrong.status_code == 400 and "registered as an adapter" in wrong.json()["error"]["message"]
+        assert raw.delete("/v1/steering/tone").json() == {"deleted": "tone", "kind": "adapter"}
 
 
 def test_a_client_that_vanishes_mid_stream_leaves_the_batch_and_the_server_serves_on(server: Server) -> None:
@@ -437,6 +468,8 @@ def test_the_token_and_the_root_hold_for_every_new_field(tmp_path: Path, home: P
     shutil.copy(home / "calm.json", root / "calm.json")
     outside = tmp_path / "outside.json"
     shutil.copy(home / "calm.json", outside)
+    for suffix in (".safetensors", ".json"):
+        shutil.copy(home / f"first{suffix}", tmp_path / f"away{suffix}")
     token = "0123456789abcdefABCDEF-_.~ghijklmnopqrstuv"
     (tmp_path / "token").write_text(token)
     running = start_server(root, "--root", str(root), "--token-file", str(tmp_path / "token"), "--model", MODEL)
@@ -460,6 +493,7 @@ def test_the_token_and_the_root_hold_for_every_new_field(tmp_path: Path, home: P
                 "steering[0].condition.vector",
             ),
             ({**CHAT, "model": str(tmp_path)}, "model"),
+            ({**CHAT, "adapter": str(tmp_path / "away.safetensors")}, "adapter"),
         ]:
             response = httpx.post(f"{running.url}/v1/chat/completions", json=body, headers=headers)
             assert response.status_code in (400, 404), response.text

@@ -157,6 +157,8 @@ class ServedRow:
     interventions: list[RowIntervention] = field(default_factory=list)
     min_tokens: int = 0
     """EOS is not chosen before this many tokens (vLLM's ``min_tokens``)."""
+    adapter: Any = None
+    """The LoRA adapter (an :class:`~ster.engine.model.adapters.lora.Adapter`) the row decodes through, or None."""
     logprobs: int | None = None
     """None: no log-probabilities; k: the chosen token's and the k most likely (0: the chosen's only)."""
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -227,6 +229,8 @@ class Batcher:
         self.cache: Any = None
         """A :class:`RaggedCache`, or the one row's own cache where rows are not batched."""
         self.edits: list[RowEdits | None] = []
+        self.factors: list[tuple[Any, str, Any]] = []
+        """The running rows' adapters, stacked per projection (see :func:`_stacked_adapters`)."""
         self.changed = True
         self.wake = threading.Condition()
         self.stopping = threading.Event()
@@ -382,7 +386,7 @@ class Batcher:
         room = 0 if self.ragged else rows[0].max_new_tokens
         fresh = model.new_cache(len(rows), longest + room)
         slots, gates = _prompt_slots(model, rows, longest)
-        with _batch_edits(model, slots, gates):
+        with _batch_edits(model, slots, gates), _attached(model, _stacked_adapters(model, rows)):
             logits = model(ids, cache=fresh, key_mask=key_mask).require_logits()
         if not self.ragged:
             self.cache = fresh
@@ -477,13 +481,14 @@ class Batcher:
         tokens = torch.tensor([[row.last] for row in self.rows], device=self.device)
         if self.changed:
             self.edits = _stacked(self.model, self.rows)
+            self.factors = _stacked_adapters(self.model, self.rows)
             self.changed = False
         gates = _gates(self.rows, self.device)
         mask = None
         if self.ragged:
             self.cache.reserve(1)
             mask = self.cache.key_mask(1)
-        with _batch_edits(self.model, self.edits, gates):
+        with _batch_edits(self.model, self.edits, gates), _attached(self.model, self.factors):
             self.logits = self.model(tokens, cache=self.cache, key_mask=mask).require_logits()
         self.steps += 1
 
@@ -535,6 +540,72 @@ def _stacked(model: Decoder, rows: list[ServedRow]) -> list[RowEdits | None]:
     return stacked
 
 
+def _stacked_adapters(model: Decoder, rows: list[ServedRow]) -> list[tuple[Any, str, Any]]:
+    """(module, projection, factors) for every projection any row's adapter changes: the distinct adapters'
+    factors stacked along the rank, each row keeping its own adapter's share (see
+    :class:`~ster.engine.model.adapters.factors.LoraFactors`). One adapter shared by every row is attached as it
+    is, so such a batch computes exactly what a row alone does."""
+    from ster.engine.model.adapters.artifact import TARGETS, factor_names
+    from ster.engine.model.adapters.factors import LoraFactors
+
+    used = [row.adapter for row in rows]
+    distinct: list[Any] = []
+    for adapter in used:
+        if adapter is not None and all(adapter is not seen for seen in distinct):
+            distinct.append(adapter)
+    if not distinct:
+        return []
+    device = model.lm_head.weight.device
+    alike = len(distinct) == 1 and all(adapter is distinct[0] for adapter in used)
+    row_scale = None
+    if not alike:
+        scales = [0.0 if adapter is None else float(adapter.scale) for adapter in used]
+        row_scale = torch.tensor(scales, dtype=torch.float32, device=device)[:, None, None]
+    out = []
+    for layer, target in sorted({(lay, tar) for a in distinct for lay in a.layers for tar in a.targets}):
+        having = [a for a in distinct if layer in a.layers and target in a.targets]
+        names = factor_names(layer, target)
+        host = model.lora_module(layer, TARGETS[target])
+        if alike:
+            only = having[0]
+            out.append((host, TARGETS[target], LoraFactors(only.tensors[names[0]], only.tensors[names[1]], only.scale)))
+            continue
+        a = torch.cat([each.tensors[names[0]] for each in having])
+        b = torch.cat([each.tensors[names[1]] for each in having], dim=1)
+        ranks = torch.zeros(len(rows), 1, a.shape[0], dtype=torch.float32, device=device)
+        start = 0
+        for each in having:
+            width = each.tensors[names[0]].shape[0]
+            for r, adapter in enumerate(used):
+                if adapter is each:
+                    ranks[r, 0, start : start + width] = 1.0
+            start += width
+        out.append((host, TARGETS[target], LoraFactors(a, b, 1.0, ranks, row_scale)))
+    return out
+
+
+@contextmanager
+def _attached(model: Decoder, factors: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """The stacked factors on their projections for one forward, whatever was attached put back after."""
+    if not factors:
+        yield
+        return
+    from ster.engine.model.adapters.lora import lora_modules
+
+    modules = lora_modules(model)
+    before = [dict(module.lora) for module in modules]
+    try:
+        for module in modules:
+            module.lora.clear()
+        for host, name, lora in factors:
+            host.lora[name] = lora
+        yield
+    finally:
+        for module, kept in zip(modules, before, strict=True):
+            module.lora.clear()
+            module.lora.update(kept)
+
+
 def _gates(rows: list[ServedRow], device: torch.device) -> list[Tensor | None]:
     """Per slot, [rows] 1/0 whether each row's intervention edits this step (None: every row's does)."""
     slots = max((len(row.active) for row in rows), default=0)
@@ -582,7 +653,9 @@ def _batch_edits(model: Decoder, slots: list[RowEdits | None], gates: list[Tenso
         yield
 
 
-def _prompt_slots(model: Decoder, rows: list[ServedRow], width: int) -> tuple[list[RowEdits | None], list[Tensor | None]]:
+def _prompt_slots(
+    model: Decoder, rows: list[ServedRow], width: int
+) -> tuple[list[RowEdits | None], list[Tensor | None]]:
     """The joining rows' prompt edits, slot by slot (a row's k-th intervention that edits the prompt in slot k), and
     per slot a [rows, width] gate of the positions each row edits (None: every row every position). Prompts are
     right-aligned, so position -1 is the last column for every row."""

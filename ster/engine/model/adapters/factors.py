@@ -18,11 +18,17 @@ from torch import Tensor, nn
 
 @dataclass(frozen=True)
 class LoraFactors:
-    """One projection's low-rank update ``scale · B (A x)``: A [rank, in] and B [out, rank], f32 parameters."""
+    """One projection's low-rank update ``scale · B (A x)``: A [rank, in] and B [out, rank], f32 parameters.
+
+    A batch whose rows go through different adapters (a server's) stacks their factors along the rank: ``ranks``
+    [rows, 1, rank] keeps each row's own adapter's share of ``A x`` (1) and drops the others' (0), and
+    ``row_scale`` [rows, 1, 1] is each row's adapter's scale (0 for a row through none), in place of ``scale``."""
 
     a: Tensor
     b: Tensor
     scale: float
+    ranks: Tensor | None = None
+    row_scale: Tensor | None = None
 
 
 class FactorHost(Protocol):
@@ -40,8 +46,15 @@ NO_FACTORS: dict[str, LoraFactors] = {}
 
 
 def lora_update(x: Tensor, lora: LoraFactors) -> Tensor:
-    """``scale · B (A x)``, the factors cast to the activations' dtype so gradients still flow back to f32."""
-    return lora.scale * F.linear(F.linear(x, lora.a.to(x.dtype)), lora.b.to(x.dtype))
+    """``scale · B (A x)``, the factors cast to the activations' dtype so gradients still flow back to f32; row by
+    row with a stacked batch's ``ranks`` and ``row_scale``."""
+    inner = F.linear(x, lora.a.to(x.dtype))
+    if lora.ranks is not None:
+        inner = inner * lora.ranks.to(x.dtype)
+    out = F.linear(inner, lora.b.to(x.dtype))
+    if lora.row_scale is not None:
+        return out * lora.row_scale.to(x.dtype)
+    return lora.scale * out
 
 
 def add_piece_updates(
