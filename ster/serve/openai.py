@@ -996,6 +996,9 @@ def _schema(kind: str) -> dict[str, Any]:
         "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
         "logprobs": {"type": "boolean" if kind == "chat" else "integer"},
         "top_logprobs": {"type": "integer"},
+        "ignore_eos": {"type": "boolean", "default": False, "description": "vLLM's: decode past EOS to max_tokens."},
+        "min_tokens": {"type": "integer", "default": 0, "description": "vLLM's: no EOS before this many tokens."},
+        "adapter": {"type": "string", "description": "A LoRA adapter: a path under --root or a registered name."},
         "steering": {
             "description": "Ster's steering spec: a vector's name or path, one intervention, or a list of them.",
             "anyOf": [

@@ -506,3 +506,53 @@ def test_the_token_and_the_root_hold_for_every_new_field(tmp_path: Path, home: P
     finally:
         stop_server(running)
     assert "Traceback" not in running.stderr_text()
+
+
+def test_the_api_document_describes_the_steering_spec(server: Server) -> None:
+    document = httpx.get(f"{server.url}/openapi.json").json()
+    schemas = document["components"]["schemas"]
+    assert {"SteeringSpec", "Intervention", "Condition"} <= set(schemas)
+    intervention = schemas["Intervention"]["properties"]
+    for name in ("vector", "mode", "scale", "target_layers", "apply_to", "prefill_trigger_positions", "condition"):
+        assert name in intervention, name
+    body = document["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert {"model", "messages", "steering", "adapter", "stream"} <= set(body["properties"])
+    assert "/v1/steering" in document["paths"] and "/v1/models" in document["paths"]
+
+
+def test_a_chat_request_that_arrives_while_a_job_holds_the_model_is_told_it_waits(server: Server, home: Path) -> None:
+    """An endless SFT job holds the model: a streamed chat request is told so in an SSE comment, and is answered
+    whole once the job is cancelled; a job posted while rows decode waits for them, not for rows sent after it."""
+    body = {"model": MODEL, "examples": "ster:examples", "epochs": 1_000_000, "output": str(home / "sft.safetensors")}
+    with httpx.Client(base_url=server.url, timeout=60) as raw:
+        with raw.stream("POST", "/v1/tune/sft?stream=events", json=body) as job:
+            job_id = job.headers["x-ster-job"]
+            lines = job.iter_lines()
+            for line in lines:  # the job has the model once it trains
+                if json.loads(line).get("stage") not in ("queue", None):
+                    break
+            chat = {**CHAT, "temperature": 0, "max_tokens": 12, "stream": True}
+            seen: list[str] = []
+
+            def read() -> None:
+                with httpx.Client(base_url=server.url, timeout=60) as other:
+                    with other.stream("POST", "/v1/chat/completions", json=chat) as response:
+                        seen.extend(response.iter_lines())
+
+            reader = threading.Thread(target=read)
+            reader.start()
+            deadline = time.monotonic() + 20
+            while not any(line.startswith(": waiting") for line in seen) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert any(line.startswith(": waiting") for line in seen), seen
+            early = [json.loads(line[6:]) for line in list(seen) if line.startswith("data: {")]
+            assert all(not chunk["choices"][0]["delta"].get("content") for chunk in early)  # the role, no text yet
+            assert raw.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
+            for _ in lines:
+                pass
+        reader.join(60)
+    payloads = [line[6:] for line in seen if line.startswith("data: ")]
+    assert payloads[-1] == "[DONE]"
+    text = "".join(json.loads(p)["choices"][0]["delta"].get("content") or "" for p in payloads[:-1])
+    assert text == generate(home, "the sea", 12)
+    assert not (home / "sft.safetensors").exists()

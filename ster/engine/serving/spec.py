@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ster.engine.steering.intervention import Mode
 
@@ -69,21 +69,21 @@ class Condition(BaseModel):
 class Intervention(BaseModel):
     """One artifact's direction applied to a row: added, ablated or clamped, where and how strongly."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
     vector: str = Field(description="A steering artifact: a path (under the server's --root) or a registered name.")
     mode: Mode = Field(
         default="add", description="``add`` steers, ``ablate`` removes the direction, ``clamp`` sets it."
     )
     scale: float | str | None = Field(
         default=None,
-        alias="strength",
+        validation_alias=AliasChoices("scale", "strength"),
         description="The strength: a number in the residual stream's units, a multiple of each layer's activation "
         'norm such as ``"0.4x"``, or ``"calibrated"`` (the artifact\'s calibrated strength). Default: as '
         "``ster generate`` (the calibrated strength where the artifact has one; 1 for ``ablate``).",
     )
     target_layers: list[int] | str | None = Field(
         default=None,
-        alias="layers",
+        validation_alias=AliasChoices("target_layers", "layers"),
         description='The blocks it acts at: a list, or ``"all"``, ``"2,5"``, ``"2..6"`` (default: the mode\'s: '
         "the artifact's layers for ``add``, every block and the embedding for ``ablate`` and ``clamp``).",
     )
