@@ -18,7 +18,7 @@ It prints the CPU line, a markdown table (tokens/s, ratio to one client, TTFT me
 row costs (the batch's KV cache per row at its peak, and the server's resident growth per row). Nothing is
 asserted: the figures depend on the machine.
 
-    python bench/openai_load.py                        # SmolLM2 from .bench/, 16 clients, 48 tokens each
+    python bench/openai_load.py                        # SmolLM2 from .bench/, 16 clients, 128 tokens each
     python bench/openai_load.py --model DIR --clients 16 --tokens 64
 """
 
@@ -379,8 +379,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--tokens", type=int, default=48)
-    parser.add_argument("--repeats", type=int, default=2, help="requests the lone client sends, one after another")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=4, help="requests the lone client sends, one after another")
     parser.add_argument("--condition-layer", type=int, default=15)
     parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args()
