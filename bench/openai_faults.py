@@ -68,9 +68,10 @@ class Tally:
 
 def stream_text(url: str, body: dict[str, Any], pause: float = 0.0, stop_after: int | None = None) -> str | None:
     """The streamed text of a chat request (None when it was dropped on purpose)."""
-    with httpx.Client(base_url=url, timeout=120) as client, client.stream(
-        "POST", "/v1/chat/completions", json={**body, "stream": True}
-    ) as response:
+    with (
+        httpx.Client(base_url=url, timeout=120) as client,
+        client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response,
+    ):
         if response.status_code != 200:
             raise RuntimeError(f"status {response.status_code}: {response.read()[:200]!r}")
         pieces, chunks, done = [], 0, False
@@ -114,7 +115,10 @@ def main() -> None:
         with open(where / "train.log", "w") as log:
             saved, sys.stdout = sys.stdout, log
             try:
-                assert ster(["--json", "train", "--model", model, "--pairs", pairs, "--output", str(where / "calm.json")]) == 0
+                assert (
+                    ster(["--json", "train", "--model", model, "--pairs", pairs, "--output", str(where / "calm.json")])
+                    == 0
+                )
             finally:
                 sys.stdout = saved
         document = json.loads((where / "calm.json").read_text())
@@ -164,7 +168,10 @@ def main() -> None:
 
         reference = {(q, k): whole(q, spec) for q in QUESTIONS for k, spec in enumerate(specs)}
         moods = {
-            q: {whole(q, {"vector": "calm.json", "scale": "0.5x"}), whole(q, {"vector": "anxious.json", "scale": "0.5x"})}
+            q: {
+                whole(q, {"vector": "calm.json", "scale": "0.5x"}),
+                whole(q, {"vector": "anxious.json", "scale": "0.5x"}),
+            }
             for q in QUESTIONS
         }
         httpx.post(f"{url}/v1/steering", json={"name": "mood", "vector": "calm.json"})
@@ -202,7 +209,9 @@ def main() -> None:
                 change, param = random.choice(BAD)
                 response = httpx.post(f"{url}/v1/chat/completions", json={**body("the sea", None), **change})
                 error = response.json().get("error", {})
-                right = response.status_code == 400 and error.get("param") == param and set(error) >= {"message", "type"}
+                right = (
+                    response.status_code == 400 and error.get("param") == param and set(error) >= {"message", "type"}
+                )
                 tally.add("bad refused" if right else "bad answered wrong", None if right else response.text[:200])
                 time.sleep(0.05)
 

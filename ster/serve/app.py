@@ -485,7 +485,7 @@ def _endpoint(operation: str, jobs: Jobs, root: Root | None, models: Any, comput
     return endpoint
 
 
-_SCHEMAS: dict[str, Any] = {}
+BODY_SCHEMAS: dict[str, Any] = {}
 """Schemas the request bodies refer to, gathered for the OpenAPI document's components."""
 
 
@@ -495,7 +495,7 @@ def _body_schema(job: str) -> dict[str, Any]:
         schema = request_class(job).model_json_schema(ref_template="#/components/schemas/{model}")
     except Exception:  # a field type without a JSON schema: document the body as an object
         schema = {"type": "object"}
-    _SCHEMAS.update(schema.pop("$defs", {}))
+    BODY_SCHEMAS.update(schema.pop("$defs", {}))
     schema["properties"] = {wire.camel(name): value for name, value in schema.get("properties", {}).items()}
     schema.pop("required", None)  # the server says what is missing in the original's words
     return {"requestBody": {"required": False, "content": {"application/json": {"schema": schema}}}}
@@ -507,7 +507,7 @@ def _openapi(app: FastAPI) -> Any:
     def build() -> dict[str, Any]:
         if app.openapi_schema is None:
             document = get_openapi(title=app.title, version="1", summary=app.summary, routes=app.routes)
-            document.setdefault("components", {}).setdefault("schemas", {}).update(_SCHEMAS)
+            document.setdefault("components", {}).setdefault("schemas", {}).update(BODY_SCHEMAS)
             app.openapi_schema = document
         return app.openapi_schema
 

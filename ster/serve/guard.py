@@ -118,13 +118,13 @@ class Root(confine.Root):
                 continue  # absent, blank (none) or not text: the request model says what is wrong
             text = os.fspath(raw)
             if name == "model" or (name == "judge" and text != "none"):  # a judge is a model too
-                self._model(text, flag(name))
+                self.check_model(text, flag(name))
             elif (name == "reward" and text != "length") or is_path_field(info.annotation):
                 if text in EXAMPLES and name not in getattr(kind, "outputs", ()):
                     continue  # a bundled example, read from Ster's own read-only data
-                self._inside(text, flag(name))
+                self.check_inside(text, flag(name))
 
-    def _inside(self, text: str, what: str) -> confine.Walked:
+    def check_inside(self, text: str, what: str) -> confine.Walked:
         try:
             walked = self.walk(text, f"{what} {text}")
         except Refusal as exc:
@@ -134,10 +134,10 @@ class Root(confine.Root):
                 os.close(fd)
         return walked
 
-    def _model(self, text: str, what: str = "--model") -> None:
+    def check_model(self, text: str, what: str = "--model") -> None:
         if text in RESERVED_MODELS:
             return
-        walked = self._inside(text, what)
+        walked = self.check_inside(text, what)
         if walked.fd is None or not stat.S_ISDIR(walked.mode):
             raise WireRefusal(
                 f"{what} {text} is not a checkpoint directory inside the server's root "

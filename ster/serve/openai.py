@@ -188,7 +188,7 @@ class Served:
                 return known
         if self.root is not None:
             try:
-                self.root._model(name, "model")
+                self.root.check_model(name, "model")
             except wire.WireRefusal as exc:
                 raise OpenAIError(str(exc), "model", 404, "model_not_found") from None
         elif requested and not name.startswith("ster:") and not Path(name).is_dir():
@@ -246,7 +246,7 @@ class Served:
         """A file a request names, confined under the root (refused in one sentence otherwise)."""
         if self.root is not None:
             try:
-                self.root._inside(text, what)
+                self.root.check_inside(text, what)
             except wire.WireRefusal as exc:
                 raise Refusal(str(exc)) from None
         return Path(text)
@@ -973,10 +973,10 @@ def _entry(served: Served, body: Any) -> Registered:
 def _schema(kind: str) -> dict[str, Any]:
     """The request body in ``/docs``: OpenAI's fields named, and the ``steering`` spec's JSON schema."""
     spec = SteeringSpec.model_json_schema(ref_template="#/components/schemas/{model}")
-    from ster.serve.app import _SCHEMAS
+    from ster.serve.app import BODY_SCHEMAS
 
-    _SCHEMAS.update(spec.pop("$defs", {}))
-    _SCHEMAS["SteeringSpec"] = spec
+    BODY_SCHEMAS.update(spec.pop("$defs", {}))
+    BODY_SCHEMAS["SteeringSpec"] = spec
     text = (
         {"messages": {"type": "array", "items": {"type": "object"}}}
         if kind == "chat"

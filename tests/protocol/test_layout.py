@@ -10,7 +10,7 @@ import ast
 from pathlib import Path
 
 ENGINE = Path(__file__).resolve().parents[2] / "ster" / "engine"
-PARTS = ["protocol", "model", "pairs", "steering", "tune"]
+PARTS = ["protocol", "model", "pairs", "steering", "tune", "serving"]
 """In dependency order: each part may import only the parts before it."""
 
 

@@ -20,7 +20,12 @@ CALM = "Describe a quiet morning by a still lake."
 def _fit(model: Path, output: Path, layers: str) -> None:
     from ster.cli import main
 
-    assert main(["--json", "train", "--model", str(model), "--pairs", str(FIT), "--layers", layers, "--output", str(output)]) == 0
+    assert (
+        main(
+            ["--json", "train", "--model", str(model), "--pairs", str(FIT), "--layers", layers, "--output", str(output)]
+        )
+        == 0
+    )
 
 
 def _generate(model: Path, prompt: str, n: int, **flags: str) -> str:
@@ -56,7 +61,9 @@ def test_a_fitted_condition_steers_the_alarmed_prompt_and_leaves_the_calm_one(sm
                 extra_body={"steering": steering},
             )
 
-        measures = {p: ask(p, 2.0, 1).model_extra["ster"]["steering"][0]["condition"][0]["measure"] for p in (ALARMED, CALM)}
+        measures = {
+            p: ask(p, 2.0, 1).model_extra["ster"]["steering"][0]["condition"][0]["measure"] for p in (ALARMED, CALM)
+        }
         assert measures[ALARMED] < measures[CALM], measures
         threshold = (measures[ALARMED] + measures[CALM]) / 2
 
@@ -92,7 +99,9 @@ def test_a_fitted_condition_steers_the_alarmed_prompt_and_leaves_the_calm_one(sm
     assert "Traceback" not in server.stderr_text()
 
 
-def test_gemma_completions_batched_with_steering_equal_generate_and_chat_is_refused(gemma: Path, tmp_path: Path) -> None:
+def test_gemma_completions_batched_with_steering_equal_generate_and_chat_is_refused(
+    gemma: Path, tmp_path: Path
+) -> None:
     """Gemma 3 270M (the base model, sliding-window layers, sandwich norms): two prompts of different lengths sent
     together, one steered and one ablated, each equal ``ster generate``; it has no chat template, so a chat request
     is refused in one sentence that says where to send the text."""
@@ -121,7 +130,9 @@ def test_gemma_completions_batched_with_steering_equal_generate_and_chat_is_refu
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
         with pytest.raises(openai.BadRequestError) as refused:
             client.chat.completions.create(model=str(gemma), messages=[{"role": "user", "content": "hi"}], max_tokens=4)
-        assert "no chat template" in json.dumps(refused.value.body) and "/v1/completions" in refused.value.body["message"]
+        assert (
+            "no chat template" in json.dumps(refused.value.body) and "/v1/completions" in refused.value.body["message"]
+        )
     finally:
         stop_server(server)
     assert "Traceback" not in server.stderr_text()
