@@ -355,3 +355,25 @@ def test_one_adapter_shared_by_every_row_is_attached_as_it_is(tmp_path) -> None:
     rows[1].adapter = None
     mixed = _stacked_adapters(decoder, rows)
     assert all(lora.row_scale is not None and lora.row_scale.flatten().tolist()[1] == 0.0 for _, _, lora in mixed)
+
+
+def test_text_held_back_for_a_stop_string_that_never_comes_is_sent_when_the_row_ends(tmp_path) -> None:
+    """A row whose text ends at EOS on the start of a stop string still sends that start."""
+    _, decoder = models("toy", tmp_path)
+    plain = row(PROMPTS[0], 6)
+    run(Batcher(decoder), {0: [plain[0]]}, [plain[1]])
+    first_new = next(k for k, t in enumerate(plain[1].tokens) if k >= 2 and t not in plain[1].tokens[:k])
+    tokens = plain[1].tokens[: first_new + 1]  # the last one is new: it ends the row as its EOS
+    sent: list[str] = []
+    collected = Collected()
+
+    def sink(event: object) -> None:
+        if isinstance(event, TokenEvent):
+            sent.append(event.text)
+        collected(event)
+
+    held = RowText(Codec(), [f"<{tokens[-2]}>never"])
+    served = ServedRow(PROMPTS[0], GREEDY, 10, frozenset({tokens[-1]}), held, sink)
+    run(Batcher(decoder), {0: [served]}, [collected])
+    assert collected.end is not None and collected.end.reason == "stop"  # at EOS, not at the stop string
+    assert "".join(sent) == "".join(f"<{t}>" for t in tokens[:-1])

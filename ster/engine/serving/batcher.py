@@ -445,7 +445,7 @@ class Batcher:
             logprob, top = _logprobs(logits, token, row.logprobs)
             row.sink(TokenEvent(text, token, logprob, top))
             if stopped:
-                self._end(row, "stop")
+                self._end(row, "stop", matched=True)
                 leaving.append(position)
             elif row.generated == row.max_new_tokens:
                 self._end(row, "length")
@@ -453,8 +453,10 @@ class Batcher:
         for position in sorted(leaving, reverse=True):
             self._remove(position)
 
-    def _end(self, row: ServedRow, reason: FinishReason, message: str | None = None) -> None:
-        rest = row.text.rest() if reason != "stop" or not row.text.stops else ""
+    def _end(self, row: ServedRow, reason: FinishReason, message: str | None = None, matched: bool = False) -> None:
+        """Tell the row's sink it ended; text held back for a stop string that never came is sent first (none
+        when a stop string ``matched``: it and what follows are never sent)."""
+        rest = "" if matched else row.text.rest()
         if rest:
             row.sink(TokenEvent(rest, -1))
         row.sink(EndEvent(reason, len(row.prompt_ids), row.generated, message, row.conditions, row.measures))
