@@ -159,8 +159,11 @@ class SterApp(App[None]):
         return pane
 
     async def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
-        await self.pane(event.pane.id or "")  # a tab clicked with the mouse before it was ever shown
-        self._focus_tab(event.pane.id or "")
+        tab = event.pane.id or ""
+        if not self.query(f"TabPane#{tab}"):  # a late event while the app closes: its tabs are gone already
+            return
+        await self.pane(tab)  # a tab clicked with the mouse before it was ever shown
+        self._focus_tab(tab)
 
     def on_resize(self) -> None:
         self.refresh_status()
@@ -269,8 +272,10 @@ class SterApp(App[None]):
         self.call_after_refresh(self._focus_tab, tab)
 
     def _focus_tab(self, tab: str) -> None:
-        # Focusing a widget switches to its tab, so a late focus must not undo a newer switch.
-        if self.query_one(TabbedContent).active == tab:
+        # Focusing a widget switches to its tab, so a late focus must not undo a newer switch; nor can it land
+        # once the app closes and its tabs are gone.
+        tabs = self.query(TabbedContent)
+        if tabs and tabs.first().active == tab and self.query(f"#{tab}-pane"):
             focus_main(self.query_one(f"#{tab}-pane"))
 
     def action_leave_field(self) -> None:
