@@ -160,31 +160,16 @@ class Server:
 
 
 def one_request(server: Server, question: str, tokens: int, spec: Any) -> dict[str, float]:
+    """One client alone: the same request as :func:`one_async`, from its own client."""
+    import asyncio
+
     import openai
 
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=600)
-    started = time.perf_counter()
-    first = None
-    usage = None
-    extra: dict[str, Any] = {"min_tokens": tokens}
-    if spec is not None:
-        extra["steering"] = spec
-    stream = client.chat.completions.create(
-        model=server.model,
-        messages=[{"role": "user", "content": question}],
-        max_tokens=tokens,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-        extra_body=extra,
-    )
-    for chunk in stream:
-        if first is None and chunk.choices and chunk.choices[0].delta.content:
-            first = time.perf_counter() - started
-        if chunk.usage is not None:
-            usage = chunk.usage
-    assert usage is not None
-    return {"ttft": first or 0.0, "tokens": usage.completion_tokens, "seconds": time.perf_counter() - started}
+    async def alone() -> dict[str, float]:
+        async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=600) as c:
+            return await one_async(c, server.model, question, tokens, spec)
+
+    return asyncio.run(alone())
 
 
 async def one_async(client: Any, model: str, question: str, tokens: int, spec: Any) -> dict[str, float]:
