@@ -592,20 +592,10 @@ def _attached(model: Decoder, factors: list[tuple[Any, str, Any]]) -> Iterator[N
     if not factors:
         yield
         return
-    from ster.engine.model.adapters.lora import lora_modules
+    from ster.engine.model.adapters.lora import factors_on
 
-    modules = lora_modules(model)
-    before = [dict(module.lora) for module in modules]
-    try:
-        for module in modules:
-            module.lora.clear()
-        for host, name, lora in factors:
-            host.lora[name] = lora
+    with factors_on(model, factors):
         yield
-    finally:
-        for module, kept in zip(modules, before, strict=True):
-            module.lora.clear()
-            module.lora.update(kept)
 
 
 def _gates(rows: list[ServedRow], device: torch.device) -> list[Tensor | None]:

@@ -112,21 +112,32 @@ def attached(decoder: Decoder, adapter: Adapter | None) -> Iterator[Decoder]:
     if adapter is None:
         yield decoder
         return
+    entries = []
+    for layer in adapter.layers:
+        for target in adapter.targets:
+            a, b = factor_names(layer, target)
+            host = decoder.lora_module(layer, TARGETS[target])
+            entries.append((host, TARGETS[target], LoraFactors(adapter.tensors[a], adapter.tensors[b], adapter.scale)))
+    with factors_on(decoder, entries):
+        yield decoder
+
+
+@contextmanager
+def factors_on(decoder: Decoder, entries: list[tuple[FactorHost, str, LoraFactors]]) -> Iterator[None]:
+    """Exactly ``entries`` (module, projection, factors) attached for the block; what was attached before is set
+    aside and put back whatever happens."""
     modules = lora_modules(decoder)
     before = [dict(module.lora) for module in modules]
     try:
         for module in modules:
             module.lora.clear()
-        for layer in adapter.layers:
-            for target in adapter.targets:
-                a, b = factor_names(layer, target)
-                host = decoder.lora_module(layer, TARGETS[target])
-                host.lora[TARGETS[target]] = LoraFactors(adapter.tensors[a], adapter.tensors[b], adapter.scale)
-        yield decoder
+        for host, name, factors in entries:
+            host.lora[name] = factors
+        yield
     finally:
-        for module, factors in zip(modules, before):
+        for module, kept in zip(modules, before, strict=True):
             module.lora.clear()
-            module.lora.update(factors)
+            module.lora.update(kept)
 
 
 @contextmanager
