@@ -450,7 +450,13 @@ def generic_config(raw: dict[str, Any], where: str) -> Any:
 def _generic_decoder_config(raw: dict[str, Any], path: Path, unimplemented: str | None = None) -> DecoderConfig:
     """The decoder fields of a model run through transformers, read off its own config class (which knows
     each family's spelling: GPT-2's ``n_embd`` is its ``hidden_size``)."""
-    hf = generic_config(raw, str(path)).get_text_config()
+    return decoder_config_of(generic_config(raw, str(path)), str(raw["model_type"]), str(path), unimplemented)
+
+
+def decoder_config_of(hf_config: Any, model_type: str, where: str, unimplemented: str | None = None) -> DecoderConfig:
+    """The decoder fields of transformers' config object ``hf_config`` (of a checkpoint, or of a model the caller
+    already holds), refused in one sentence naming ``where`` when they are not usable."""
+    hf = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
 
     def value(name: str, default: Any = None) -> Any:
         try:
@@ -462,7 +468,7 @@ def _generic_decoder_config(raw: dict[str, Any], path: Path, unimplemented: str 
     try:
         hidden, heads = int(value("hidden_size")), int(value("num_attention_heads", 1))
         return DecoderConfig(
-            model_type=str(raw["model_type"]),
+            model_type=model_type,
             native=False,
             unimplemented=unimplemented,
             vocab_size=value("vocab_size"),
@@ -483,7 +489,7 @@ def _generic_decoder_config(raw: dict[str, Any], path: Path, unimplemented: str 
         )
     except (ValidationError, TypeError, ValueError) as exc:
         detail = first_error(exc) if isinstance(exc, ValidationError) else str(exc)
-        raise Refusal(f"model config {path} is not a usable {raw['model_type']} config: {detail}") from None
+        raise Refusal(f"model config {where} is not a usable {model_type} config: {detail}") from None
 
 
 def load_config(path: Path) -> DecoderConfig:

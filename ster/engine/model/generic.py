@@ -76,7 +76,10 @@ class GenericCache:
 class GenericDecoder(nn.Module):
     """A transformers causal LM behind the interface of Ster's :class:`~ster.engine.model.decoder.SterDecoder`."""
 
-    def __init__(self, config: DecoderConfig, model: PreTrainedModel) -> None:
+    def __init__(self, config: DecoderConfig, model: PreTrainedModel, hosts_adapters: bool = True) -> None:
+        """``hosts_adapters`` false leaves ``model`` exactly as it is (no hook, no attribute on its projections):
+        a view of a model the caller holds, read and steered by hooks that come and go with each block of code
+        (:mod:`ster.engine.steering.held`), and never given an adapter."""
         super().__init__()
         self.config = config
         self.hf = model
@@ -87,6 +90,13 @@ class GenericDecoder(nn.Module):
         parameters = inspect.signature(model.forward).parameters
         self._cache_keyword = "cache" if "cache" in parameters else "past_key_values"
         self._keeps_logits = "logits_to_keep" in parameters
+        if hosts_adapters:
+            self._host_adapters()
+
+    def _host_adapters(self) -> None:
+        """Make each projection a LoRA target: an empty factor table on its module and a hook adding what
+        :func:`ster.engine.model.adapters.lora.attached` puts there."""
+        config = self.config
         for layer in self.layers:
             for attribute, names in LORA_MODULES.items():
                 module = getattr(layer, attribute, None)

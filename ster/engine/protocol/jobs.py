@@ -175,11 +175,7 @@ def _run(name: str, request: BaseModel, emit: Sink, cancel: threading.Event | No
     ctx = JobContext(emit, cancel or threading.Event(), models)
     final: Outcome
     try:
-        job = job_function(name)  # may import torch: seconds, during which Ctrl-C may already have come
-        ctx.check_cancelled()
-        check_before_running(request)  # what lies at its paths: a FIFO as an input, an output inside the model
-        with inflight.job_writes(ctx.cancel):  # once cancelled, the job's output is never renamed into place
-            document = job(request, ctx)
+        document = execute(name, request, ctx)
         final = Result(command=name, data=document.model_dump(mode="json"))
     except SterError as exc:
         final = Error(kind=exc.kind, message=str(exc), details=getattr(exc, "details", None))
@@ -189,3 +185,14 @@ def _run(name: str, request: BaseModel, emit: Sink, cancel: threading.Event | No
         final = Error(kind="internal", message=f"internal error in {name}: {type(exc).__name__}: {exc}")
     emit(final)
     return final
+
+
+def execute(name: str, request: BaseModel, ctx: JobContext) -> BaseModel:
+    """Run job ``name`` and return its document as the job made it (the typed object whose JSON is the result
+    event's ``data``), raising what the job raises; :func:`run_job` and the Python API (:mod:`ster.api`) both
+    run jobs through here."""
+    job = job_function(name)  # may import torch: seconds, during which Ctrl-C may already have come
+    ctx.check_cancelled()
+    check_before_running(request)  # what lies at its paths: a FIFO as an input, an output inside the model
+    with inflight.job_writes(ctx.cancel):  # once cancelled, the job's output is never renamed into place
+        return job(request, ctx)

@@ -12,6 +12,7 @@ torch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from ster.engine.model.config import load_config
 from ster.engine.model.fingerprint import checkpoint_fingerprint
@@ -21,36 +22,67 @@ from ster.engine.protocol.files import check_output_file
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.protocol.kinds import ARTIFACT
 from ster.engine.steering.artifact import ArtifactSummary, LayerVector, SteeringArtifact, save_artifact, summarize
-from ster.engine.steering.control_vector import read_control_vector
+from ster.engine.steering.control_vector import ControlVector, read_control_vector
 from ster.engine.steering.requests import VectorImportRequest
 
 
 def import_job(request: VectorImportRequest, ctx: JobContext) -> ArtifactSummary:
     path = request.control_vector
     found = read_control_vector(path)
-    ctx.progress("resolve", f"resolving model {request.model}")
-    source = resolve_model(request.model, request.revision)
+    metadata = {"imported_from": str(path), **({"model_hint": found.model_hint} if found.model_hint else {})}
+    artifact = bound_artifact(
+        ctx,
+        found,
+        f"control vector {path}",
+        "a control vector",
+        request.model,
+        request.revision,
+        request.trait_name or path.stem,
+        metadata,
+        before_writing=lambda: check_output_file(request.output, ARTIFACT, ctx.log),
+    )
+    save_artifact(request.output, artifact)
+    ctx.log(f"imported {len(artifact.vectors)} directions into {request.output}; 1x adds each vector as it was")
+    return summarize(artifact)
+
+
+def bound_artifact(
+    ctx: JobContext,
+    found: ControlVector,
+    what: str,
+    kind: str,
+    model: str,
+    revision: str | None,
+    trait_name: str,
+    metadata: dict[str, str],
+    before_writing: Callable[[], None] = lambda: None,
+) -> SteeringArtifact:
+    """Vectors made elsewhere (``what``: a control vector file, another library's object; ``kind``: what such a
+    thing is) as an artifact bound to ``model``, after checking their width and blocks against it: each
+    direction at unit length, its length kept as ``vector_norm`` with ``strength_unit: "vector"``."""
+    ctx.progress("resolve", f"resolving model {model}")
+    source = resolve_model(model, revision)
     if source.warning:
         ctx.warn(source.warning)
     config = load_config(source.config)
     if found.width != config.hidden_size:
         raise Refusal(
-            f"control vector {path} is {found.width} wide, and {source.model}'s residual stream is "
+            f"{what} is {found.width} wide, and {source.model}'s residual stream is "
             f"{config.hidden_size}: it was made for another model"
         )
     beyond = [block for block in found.layers if block >= config.num_hidden_layers]
     if beyond:
         raise Refusal(
-            f"control vector {path} holds a direction for block {beyond[0]}, and {source.model} has blocks "
+            f"{what} holds a direction for block {beyond[0]}, and {source.model} has blocks "
             f"0..{config.num_hidden_layers - 1}: it was made for another model"
         )
     if found.model_hint and found.model_hint != config.model_type:
-        ctx.warn(f"control vector {path} names a {found.model_hint} model, and {source.model} is a {config.model_type}")
+        ctx.warn(f"{what} names a {found.model_hint} model, and {source.model} is a {config.model_type}")
     ctx.warn(
-        f"a control vector records no fingerprint of the model it was made for, so nothing but its width and its "
+        f"{kind} records no fingerprint of the model it was made for, so nothing but its width and its "
         f"blocks could be checked against {source.model}; the artifact is bound to it on your word"
     )
-    check_output_file(request.output, ARTIFACT, ctx.log)
+    before_writing()
     vectors = []
     for block, values in sorted(found.layers.items()):
         length = math.sqrt(math.fsum(x * x for x in values))
@@ -59,18 +91,15 @@ def import_job(request: VectorImportRequest, ctx: JobContext) -> ArtifactSummary
             continue
         vectors.append(LayerVector(layer=block, vector=[x / length for x in values], vector_norm=length))
     if not vectors:
-        raise Refusal(f"control vector {path} holds only zero vectors, so there is no direction to import")
-    artifact = SteeringArtifact(
+        raise Refusal(f"{what} holds only zero vectors, so there is no direction to import")
+    return SteeringArtifact(
         model=source.model,
         model_revision=source.revision,
         model_fingerprint=checkpoint_fingerprint(config, source.weights),
-        trait_name=request.trait_name or path.stem,
+        trait_name=trait_name,
         method="imported",
         hidden_size=config.hidden_size,
-        metadata={"imported_from": str(path), **({"model_hint": found.model_hint} if found.model_hint else {})},
+        metadata=metadata,
         vectors=vectors,
         strength_unit="vector",
     )
-    save_artifact(request.output, artifact)
-    ctx.log(f"imported {len(vectors)} directions into {request.output}; 1x adds each vector as it was")
-    return summarize(artifact)
