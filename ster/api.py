@@ -4,7 +4,7 @@
 import ster
 
 model = ster.open("ster:toy")                                  # loads the weights once
-summary = model.train("direction.json", pairs="ster:examples/pairs.json")
+summary = model.train("direction.json", pairs="ster:pairs")
 with model.steering("direction.json", strength="0.4x"):
     print(model.generate("Tell me about your day.").text)
 ```
@@ -590,9 +590,8 @@ def from_peer(
     """A repeng ``ControlVector`` or a steering-vectors ``SteeringVector`` as a Ster artifact bound to ``model``
     (an opened :class:`Model` or a model's name): each vector's direction at unit length and its length kept, so
     strength ``1x`` adds the vector as it was (``ControlModel.set_control(vector, 1)``, ``vector.apply(model)``).
-    Neither package is needed: the object is read by its attributes. Save it with
-    :meth:`~ster.engine.steering.artifact.SteeringArtifact` ``.model_dump_json()`` or pass it where a vector is
-    taken."""
+    Neither package is needed: the object is read by its attributes. Pass the artifact wherever a vector is taken,
+    or write it with :meth:`Model.import_vector`, which takes the peer's object too."""
     from ster.engine.steering import peers
     from ster.engine.steering.vector_import import bound_artifact
 
@@ -728,9 +727,9 @@ def _run_on_worker(name: str, work: Callable[[JobContext], Any], progress: Progr
         close = getattr(show, "close", None)
         if close is not None:
             close()
-    if interrupted:
-        raise KeyboardInterrupt
     error = future.exception()
+    if interrupted:  # the job's own sentence: cancelled, nothing written (or the checkpoint a tune run left)
+        raise KeyboardInterrupt(str(error) if isinstance(error, Cancelled) else "") from None
     if error is None:
         return future.result()
     if isinstance(error, SterError):
@@ -761,7 +760,7 @@ def _sink(progress: Progress) -> Callable[[Any], None]:
 
     def show(event: Any) -> None:
         if event.type == "warning":
-            warnings.warn(event.message, SterWarning, stacklevel=2)
+            warnings.warn(event.message, SterWarning, stacklevel=_callers_level())
         elif event.type == "log":
             logger.info(event.message)
         if call is not None:
@@ -771,6 +770,14 @@ def _sink(progress: Progress) -> Callable[[Any], None]:
 
     show.close = bar.close if bar is not None else None  # type: ignore[attr-defined]
     return show
+
+
+def _callers_level() -> int:
+    """The ``stacklevel`` that makes a warning point at the first frame outside this module: the caller's line."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    return level
 
 
 def _interactive() -> bool:
