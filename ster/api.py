@@ -23,7 +23,8 @@ own default applies. Each returns the job's document as its typed pydantic objec
   or the code runs in a notebook. Warnings are also raised as Python warnings (:class:`SterWarning`) and log
   sentences go to the ``ster`` logger.
 - **Ctrl-C.** ``KeyboardInterrupt`` (a notebook's interrupt) cancels the job as the command's Ctrl-C does: it
-  stops at its next step, writes nothing, and the interrupt is raised again once it has stopped.
+  stops at its next step, writes nothing (a tune run leaves the checkpoint it resumes from), and the interrupt is
+  raised again once it has stopped, with the job's sentence.
 - **Threads.** Jobs run one at a time on one thread of their own, whichever thread calls.
 
 :func:`steer` and :func:`read` work on a transformers model you already hold instead, and :func:`to_repeng`,
