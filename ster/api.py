@@ -20,7 +20,7 @@ own default applies. Each returns the job's document as its typed pydantic objec
 - **Progress.** ``progress=`` takes a callable, called on the calling thread with each event as it comes
   (:class:`~ster.engine.protocol.events.Progress`, ``Token``, ``Warning``, ``Log``); ``True`` shows a progress
   bar (in a terminal or a notebook); ``False`` nothing; ``None`` (the default) a bar where stderr is a terminal
-  or the code runs in a notebook. Warnings are also raised as Python warnings (:class:`SterWarning`) and log
+  or the code runs in a notebook with ipywidgets installed. Warnings are also raised as Python warnings (:class:`SterWarning`) and log
   sentences go to the ``ster`` logger.
 - **Ctrl-C.** ``KeyboardInterrupt`` (a notebook's interrupt) cancels the job as the command's Ctrl-C does: it
   stops at its next step, writes nothing (a tune run leaves the checkpoint it resumes from), and the interrupt is
@@ -782,9 +782,12 @@ def _callers_level() -> int:
 
 
 def _interactive() -> bool:
-    """Whether a person watches: stderr is a terminal, or the code runs in a Jupyter kernel."""
+    """Whether a person watches: stderr is a terminal, or the code runs in a Jupyter kernel that can show a live
+    bar (rich draws one there with ipywidgets, and without it only warns that it cannot)."""
     if "ipykernel" in sys.modules:
-        return True
+        import importlib.util
+
+        return importlib.util.find_spec("ipywidgets") is not None
     stream = sys.stderr
     return bool(stream is not None and hasattr(stream, "isatty") and stream.isatty())
 
