@@ -611,7 +611,8 @@ def from_peer(
 def to_repeng(vector: Vector, *, strength: Strength | None = None, model_type: str | None = None) -> Any:
     """The artifact as a ``repeng.ControlVector`` that at coefficient 1 adds what ``ster generate`` adds at
     ``strength`` (left out: the strength ``generate`` takes when given none). ``model_type`` (``llama``) is what
-    repeng records; an imported vector's own hint is used when it is left out. Needs repeng installed."""
+    repeng records; left out, it is an imported vector's own hint, or read off the config.json of the artifact's
+    model where that is at hand (a local directory, the Hub's cache: nothing is downloaded). Needs repeng installed."""
     from ster.engine.steering import peers
 
     artifact = vector if not isinstance(vector, str | os.PathLike) else load_artifact(vector)

@@ -63,8 +63,10 @@ def test_repeng_steers_as_ster_does_with_the_converted_vector(hf_toy: Any, fitte
     controlled.set_control(vector, 1.0)
     theirs = logits(controlled)
     torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=0)
-    with pytest.raises(ster.SterError, match="give model_type"):  # a fitted artifact does not say its model's type
-        ster.to_repeng(fitted)
+    assert ster.to_repeng(fitted).model_type == "llama"  # read off the config.json of the model it was fitted on
+    elsewhere = ster.load_artifact(fitted).model_copy(update={"model": "acme/not-cached"})
+    with pytest.raises(ster.SterError, match="acme/not-cached could not be read to say it; give model_type$"):
+        ster.to_repeng(elsewhere)
 
 
 def test_a_peers_vector_brought_in_steers_as_the_peer_did(hf_toy: Any, steering_vectors: Any, tmp_path: Path) -> None:

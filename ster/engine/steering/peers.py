@@ -100,11 +100,11 @@ def to_repeng(artifact: SteeringArtifact, strength: Strength | None, model_type:
     repeng = _peer("repeng", REPENG)
     import numpy as np
 
-    kind = model_type or artifact.metadata.get("model_hint")
+    kind = model_type or artifact.metadata.get("model_hint") or _model_type_of(artifact)
     if not kind:
         raise Refusal(
-            f"{REPENG} records the model's type (llama, gemma3), and artifact {artifact.trait_name} does not say "
-            "it; give model_type"
+            f"{REPENG} records the model's type (llama, gemma3), and artifact {artifact.trait_name}'s model "
+            f"{artifact.model} could not be read to say it; give model_type"
         )
     directions = {
         layer: np.asarray(values, dtype=np.float32) for layer, values in added_vectors(artifact, strength).items()
@@ -121,6 +121,25 @@ def to_steering_vectors(artifact: SteeringArtifact, strength: Strength | None) -
         layer: torch.tensor(values, dtype=torch.float32) for layer, values in added_vectors(artifact, strength).items()
     }
     return peer.SteeringVector(layer_activations=activations, layer_type="decoder_block")
+
+
+def _model_type_of(artifact: SteeringArtifact) -> str | None:
+    """The ``model_type`` in the config.json of the model the artifact was fitted on, where it is at hand (a local
+    directory, the bundled toy, the Hub's cache); None where it is not."""
+    from pathlib import Path
+
+    from ster.engine.model.config import read_model_type
+    from ster.engine.model.resolve import RESERVED, resolve_model
+
+    try:
+        if artifact.model in RESERVED or Path(artifact.model).expanduser().is_dir():
+            return read_model_type(resolve_model(artifact.model, artifact.model_revision).config)
+        from huggingface_hub import try_to_load_from_cache  # a Hub id: its cached config, never a download
+
+        cached = try_to_load_from_cache(artifact.model, "config.json", revision=artifact.model_revision)
+        return read_model_type(Path(cached)) if isinstance(cached, str) else None
+    except (Refusal, ValueError, OSError):
+        return None
 
 
 def _peer(module: str, name: str) -> Any:
