@@ -229,7 +229,7 @@ class Model:
 
     # reading, fitting, evaluating
 
-    def read(
+    def extract(
         self,
         input: PathLike,
         output: PathLike,
@@ -240,7 +240,7 @@ class Model:
         progress: Progress = None,
     ) -> ExtractResult:
         """Read hidden states at the last token of each prompt in ``input`` into the activation file ``output``
-        (``ster extract``)."""
+        (``ster extract``; :func:`read` returns them as tensors from a transformers model you hold)."""
         return self._job("extract", _given(locals()), progress)
 
     def train(

@@ -79,7 +79,7 @@ def same(cli: Callable[..., Any], args: list[Any], call: Callable[[], Any], *out
 def test_reading_fitting_and_evaluating_equal_the_commands(cli, toy: ster.Model, tmp_path: Path) -> None:
     states = tmp_path / "states.safetensors"
     same(cli, ["extract", *TOY, "--input", "ster:prompts", "--output", states, "--layers", "1,3"],
-         lambda: toy.read("ster:prompts", states, layers="1,3"), states)  # fmt: skip
+         lambda: toy.extract("ster:prompts", states, layers="1,3"), states)  # fmt: skip
     artifact = tmp_path / "pca.json"
     summary = same(cli, ["train", *TOY, "--pairs", "ster:pairs", "--method", "pca", "--output", artifact],
                    lambda: toy.train(artifact, pairs="ster:pairs", method="pca"), artifact)  # fmt: skip
@@ -250,7 +250,7 @@ def test_every_request_field_is_a_parameter_of_its_method() -> None:
     """The API offers each job's every field, so nothing the command takes is out of reach from Python."""
     fixed = {"model", "revision", "precision", "device", "chat_template"}
     methods = {
-        "extract": ster.Model.read, "train": ster.Model.train, "optimize": ster.Model.optimize,
+        "extract": ster.Model.extract, "train": ster.Model.train, "optimize": ster.Model.optimize,
         "calibrate": ster.Model.calibrate, "evaluate": ster.Model.evaluate, "generate": ster.Model.generate,
         "sweep": ster.Model.sweep, "bake": ster.Model.bake, "tune sft": ster.Model.sft, "tune dpo": ster.Model.dpo,
         "tune reward": ster.Model.reward, "tune grpo": ster.Model.grpo, "tune evaluate": ster.Model.evaluate_adapter,
