@@ -327,3 +327,10 @@ def test_ctrl_c_cancels_the_job_cleanly_and_raises_keyboard_interrupt(tmp_path: 
     assert report["ending"].startswith("cancelled") and "resume" in report["ending"], report
     assert report["written"] == ["adapter.safetensors.checkpoint"]  # what the command's Ctrl-C leaves: no adapter
     assert report["tokens"] == 3
+
+
+def test_ster_exports_exactly_the_api() -> None:
+    """``ster``'s lazy names and ``ster.api.__all__`` are one list written twice (so ``import ster`` need not import
+    the API); they may not drift apart."""
+    assert set(ster.__all__) - {"__version__"} == set(ster.api.__all__)
+    assert all(getattr(ster, name) is getattr(ster.api, name) for name in ster.api.__all__)

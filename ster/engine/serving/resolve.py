@@ -22,7 +22,7 @@ from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.serving.spec import Condition, Intervention, SteeringSpec
 from ster.engine.steering.artifact import SteeringArtifact, check_against_model, load_artifact
-from ster.engine.steering.generate import as_calibrated, calibrated_strength, left_out_strength, row_plan
+from ster.engine.steering.generate import as_calibrated, calibrated_strength, default_strength, row_plan
 from ster.engine.steering.requests import InterventionFields
 from ster.engine.steering.strength import Strength
 
@@ -193,8 +193,7 @@ def _strength(each: Intervention, found: SteeringArtifact, fields: InterventionF
         return calibrated
     if each.scale is not None:
         return Strength.model_validate(each.scale)
-    calibrated = calibrated_strength(found, 1)
-    return left_out_strength(fields.mode, found.strength_unit, calibrated.value if calibrated else None)
+    return default_strength(fields.mode, found)
 
 
 def _condition(

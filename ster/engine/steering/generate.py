@@ -160,9 +160,7 @@ def given_strength(
     if request.strength is not None:
         return request.strength
     calibrated = calibrated_strength(artifact, 1)
-    strength = left_out_strength(
-        request.mode, artifact.strength_unit if artifact else None, calibrated.value if calibrated else None
-    )
+    strength = default_strength(request.mode, artifact)
     if strength == calibrated and artifact is not None and artifact.calibration is not None:
         side = artifact.calibration.positive
         assert side is not None
@@ -172,6 +170,14 @@ def given_strength(
             f"{artifact.calibration.kl_budget:g}"
         )
     return strength
+
+
+def default_strength(mode: Mode, artifact: SteeringArtifact | None) -> Strength:
+    """The strength a run of ``mode`` with ``artifact`` takes when it is given none (:func:`left_out_strength`)."""
+    calibrated = calibrated_strength(artifact, 1)
+    return left_out_strength(
+        mode, artifact.strength_unit if artifact else None, calibrated.value if calibrated else None
+    )
 
 
 def left_out_strength(mode: Mode, strength_unit: str | None, calibrated: float | None) -> Strength:

@@ -4,8 +4,9 @@ A researcher with a ``PreTrainedModel`` in a notebook wants Ster's directions on
 over. The model is seen through the transformers path's view (:class:`~ster.engine.model.generic.GenericDecoder`
 built without adapter hooks, so nothing is added to the model), and edited by the same hooks, with the same
 plan, as ``ster generate`` edits it (:func:`~ster.engine.steering.generate.row_plan`,
-:class:`~ster.engine.steering.apply.RowEdits`): the same logits as Ster's own steered decoder. The hooks live
-exactly as long as the ``with`` block, and are removed in ``finally`` whatever happens inside it.
+:class:`~ster.engine.steering.apply.RowEdits`): the same logits as Ster's own steered decoder. ``ster.steer``
+applies the edits with ``RowEdits.applied``, whose hooks live exactly as long as its ``with`` block and are
+removed in ``finally`` whatever happens inside it.
 
 An artifact is checked against the model's width and block count only: a model held in memory carries no
 checkpoint whose fingerprint could be compared.
@@ -13,15 +14,14 @@ checkpoint whose fingerprint could be compared.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ster.engine.model.config import DecoderConfig, decoder_config_of
 from ster.engine.protocol.errors import Refusal
 from ster.engine.protocol.jobs import JobContext
 from ster.engine.steering.artifact import SteeringArtifact
-from ster.engine.steering.generate import as_calibrated, calibrated_strength, left_out_strength, row_plan
+from ster.engine.steering.generate import as_calibrated, default_strength, row_plan
 from ster.engine.steering.intervention import Plan
 from ster.engine.steering.layers import LayerSpec
 from ster.engine.steering.requests import InterventionFields
@@ -71,15 +71,13 @@ def held_plan(
     strength: Strength | None,
     fields: InterventionFields,
     ctx: JobContext,
-) -> tuple[Plan, Strength]:
-    """The plan ``ster generate`` would apply with these fields, and the strength it is at: the one given, else
-    the artifact's calibrated one, else the mode's default (the rule every front end shows)."""
+) -> Plan:
+    """The plan ``ster generate`` would apply with these fields, at the strength given, else the one it takes when
+    given none (the artifact's calibrated one, else the mode's default: the rule every front end shows)."""
     check_fits(artifact, config)
     fields = as_calibrated(fields, artifact, ctx)
-    if strength is None:
-        calibrated = calibrated_strength(artifact, 1)
-        strength = left_out_strength(fields.mode, artifact.strength_unit, calibrated.value if calibrated else None)
-    return row_plan(artifact, fields, strength, config.num_hidden_layers, ctx), strength
+    chosen = strength if strength is not None else default_strength(fields.mode, artifact)
+    return row_plan(artifact, fields, chosen, config.num_hidden_layers, ctx)
 
 
 def prepared(
@@ -90,21 +88,8 @@ def prepared(
     from ster.engine.steering.apply import RowEdits
 
     seen = view(model)
-    plan, _ = held_plan(artifact, seen.config, strength, fields, ctx)
+    plan = held_plan(artifact, seen.config, strength, fields, ctx)
     return seen, RowEdits.of(seen, [plan])
-
-
-@contextmanager
-def steering(
-    model: Any, artifact: SteeringArtifact, strength: Strength | None, fields: InterventionFields, ctx: JobContext
-) -> Iterator[None]:
-    """Every forward of ``model`` inside the block edited as ``ster generate`` edits the stream."""
-    seen, edits = prepared(model, artifact, strength, fields, ctx)
-    if edits is None:
-        yield
-        return
-    with edits.applied(seen):
-        yield
 
 
 def read(

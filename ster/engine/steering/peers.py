@@ -24,7 +24,7 @@ from typing import Any
 from ster.engine.protocol.errors import Refusal
 from ster.engine.steering.artifact import SteeringArtifact
 from ster.engine.steering.control_vector import ControlVector
-from ster.engine.steering.generate import calibrated_strength, left_out_strength, scales_for
+from ster.engine.steering.generate import default_strength, scales_for
 from ster.engine.steering.strength import Strength
 
 REPENG = "repeng's ControlVector"
@@ -88,10 +88,7 @@ def _floats(values: Any, what: str) -> list[float]:
 def added_vectors(artifact: SteeringArtifact, strength: Strength | None) -> dict[int, list[float]]:
     """Per layer, the vector ``ster generate`` adds there at ``strength`` (None: the strength it takes when given
     none: the artifact's calibrated one, or 1x of an imported vector, or the default)."""
-    if strength is None:
-        calibrated = calibrated_strength(artifact, 1)
-        strength = left_out_strength("add", artifact.strength_unit, calibrated.value if calibrated else None)
-    scales = scales_for(artifact, strength).absolute
+    scales = scales_for(artifact, strength if strength is not None else default_strength("add", artifact)).absolute
     return {layer: [scales[layer] * x for x in values] for layer, values in sorted(artifact.by_layer().items())}
 
 
